@@ -1,0 +1,88 @@
+"""Content-addressed on-disk store for compiled binaries.
+
+An entry is `<key>.bin` (the binary) plus `<key>.json` (metadata with the binary's sha256),
+both written atomically (temp file + os.replace), the JSON last so that its presence commits
+the entry. A missing, truncated, corrupt or foreign entry is a miss, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+CACHE_SCHEMA = 1
+
+
+def default_cache_dir() -> Path:
+    """HATCH_AUTOTUNE_CACHE_DIR, else the platform's user cache directory."""
+    env = os.environ.get("HATCH_AUTOTUNE_CACHE_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("hatch-autotune"))
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write a file so that readers see the old content or the new, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class CompileCache:
+    """get/put of (metadata, binary) by a hex key; see the module docstring for the layout."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root) / f"v{CACHE_SCHEMA}"
+
+    def _paths(self, key: str) -> tuple[Path, Path]:
+        d = self.root / key[:2]
+        return d / f"{key}.json", d / f"{key}.bin"
+
+    def get(self, key: str) -> tuple[dict[str, Any], bytes | None] | None:
+        meta_path, bin_path = self._paths(key)
+        try:
+            meta = json.loads(meta_path.read_bytes())
+            if not isinstance(meta, dict) or meta.get("schema") != CACHE_SCHEMA or meta.get("key") != key:
+                return None
+            digest = meta.get("binary_sha256")
+            if digest is None:
+                return meta, None
+            binary = bin_path.read_bytes()
+        except (OSError, ValueError):
+            return None
+        if hashlib.sha256(binary).hexdigest() != digest:
+            return None
+        return meta, binary
+
+    def put(self, key: str, meta: dict[str, Any], binary: bytes | None) -> None:
+        meta_path, bin_path = self._paths(key)
+        record = dict(meta, schema=CACHE_SCHEMA, key=key)
+        record["binary_sha256"] = hashlib.sha256(binary).hexdigest() if binary is not None else None
+        if binary is not None:
+            atomic_write(bin_path, binary)
+        atomic_write(meta_path, json.dumps(record, sort_keys=True).encode())
+
+    def info(self) -> tuple[int, int]:
+        """(number of entries, total bytes) of the store."""
+        entries = size = 0
+        if self.root.is_dir():
+            for p in self.root.rglob("*"):
+                if p.is_file():
+                    size += p.stat().st_size
+                    entries += p.suffix == ".json"
+        return entries, size

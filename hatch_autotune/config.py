@@ -1,0 +1,576 @@
+"""The configuration schema: the hook's pyproject.toml table -> typed, validated specs.
+
+Every problem in the table is collected and reported at once, each with its full TOML key path
+and what was expected (the experience of hatch-fancy-pypi-readme). One small set of generic
+validators does the checking, rather than a hand-written property per key.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from . import expr as expr_mod
+from .expr import Expr
+from .runtime import MAPPINGS, parse_arch
+from .space import enumerate_configs
+
+# dtype name -> (C type used in templates, size in bytes). float16 maps to `at_half`, a
+# two-byte struct defined in templates/_dtypes.cuh (NVRTC ships no cuda_fp16.h).
+DTYPES: dict[str, tuple[str, int]] = {
+    "float16": ("at_half", 2),
+    "float32": ("float", 4),
+    "float64": ("double", 8),
+    "int8": ("signed char", 1),
+    "int16": ("short", 2),
+    "int32": ("int", 4),
+    "int64": ("long long", 8),
+    "uint8": ("unsigned char", 1),
+    "uint16": ("unsigned short", 2),
+    "uint32": ("unsigned int", 4),
+    "uint64": ("unsigned long long", 8),
+}
+INTENTS = ("in", "out", "inout")
+MODES = ("auto", "offline", "tune", "retune")
+# hatchling's own keys in every build-hook table.
+HATCHLING_HOOK_KEYS = frozenset(
+    {"dependencies", "require-runtime-dependencies", "require-runtime-features", "enable-by-default"}
+)
+BUILTIN_PREFIX = "builtin:"
+DEFAULT_LOCK_FILE = "autotune.lock.json"
+DEFAULT_TABLE_PATH = "tool.hatch.build.targets.wheel.hooks.autotune"
+MIN_SM = 75  # the oldest arch NVRTC 13 targets
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_BAD = object()  # a validator's "already reported" result
+
+
+class ConfigError(ValueError):
+    """All problems found in the table; ``errors`` holds one line per problem."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = list(errors)
+        lines = "\n".join(f"  - {e}" for e in self.errors)
+        super().__init__(f"hatch-autotune: {len(self.errors)} error(s) in the configuration:\n{lines}")
+
+
+# --------------------------------------------------------------------------------------------
+# Specs.
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """A kernel argument: an array (shape over key dims, intent) or a scalar."""
+
+    name: str
+    dtype: str  # a dtype name, or the name of one of the kernel's type parameters
+    shape: tuple[Expr, ...] | None = None  # None for scalars
+    intent: str | None = None  # arrays only
+    value: Expr | None = None  # scalars computed from key dims (the caller does not pass them)
+
+    @property
+    def is_array(self) -> bool:
+        return self.shape is not None
+
+
+@dataclass(frozen=True)
+class KeyDim:
+    """A named integer that drives selection, read at run time from an argument."""
+
+    name: str
+    source: str  # argument name
+    axis: int | None  # axis of the source array; None when the source is a scalar
+    buckets: tuple[int, ...]
+    mapping: str
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    template: Path
+    template_ref: str
+    entry: str
+    doc: str
+    args: tuple[ArgSpec, ...]
+    key: tuple[KeyDim, ...]
+    types: Mapping[str, tuple[str, ...]]
+    space: Mapping[str, tuple[Any, ...]]
+    constraints: tuple[Expr, ...]
+    default: Mapping[str, Any]
+    grid: tuple[Expr, ...]
+    block: tuple[Expr, ...]
+    shared: Expr
+    nvrtc_options: tuple[str, ...]
+
+    def type_instances(self) -> list[dict[str, str]]:
+        """Every assignment of the type parameters, in declaration order."""
+        out: list[dict[str, str]] = [{}]
+        for tp, values in self.types.items():
+            out = [{**o, tp: v} for o in out for v in values]
+        return out
+
+    def type_env(self, types: Mapping[str, str]) -> dict[str, int]:
+        """Names that expressions may use for a type instance: `<T>_size` in bytes."""
+        return {f"{tp}_size": DTYPES[dt][1] for tp, dt in types.items()}
+
+    def configs(self, types: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The search space of one type instance, in canonical order."""
+        return enumerate_configs(self.space, self.constraints, self.type_env(types))
+
+
+@dataclass(frozen=True)
+class ProjectSpec:
+    root: Path
+    module: str
+    archs: tuple[str, ...] | None  # None: the build machine's GPU
+    lock_file: Path
+    strict: bool
+    ptx: bool
+    mode: str
+    wheel_tag: str | None
+    kernels: Mapping[str, KernelSpec]
+
+
+# --------------------------------------------------------------------------------------------
+# Generic validators: each takes (value, path, errors) and returns the parsed value or _BAD.
+
+Validator = Callable[[Any, str, list], Any]
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer", float: "a float"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _fail(errors: list, path: str, expected: str, value: Any) -> Any:
+    errors.append(f"{path}: expected {expected}, got {_type_name(value)} {value!r}")
+    return _BAD
+
+
+def v_str(value: Any, path: str, errors: list) -> Any:
+    return value if isinstance(value, str) and value else _fail(errors, path, "a non-empty string", value)
+
+
+def v_bool(value: Any, path: str, errors: list) -> Any:
+    return value if isinstance(value, bool) else _fail(errors, path, "a boolean (true or false)", value)
+
+
+def v_ident(value: Any, path: str, errors: list) -> Any:
+    if isinstance(value, str) and _IDENT.match(value) and not keyword.iskeyword(value):
+        return value
+    return _fail(errors, path, "an identifier (letters, digits, _; not starting with a digit)", value)
+
+
+def v_int(minimum: int | None = None) -> Validator:
+    def check(value: Any, path: str, errors: list) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return _fail(errors, path, "an integer", value)
+        if minimum is not None and value < minimum:
+            return _fail(errors, path, f"an integer >= {minimum}", value)
+        return value
+
+    return check
+
+
+def v_choice(choices: tuple[str, ...]) -> Validator:
+    def check(value: Any, path: str, errors: list) -> Any:
+        if value in choices:
+            return value
+        return _fail(errors, path, "one of " + ", ".join(repr(c) for c in choices), value)
+
+    return check
+
+
+def v_list(item: Validator, nonempty: bool = True, what: str = "") -> Validator:
+    def check(value: Any, path: str, errors: list) -> Any:
+        if not isinstance(value, list):
+            return _fail(errors, path, f"an array{what}", value)
+        if nonempty and not value:
+            return _fail(errors, path, f"a non-empty array{what}", value)
+        items = [item(v, f"{path}[{i}]", errors) for i, v in enumerate(value)]
+        return _BAD if any(i is _BAD for i in items) else tuple(items)
+
+    return check
+
+
+def v_expr(allowed: set[str] | None = None, where: str = "") -> Validator:
+    def check(value: Any, path: str, errors: list) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            return _fail(errors, path, "an expression string or an integer", value)
+        try:
+            e = expr_mod.parse(value)
+        except expr_mod.ExprSyntaxError as exc:
+            errors.append(f"{path}: {exc}")
+            return _BAD
+        unknown = sorted(e.names - allowed) if allowed is not None else []
+        if unknown:
+            errors.append(
+                f"{path}: unknown name(s) {', '.join(unknown)} in {value!r}; "
+                f"{where or 'allowed names'}: {', '.join(sorted(allowed)) or 'none'}"
+            )
+            return _BAD
+        return e
+
+    return check
+
+
+def v_arch(value: Any, path: str, errors: list) -> Any:
+    try:
+        kind, major, minor, _ = parse_arch(value) if isinstance(value, str) else ("", 0, 0, "")
+    except ValueError:
+        kind = ""
+    if kind != "sm":
+        return _fail(errors, path, "a CUDA arch such as 'sm_80', 'sm_90' or 'sm_90a'", value)
+    if major * 10 + minor < MIN_SM:
+        return _fail(errors, path, f"an arch NVRTC 13 can target (sm_{MIN_SM} or newer)", value)
+    return value
+
+
+def v_space_value(value: Any, path: str, errors: list) -> Any:
+    if isinstance(value, (bool, int, str)):
+        return value
+    return _fail(errors, path, "an integer, boolean or string", value)
+
+
+class _Table:
+    """A TOML table under validation: typed getters that record errors, then unknown keys."""
+
+    def __init__(self, value: Any, path: str, errors: list):
+        self.path, self.errors = path, errors
+        self.ok = isinstance(value, dict)
+        self.data: dict[str, Any] = value if self.ok else {}
+        if not self.ok:
+            _fail(errors, path, "a table", value)
+        self.seen: set[str] = set()
+
+    def sub(self, key: str) -> str:
+        return f"{self.path}.{key}" if _IDENT.match(key.replace("-", "_")) else f'{self.path}."{key}"'
+
+    def get(self, key: str, validator: Validator, default: Any = _BAD, required: bool = False) -> Any:
+        self.seen.add(key)
+        if key not in self.data:
+            if required and self.ok:
+                self.errors.append(f"{self.sub(key)}: required key is missing")
+            return default
+        return validator(self.data[key], self.sub(key), self.errors)
+
+    def table(self, key: str, required: bool = False) -> "_Table | None":
+        self.seen.add(key)
+        if key not in self.data:
+            if required and self.ok:
+                self.errors.append(f"{self.sub(key)}: required table is missing")
+            return None
+        return _Table(self.data[key], self.sub(key), self.errors)
+
+    def finish(self, ignored: frozenset[str] = frozenset()) -> None:
+        for key in self.data:
+            if key not in self.seen and key not in ignored:
+                known = ", ".join(sorted(self.seen)) or "none"
+                self.errors.append(f"{self.sub(key)}: unknown key (known keys here: {known})")
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing.
+
+
+def builtin_templates_dir() -> Path:
+    """templates/ as shipped in the wheel (hatch_autotune/templates) or in a source checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "templates", here.parent / "templates"):
+        if candidate.is_dir():
+            return candidate
+    return here / "templates"
+
+
+def parse_project(table: Any, root: Path, path: str = DEFAULT_TABLE_PATH, env: Mapping[str, str] | None = None) -> ProjectSpec:
+    """Validate the whole hook table; raise ConfigError listing every problem."""
+    env = env or {}
+    errors: list[str] = []
+    t = _Table(table, path, errors)
+    module = t.get("module", _module_path, required=True)
+    archs = t.get("archs", v_list(v_arch), default=None)
+    lock = t.get("lock-file", v_str, default=DEFAULT_LOCK_FILE)
+    strict = t.get("strict", v_bool, default=False)
+    ptx = t.get("ptx", v_bool, default=True)
+    mode = t.get("mode", v_choice(MODES), default="auto")
+    wheel_tag = t.get("wheel-tag", v_str, default=None)
+    kernels_t = t.table("kernels", required=True)
+    t.finish(HATCHLING_HOOK_KEYS)
+
+    if env.get("HATCH_AUTOTUNE_MODE"):
+        mode = v_choice(MODES)(env["HATCH_AUTOTUNE_MODE"], "environment variable HATCH_AUTOTUNE_MODE", errors)
+    if env.get("HATCH_AUTOTUNE_ARCHS"):
+        archs = v_list(v_arch)(
+            [a.strip() for a in env["HATCH_AUTOTUNE_ARCHS"].split(",") if a.strip()],
+            "environment variable HATCH_AUTOTUNE_ARCHS",
+            errors,
+        )
+    if archs not in (None, _BAD) and len(set(archs)) != len(archs):
+        errors.append(f"{path}.archs: expected distinct archs, got {list(archs)!r}")
+
+    kernels: dict[str, KernelSpec] = {}
+    if kernels_t is not None and kernels_t.ok:
+        if not kernels_t.data:
+            errors.append(f"{kernels_t.path}: expected at least one kernel table")
+        for name in kernels_t.data:
+            kernels_t.seen.add(name)
+            if v_ident(name, kernels_t.sub(name), errors) is _BAD:
+                continue
+            spec = _parse_kernel(name, _Table(kernels_t.data[name], kernels_t.sub(name), errors), root)
+            if spec is not None:
+                kernels[name] = spec
+    if errors:
+        raise ConfigError(errors)
+    return ProjectSpec(
+        root=root,
+        module=module,
+        archs=tuple(archs) if archs else None,
+        lock_file=(root / lock),
+        strict=strict,
+        ptx=ptx,
+        mode=mode,
+        wheel_tag=wheel_tag,
+        kernels=kernels,
+    )
+
+
+def _module_path(value: Any, path: str, errors: list) -> Any:
+    parts = value.split(".") if isinstance(value, str) else []
+    if len(parts) >= 2 and all(_IDENT.match(p) and not keyword.iskeyword(p) for p in parts):
+        return value
+    return _fail(errors, path, "a dotted module path inside your package, e.g. 'mypkg.kernels'", value)
+
+
+def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
+    errors = t.errors
+    n_errors = len(errors)
+    template_ref = t.get("template", v_str, required=True)
+    template = _resolve_template(template_ref, t.sub("template"), root, errors) if template_ref is not _BAD else _BAD
+    entry = t.get("entry", v_ident, default=name)
+    doc = t.get("doc", v_str, default="")
+    nvrtc_options = t.get("nvrtc-options", v_list(v_str, nonempty=False), default=())
+
+    # Type parameters: name -> non-empty list of dtypes.
+    types: dict[str, tuple[str, ...]] = {}
+    types_t = t.table("types")
+    if types_t is not None and types_t.ok:
+        for tp in types_t.data:
+            types_t.seen.add(tp)
+            p = types_t.sub(tp)
+            if v_ident(tp, p, errors) is _BAD:
+                continue
+            if tp in DTYPES:
+                errors.append(f"{p}: a type parameter may not be named like a dtype")
+                continue
+            values = v_list(v_choice(tuple(DTYPES)))(types_t.data[tp], p, errors)
+            if values is not _BAD:
+                if len(set(values)) != len(values):
+                    errors.append(f"{p}: expected distinct dtypes, got {list(values)!r}")
+                types[tp] = values
+    type_size_names = {f"{tp}_size" for tp in types}
+
+    # Search space: axis -> non-empty list of values.
+    space: dict[str, tuple[Any, ...]] = {}
+    space_t = t.table("space", required=True)
+    if space_t is not None and space_t.ok:
+        if not space_t.data:
+            errors.append(f"{space_t.path}: expected at least one axis, got an empty table")
+        for axis in space_t.data:
+            space_t.seen.add(axis)
+            p = space_t.sub(axis)
+            if v_ident(axis, p, errors) is _BAD:
+                continue
+            values = v_list(v_space_value, what=" of values")(space_t.data[axis], p, errors)
+            if values is not _BAD:
+                if len(set(values)) != len(values):
+                    errors.append(f"{p}: expected distinct values, got {list(values)!r}")
+                space[axis] = values
+
+    # Arguments.
+    args: list[ArgSpec] = []
+    raw_args = t.get("args", lambda v, p, e: v if isinstance(v, list) and v else _fail(e, p, "a non-empty array of tables", v), required=True)
+    # key dims are the table keys of `key`; read them first so shapes can be checked against them
+    key_t = t.table("key", required=True)
+    key_names = [k for k in key_t.data] if key_t is not None and key_t.ok else []
+    if raw_args is not _BAD:
+        for i, raw in enumerate(raw_args):
+            arg = _parse_arg(_Table(raw, f"{t.sub('args')}[{i}]", errors), set(key_names), types)
+            if arg is not None:
+                args.append(arg)
+        seen_names: set[str] = set()
+        for i, a in enumerate(args):
+            if a.name in seen_names:
+                errors.append(f"{t.sub('args')}[{i}].name: duplicate argument name {a.name!r}")
+            seen_names.add(a.name)
+    by_name = {a.name: a for a in args}
+
+    # Key dims.
+    key: list[KeyDim] = []
+    if key_t is not None and key_t.ok:
+        if not key_t.data:
+            errors.append(f"{key_t.path}: expected at least one key dim, got an empty table")
+        for dim in key_names:
+            key_t.seen.add(dim)
+            kd = _parse_key_dim(dim, _Table(key_t.data[dim], key_t.sub(dim), errors), by_name, raw_args is not _BAD)
+            if kd is not None:
+                key.append(kd)
+
+    config_names = set(space)
+    key_set = set(key_names)
+    constraints = t.get(
+        "constraints",
+        v_list(v_expr(config_names | type_size_names, "constraints may use the space axes and <T>_size"), nonempty=False),
+        default=(),
+    )
+    geometry_names = config_names | key_set | type_size_names
+    where = "launch geometry may use key dims, space axes and <T>_size"
+    grid = t.get("grid", v_list(v_expr(geometry_names, where)), required=True)
+    block = t.get("block", v_list(v_expr(geometry_names, where)), required=True)
+    shared = t.get("shared", v_expr(geometry_names, where), default=expr_mod.parse(0))
+    for geo, p in ((grid, "grid"), (block, "block")):
+        if geo is not _BAD and len(geo) > 3:
+            errors.append(f"{t.sub(p)}: expected 1 to 3 expressions (x, y, z), got {len(geo)}")
+
+    default: dict[str, Any] = {}
+    default_t = t.table("default", required=True)
+    if default_t is not None and default_t.ok:
+        for axis in default_t.data:
+            default_t.seen.add(axis)
+            value = v_space_value(default_t.data[axis], default_t.sub(axis), errors)
+            if value is _BAD:
+                continue
+            if axis not in space:
+                errors.append(f"{default_t.sub(axis)}: {axis!r} is not an axis of the space (axes: {', '.join(space) or 'none'})")
+            elif value not in space[axis]:
+                errors.append(f"{default_t.sub(axis)}: default {value!r} is not in the space {list(space[axis])!r}")
+            else:
+                default[axis] = value
+        missing = [a for a in space if a not in default_t.data]
+        if missing:
+            errors.append(f"{default_t.path}: expected a value for every axis; missing {', '.join(missing)}")
+        default_t.finish()
+    t.finish()
+
+    if len(errors) > n_errors:
+        return None
+    spec = KernelSpec(
+        name=name,
+        template=template,
+        template_ref=template_ref,
+        entry=entry,
+        doc=doc,
+        args=tuple(args),
+        key=tuple(key),
+        types=types,
+        space=space,
+        constraints=tuple(constraints),
+        default=default,
+        grid=tuple(grid),
+        block=tuple(block),
+        shared=shared,
+        nvrtc_options=tuple(nvrtc_options),
+    )
+    # Checks that need the whole kernel: constraints and the default, per type instance.
+    for types_ in spec.type_instances():
+        label = f" (for {', '.join(f'{k}={v}' for k, v in types_.items())})" if types_ else ""
+        try:
+            configs = spec.configs(types_)
+        except Exception as exc:  # an expression that fails to evaluate (e.g. division by zero)
+            errors.append(f"{t.sub('constraints')}: cannot be evaluated{label}: {exc}")
+            return None
+        if not configs:
+            errors.append(f"{t.sub('constraints')}: the constraints exclude every config of the space{label}")
+        elif dict(spec.default) not in configs:
+            errors.append(f"{t.sub('default')}: the default {dict(spec.default)!r} violates the constraints{label}")
+    return spec if len(errors) == n_errors else None
+
+
+def _parse_arg(t: _Table, key_names: set[str], types: Mapping[str, tuple[str, ...]]) -> ArgSpec | None:
+    errors = t.errors
+    n = len(errors)
+    name = t.get("name", v_ident, required=True)
+    dtype = t.get("dtype", v_choice(tuple(DTYPES) + tuple(types)), required=True)
+    shape = t.get("shape", v_list(v_expr(key_names, "shapes may use the key dims"), nonempty=True), default=None)
+    intent = t.get("intent", v_choice(INTENTS), default=None)
+    value = t.get("value", v_expr(key_names, "a scalar's value may use the key dims"), default=None)
+    t.finish()
+    if shape is None:
+        if intent is not None:
+            errors.append(f"{t.sub('intent')}: only arrays (with a shape) have an intent")
+    else:
+        if intent is None and t.ok and "intent" not in t.data:
+            errors.append(f"{t.sub('intent')}: required for arrays; expected one of 'in', 'out', 'inout'")
+        if value is not None:
+            errors.append(f"{t.sub('value')}: only scalars may be computed from the key")
+    if len(errors) > n:
+        return None
+    return ArgSpec(name=name, dtype=dtype, shape=shape, intent=intent, value=value)
+
+
+def _parse_key_dim(dim: str, t: _Table, args: Mapping[str, ArgSpec], args_ok: bool) -> KeyDim | None:
+    errors = t.errors
+    n = len(errors)
+    if v_ident(dim, t.path, errors) is _BAD:
+        return None
+    source = t.get("from", v_ident, default=None)
+    axis = t.get("axis", v_int(0), default=None)
+    buckets = t.get("buckets", v_list(v_int(1), what=" of positive integers"), required=True)
+    mapping = t.get("mapping", v_choice(MAPPINGS), default="nearest")
+    t.finish()
+    if buckets not in (_BAD, None) and list(buckets) != sorted(set(buckets)):
+        errors.append(f"{t.sub('buckets')}: expected strictly increasing integers, got {list(buckets)!r}")
+    if not args_ok or len(errors) > n:
+        return None
+    if source is None:  # infer: the first array whose shape names this dim bare
+        for a in args.values():
+            if a.is_array and any(e.tree == ["n", dim] for e in a.shape):
+                source = a.name
+                break
+        if source is None:
+            errors.append(f"{t.path}: no array has {dim!r} as an axis of its shape; set `from` (an argument name)")
+            return None
+    arg = args.get(source)
+    if arg is None:
+        errors.append(f"{t.sub('from')}: {source!r} is not an argument of the kernel (arguments: {', '.join(args)})")
+        return None
+    if arg.is_array:
+        if axis is None:
+            axes = [i for i, e in enumerate(arg.shape) if e.tree == ["n", dim]]
+            if not axes:
+                errors.append(f"{t.sub('axis')}: {source!r} has no axis named {dim!r}; give `axis`")
+                return None
+            axis = axes[0]
+        elif axis >= len(arg.shape):
+            errors.append(f"{t.sub('axis')}: {source!r} has {len(arg.shape)} dims, got axis {axis}")
+            return None
+    else:
+        if axis is not None:
+            errors.append(f"{t.sub('axis')}: {source!r} is a scalar; `axis` applies to arrays only")
+            return None
+        if arg.value is not None:
+            errors.append(f"{t.sub('from')}: {source!r} is computed from the key; it cannot also define it")
+            return None
+        if not arg.dtype.startswith(("int", "uint")):
+            errors.append(f"{t.sub('from')}: scalar {source!r} is {arg.dtype}; a key dim needs an integer scalar")
+            return None
+    return KeyDim(name=dim, source=source, axis=axis, buckets=tuple(buckets), mapping=mapping)
+
+
+def _resolve_template(ref: str, path: str, root: Path, errors: list) -> Any:
+    if ref.startswith(BUILTIN_PREFIX):
+        base = builtin_templates_dir()
+        candidate = base / ref[len(BUILTIN_PREFIX):]
+        if candidate.is_file():
+            return candidate
+        available = sorted(p.name for p in base.glob("*.j2")) if base.is_dir() else []
+        errors.append(f"{path}: no built-in template {ref!r}; built-ins: {', '.join(available) or 'none'}")
+        return _BAD
+    candidate = (root / ref).resolve()
+    if not candidate.is_file():
+        errors.append(f"{path}: template file {ref!r} not found (looked for {candidate})")
+        return _BAD
+    return candidate

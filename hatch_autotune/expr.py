@@ -1,0 +1,100 @@
+"""The small expression language of the config (constraints, shapes, grid, block, shared).
+
+Strings are parsed with ``ast`` and only a whitelist of nodes is accepted: numbers, names,
+arithmetic, comparisons, and/or/not, a ternary, and calls of cdiv/min/max. The result is a
+JSON-able tree (see runtime.compile_expr) that the wheel ships, so nothing is ever eval'd.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from .runtime import FUNCTIONS, compile_expr, tree_names
+
+_BINOPS = {
+    ast.Add: "+",
+    ast.Sub: "-",
+    ast.Mult: "*",
+    ast.Div: "/",
+    ast.FloorDiv: "//",
+    ast.Mod: "%",
+    ast.Pow: "**",
+}
+_CMPOPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
+
+
+class ExprSyntaxError(ValueError):
+    """An expression outside the whitelist; the message says what is allowed."""
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A parsed expression: its text, its tree, the names it reads, and a compiled closure."""
+
+    text: str
+    tree: Any
+    names: frozenset[str]
+    _fn: Callable[[Mapping[str, Any]], Any] = field(repr=False, compare=False, hash=False)
+
+    def __call__(self, env: Mapping[str, Any]) -> Any:
+        return self._fn(env)
+
+
+def parse(text: str | int | float | bool) -> Expr:
+    """Parse one expression (a literal number is accepted as its own expression)."""
+    if isinstance(text, (bool, int, float)):
+        return Expr(str(text), text, frozenset(), compile_expr(text))
+    if not isinstance(text, str):
+        raise ExprSyntaxError(f"expected an expression string or a number, got {type(text).__name__}")
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as exc:
+        raise ExprSyntaxError(f"invalid expression {text!r}: {exc.msg}") from None
+    tree = _to_tree(node, text)
+    return Expr(text, tree, frozenset(tree_names(tree)), compile_expr(tree))
+
+
+def _to_tree(node: ast.AST, text: str) -> Any:
+    def bad(what: str) -> ExprSyntaxError:
+        return ExprSyntaxError(
+            f"{what} is not allowed in expression {text!r}; allowed: integers, names, "
+            "+ - * / // % **, comparisons, and/or/not, `a if c else b`, cdiv(), min(), max()"
+        )
+
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, (bool, int, float)):
+            return node.value
+        raise bad(f"the constant {node.value!r}")
+    if isinstance(node, ast.Name):
+        return ["n", node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        return [_BINOPS[type(node.op)], _to_tree(node.left, text), _to_tree(node.right, text)]
+    if isinstance(node, ast.UnaryOp):
+        if isinstance(node.op, ast.USub):
+            return ["neg", _to_tree(node.operand, text)]
+        if isinstance(node.op, ast.UAdd):
+            return _to_tree(node.operand, text)
+        if isinstance(node.op, ast.Not):
+            return ["not", _to_tree(node.operand, text)]
+    if isinstance(node, ast.BoolOp):
+        op = "and" if isinstance(node.op, ast.And) else "or"
+        return [op, *(_to_tree(v, text) for v in node.values)]
+    if isinstance(node, ast.Compare) and all(type(o) in _CMPOPS for o in node.ops):
+        return [
+            "cmp",
+            _to_tree(node.left, text),
+            *([_CMPOPS[type(o)], _to_tree(c, text)] for o, c in zip(node.ops, node.comparators)),
+        ]
+    if isinstance(node, ast.IfExp):
+        return ["if", _to_tree(node.test, text), _to_tree(node.body, text), _to_tree(node.orelse, text)]
+    if isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            raise bad(f"calling {ast.unparse(node.func)}()")
+        if node.keywords or not node.args:
+            raise bad(f"{node.func.id}() with keywords or no arguments")
+        if node.func.id == "cdiv" and len(node.args) != 2:
+            raise bad("cdiv() with other than 2 arguments")
+        return ["call", node.func.id, *(_to_tree(a, text) for a in node.args)]
+    raise bad(type(node).__name__)

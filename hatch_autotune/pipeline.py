@@ -1,0 +1,186 @@
+"""The build pipeline without hatchling: config -> render -> compile -> choose -> package.
+
+plugin.py only adapts this to hatchling, so tests drive the whole build through `build_payload`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import compile as compile_mod
+from .cache import CompileCache
+from .config import ProjectSpec
+from .lock import Choice, LockFile, choose, entry_checksum, entry_id
+from .render import Variant, render_kernel
+from .runtime import parse_arch
+from .space import bucket_points
+
+Log = Callable[[str], None]
+
+
+class BuildError(RuntimeError):
+    """The build cannot produce a correct wheel; the message says why and what to do."""
+
+
+@dataclass
+class KernelBuild:
+    """Everything the packager needs about one kernel."""
+
+    spec: Any  # KernelSpec
+    variants: dict[str, list[Variant]]  # types_key -> variants in canonical order
+    binaries: dict[tuple[str, str], compile_mod.CompileResult]  # (source_hash, arch) -> result
+    choices: dict[tuple[str, str, tuple[int, ...]], Choice]  # (types_key, arch, bucket) -> choice
+    failed: dict[str, list[str]] = field(default_factory=dict)  # variant label -> arch: log
+    entries: dict[tuple[str, str, tuple[int, ...]], tuple[str, str]] = field(default_factory=dict)  # -> (lock id, checksum)
+
+
+@dataclass
+class BuildResult:
+    archs: tuple[str, ...]
+    ptx: dict[str, str]  # table arch -> PTX arch
+    compiler: str
+    kernels: list[KernelBuild]
+    counts: dict[str, int]
+    warnings: list[str]
+
+
+def detect_gpu_arch() -> str | None:
+    """The arch of the build machine's first GPU, or None when there is no usable GPU."""
+    try:
+        from .runtime import current_device_cc
+
+        major, minor = current_device_cc(0)
+    except Exception:  # no driver, no device, no cuda-python: all mean "no GPU here"
+        return None
+    return f"sm_{major}{minor}"
+
+
+def resolve_archs(project: ProjectSpec, gpu_arch: str | None) -> tuple[str, ...]:
+    """Declared archs, else the build GPU's; without either the build cannot know its targets."""
+    if project.archs:
+        return project.archs
+    if gpu_arch:
+        return (gpu_arch,)
+    raise BuildError(
+        "hatch-autotune: no GPU found on this machine and no `archs` declared; add e.g. "
+        "archs = [\"sm_80\", \"sm_90\"] to the hook table or set HATCH_AUTOTUNE_ARCHS"
+    )
+
+
+def ptx_archs(archs: tuple[str, ...]) -> dict[str, str]:
+    """PTX for forward compatibility: compiled from the newest portable (non-'a') arch's winners."""
+    portable = [a for a in archs if not parse_arch(a)[3]]
+    if not portable:
+        return {}
+    newest = max(portable, key=lambda a: parse_arch(a)[1:3])
+    return {newest: "compute_" + newest.split("_", 1)[1]}
+
+
+def build_payload(
+    project: ProjectSpec,
+    *,
+    cache: CompileCache | None,
+    log: Log = print,
+    gpu_arch: str | None = None,
+    workers: int | None = None,
+) -> BuildResult:
+    """Render, compile and choose for every kernel; raise BuildError when a kernel cannot build."""
+    archs = resolve_archs(project, gpu_arch)
+    ptx = ptx_archs(archs) if project.ptx else {}
+    compiler = compile_mod.nvrtc_version()
+    lock = LockFile.load(project.lock_file)
+    warnings = list(lock.warnings)
+    for w in lock.warnings:
+        log(f"warning: {w}")
+
+    rendered = {name: render_kernel(spec) for name, spec in project.kernels.items()}
+    jobs: list[compile_mod.CompileJob] = []
+    for name, spec in project.kernels.items():
+        for variants in rendered[name].values():
+            for v in variants:
+                for arch in archs:
+                    jobs.append(compile_mod.CompileJob(v.source, arch, spec.entry, spec.nvrtc_options, v.label))
+    n_unique = len({(j.source, j.arch, j.options) for j in jobs})
+    log(f"hatch-autotune: {len(project.kernels)} kernel(s), {n_unique} compile(s) for {', '.join(archs)} (NVRTC {compiler})")
+    results = compile_mod.compile_all(jobs, cache, workers=workers)
+    by_job = {(r.job.source, r.job.arch, r.job.options): r for r in results}
+
+    kernels: list[KernelBuild] = []
+    untuned: list[str] = []
+    for name, spec in project.kernels.items():
+        kb = KernelBuild(spec=spec, variants=rendered[name], binaries={}, choices={})
+        for tkey, variants in rendered[name].items():
+            usable_per_arch = {}
+            for arch in archs:
+                usable = []
+                for v in variants:
+                    r = by_job[(v.source, arch, spec.nvrtc_options)]
+                    kb.binaries[(v.source_hash, arch)] = r
+                    usable.append(r.ok)
+                    if not r.ok:
+                        kb.failed.setdefault(v.label, []).append(f"{arch}: {r.log}")
+                if not any(usable):
+                    first = next(v for v in variants if not kb.binaries[(v.source_hash, arch)].ok)
+                    raise BuildError(
+                        f"hatch-autotune: every variant of kernel {name!r} ({tkey}) failed to compile for {arch}; "
+                        f"the first, {first.label}, failed with:\n{kb.binaries[(first.source_hash, arch)].log}"
+                    )
+                usable_per_arch[arch] = usable
+            configs = [v.config_dict for v in variants]
+            default_index = configs.index(dict(spec.default))
+            hashes = [v.source_hash for v in variants]
+            for arch in archs:
+                for point in bucket_points([k.buckets for k in spec.key]):
+                    bucket = dict(zip((k.name for k in spec.key), point))
+                    eid = entry_id(name, tkey, arch, bucket)
+                    checksum = entry_checksum(spec, tkey, hashes, arch, bucket, compiler)
+                    choice = choose(lock, eid, checksum, configs, usable_per_arch[arch], default_index)
+                    kb.choices[(tkey, arch, point)] = choice
+                    kb.entries[(tkey, arch, point)] = (eid, checksum)
+                    if not choice.tuned:
+                        untuned.append(f"{eid} ({choice.reason})")
+        n_failed = len(kb.failed)
+        if n_failed:
+            msg = f"{name}: {n_failed} variant(s) failed to compile and were skipped (first: {next(iter(kb.failed))})"
+            warnings.append(msg)
+            log(f"warning: {msg}")
+        kernels.append(kb)
+
+    if untuned:
+        if project.strict:
+            listing = "\n  ".join(untuned)
+            raise BuildError(
+                f"hatch-autotune: strict = true and {len(untuned)} entr(y/ies) have no valid tuning in "
+                f"{project.lock_file.name}:\n  {listing}\nTune on a GPU builder (HATCH_AUTOTUNE_MODE=tune) and commit the lock file."
+            )
+        for u in untuned:
+            log(f"warning: untuned, using the default config: {u}")
+        log("hint: tune on a GPU builder (HATCH_AUTOTUNE_MODE=tune) and commit the lock file; strict = true makes this an error")
+        warnings.append(f"{len(untuned)} untuned entr(y/ies) use their kernel's default config")
+
+    # PTX of the chosen variants of the arch that PTX is made from.
+    ptx_jobs = []
+    for kb in kernels:
+        for (tkey, arch, _), choice in kb.choices.items():
+            if arch in ptx:
+                v = kb.variants[tkey][choice.variant_index]
+                ptx_jobs.append((kb, v, compile_mod.CompileJob(v.source, ptx[arch], kb.spec.entry, kb.spec.nvrtc_options, v.label)))
+    ptx_results = compile_mod.compile_all([j for _, _, j in ptx_jobs], cache, workers=workers)
+    for (kb, v, job), r in zip(ptx_jobs, ptx_results):
+        if not r.ok:
+            raise BuildError(f"hatch-autotune: PTX for {v.label} ({job.arch}) failed:\n{r.log}")
+        kb.binaries[(v.source_hash, job.arch)] = r
+
+    counts = compile_mod.count([*results, *ptx_results])
+    log(
+        f"hatch-autotune: {counts['compiled']} variant binaries compiled, {counts['cached']} from the cache, "
+        f"{counts['failed']} failed"
+    )
+    return BuildResult(archs=archs, ptx=ptx, compiler=compiler, kernels=kernels, counts=counts, warnings=warnings)
+
+
+def worker_count() -> int:
+    return int(os.environ.get("HATCH_AUTOTUNE_JOBS", "0")) or (os.cpu_count() or 1)

@@ -1,0 +1,230 @@
+"""The build pipeline on real NVRTC compiles: failures, the compile cache, the lock file,
+strictness, template errors, and the generated package's selection and integrity checks."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import pytest
+
+from hatch_autotune.cache import CompileCache
+from hatch_autotune.lock import LockFile
+from hatch_autotune.package import write_package
+from hatch_autotune.pipeline import BuildError
+from hatch_autotune.render import TemplateError
+from hatch_autotune.runtime import IntegrityError, Library, cubin_sm
+
+from conftest import SCALE_TEMPLATE, build, load_project, write_tiny_project
+
+
+def test_failing_variant_is_skipped_and_recorded(tmp_path):
+    root = write_tiny_project(tmp_path / "p", bad="[false, true]")
+    logs: list[str] = []
+    result = build(root, tmp_path / "cache", logs)
+    kb = result.kernels[0]
+    bad = [label for label in kb.failed if "BAD=True" in label]
+    assert len(bad) == 6 and len(kb.failed) == 6  # 3 BLOCK x 2 FACTOR, each failing on both archs
+    assert all("this_is_not_cuda" in log for logs_ in kb.failed.values() for log in logs_)
+    assert any("6 variant(s) failed to compile and were skipped" in m for m in logs)
+    variants = kb.variants["-"]
+    chosen = {variants[c.variant_index].config_dict["BAD"] for c in kb.choices.values()}
+    assert chosen == {False}
+    assert result.counts["failed"] == 12
+
+
+def test_all_variants_failing_stops_the_build_with_the_log(tmp_path):
+    root = write_tiny_project(tmp_path / "p", bad="[true]", extra="")
+    text = (root / "pyproject.toml").read_text().replace("BAD = false }", "BAD = true }")
+    (root / "pyproject.toml").write_text(text)
+    with pytest.raises(BuildError) as info:
+        build(root, tmp_path / "cache")
+    msg = str(info.value)
+    assert "every variant of kernel 'scale'" in msg and "failed to compile for sm_80" in msg
+    assert "this_is_not_cuda" in msg  # the compiler's log, not just a status
+
+
+def test_second_build_compiles_nothing(tiny, tmp_path):
+    logs: list[str] = []
+    first = build(tiny, tmp_path / "cache", logs)
+    assert first.counts["compiled"] == 6 * 2 + 1 and first.counts["cached"] == 0  # cubins + PTX of the one winner
+    second = build(tiny, tmp_path / "cache", logs)
+    assert second.counts["compiled"] == 0 and second.counts["cached"] == first.counts["compiled"]
+    assert any("0 variant binaries compiled" in m and "from the cache" in m for m in logs)
+
+
+def test_corrupt_cache_entries_are_misses(tiny, tmp_path):
+    cache_dir = tmp_path / "cache"
+    build(tiny, cache_dir)
+    bins = sorted(cache_dir.rglob("*.bin"))
+    metas = sorted(cache_dir.rglob("*.json"))
+    bins[0].write_bytes(b"garbage")  # content no longer matches its sha256
+    metas[-1].write_text("{ not json")  # truncated metadata
+    result = build(tiny, cache_dir)
+    assert result.counts["compiled"] == (2 if metas[-1].with_suffix(".bin") != bins[0] else 1)
+    assert result.counts["compiled"] + result.counts["cached"] == 13
+    # and the rebuilt entries are good again
+    assert build(tiny, cache_dir).counts["compiled"] == 0
+
+
+def test_cache_get_rejects_foreign_and_mismatched_entries(tmp_path):
+    cache = CompileCache(tmp_path)
+    cache.put("ab" * 32, {"ok": True, "log": ""}, b"\x7fELF-binary")
+    assert cache.get("ab" * 32)[1] == b"\x7fELF-binary"
+    meta_path = next(tmp_path.rglob("*.json"))
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "schema": 999}))
+    assert cache.get("ab" * 32) is None
+    meta_path.write_text(json.dumps({**meta, "key": "cd" * 32}))
+    assert cache.get("ab" * 32) is None
+    assert cache.get("ef" * 32) is None
+    assert not list(tmp_path.rglob("*.tmp"))  # atomic writes leave no temp files
+
+
+def _write_lock(root, result, winner: dict) -> LockFile:
+    """A lock whose every entry names `winner` as tuned (what a GPU tuner would write)."""
+    lock = LockFile()
+    for key, (eid, checksum) in result.kernels[0].entries.items():
+        lock.entries[eid] = {
+            "checksum": checksum,
+            "config": winner,
+            "tuned": True,
+            "measurements": [{"config": winner, "median_ms": 0.01, "status": "ok"}],
+            "provenance": {"gpu": "recorded-for-test", "arch": key[1]},
+        }
+    lock.save(root / "autotune.lock.json")
+    return lock
+
+
+def test_lock_winners_are_used_and_stale_entries_ignored(tiny, tmp_path):
+    cache_dir = tmp_path / "cache"
+    first = build(tiny, cache_dir)
+    assert not any(c.tuned for c in first.kernels[0].choices.values())
+    winner = {"BLOCK": 256, "FACTOR": 3, "BAD": False}
+    _write_lock(tiny, first, winner)
+    tuned = build(tiny, cache_dir)
+    kb = tuned.kernels[0]
+    assert all(c.tuned for c in kb.choices.values())
+    assert {kb.variants["-"][c.variant_index].config_dict == winner for c in kb.choices.values()} == {True}
+
+    # Changing the template changes every variant's source: all entries become stale.
+    (tiny / "scale.cu.j2").write_text(SCALE_TEMPLATE + "// changed\n")
+    logs: list[str] = []
+    stale = build(tiny, cache_dir, logs)
+    assert not any(c.tuned for c in stale.kernels[0].choices.values())
+    assert sum("stale lock entry (checksum mismatch)" in m for m in logs) == 6
+    assert all("scale|-|sm_" in m for m in logs if "stale lock entry" in m)
+
+
+def test_one_stale_entry_among_valid_ones(tiny, tmp_path):
+    first = build(tiny, tmp_path / "cache")
+    lock = _write_lock(tiny, first, {"BLOCK": 64, "FACTOR": 2, "BAD": False})
+    eid = sorted(lock.entries)[0]
+    lock.entries[eid]["checksum"] = "0" * 64
+    lock.save(tiny / "autotune.lock.json")
+    result = build(tiny, tmp_path / "cache")
+    tuned = {result.kernels[0].entries[k][0]: c.tuned for k, c in result.kernels[0].choices.items()}
+    assert tuned.pop(eid) is False and all(tuned.values())
+
+
+def test_corrupt_or_foreign_lock_is_a_warning_not_a_crash(tiny, tmp_path):
+    for content in ("{ truncated", '{"schema": 99, "entries": {}}', "[1, 2]"):
+        (tiny / "autotune.lock.json").write_text(content)
+        logs: list[str] = []
+        result = build(tiny, tmp_path / "cache", logs)
+        assert any(m.startswith("warning: lock file") for m in logs), logs[:3]
+        assert not any(c.tuned for c in result.kernels[0].choices.values())
+
+
+def test_strict_turns_untuned_entries_into_an_error(tmp_path):
+    root = write_tiny_project(tmp_path / "p", extra="strict = true")
+    with pytest.raises(BuildError) as info:
+        build(root, tmp_path / "cache")
+    msg = str(info.value)
+    assert "strict = true and 6 entr" in msg and "scale|-|sm_80|n=1024 (no lock entry)" in msg
+
+
+def test_template_error_names_file_and_line(tmp_path):
+    broken = SCALE_TEMPLATE.replace("{{ FACTOR }}", "{{ FACTR }}")
+    root = write_tiny_project(tmp_path / "p", template=broken)
+    with pytest.raises(TemplateError) as info:
+        build(root, tmp_path / "cache")
+    assert f"{root / 'scale.cu.j2'}:7:" in str(info.value) and "FACTR" in str(info.value)
+    root2 = write_tiny_project(tmp_path / "q", template=SCALE_TEMPLATE.replace("{% endif %}", ""))
+    with pytest.raises(TemplateError) as info:
+        build(root2, tmp_path / "cache")
+    assert "scale.cu.j2:" in str(info.value) and "endif" in str(info.value)
+
+
+def test_identical_sources_compile_once(tmp_path):
+    # FACTOR is not used by this template, so both FACTOR values render the same source.
+    root = write_tiny_project(tmp_path / "p", template=SCALE_TEMPLATE.replace("{{ FACTOR }}", "2"))
+    result = build(root, tmp_path / "cache")
+    assert result.counts["compiled"] == 3 * 2 + 1  # 3 distinct sources x 2 archs, + 1 PTX
+
+
+def test_no_gpu_and_no_archs_is_a_clear_error(tiny, tmp_path):
+    text = (tiny / "pyproject.toml").read_text().replace('archs = ["sm_80", "sm_90"]\n', "")
+    (tiny / "pyproject.toml").write_text(text)
+    with pytest.raises(BuildError, match="no GPU found on this machine and no `archs` declared"):
+        build(tiny, tmp_path / "cache")
+
+
+@pytest.fixture
+def generated(tiny, tmp_path):
+    """The tiny project's generated package, written and importable from tmp_path/site."""
+    project = load_project(tiny)
+    result = build(tiny, tmp_path / "cache")
+    out = tmp_path / "site" / "tinypkg" / "kernels"
+    (out.parent).mkdir(parents=True)
+    (out.parent / "__init__.py").write_text("")
+    write_package(out, project, result)
+    sys.path.insert(0, str(tmp_path / "site"))
+    for name in [m for m in sys.modules if m.startswith("tinypkg")]:
+        del sys.modules[name]
+    yield out
+    sys.path.remove(str(tmp_path / "site"))
+    for name in [m for m in sys.modules if m.startswith("tinypkg")]:
+        del sys.modules[name]
+
+
+def test_generated_package_selects_and_checks_binaries(generated):
+    mod = importlib.import_module("tinypkg.kernels")
+    assert mod.__all__ == ["scale", "provenance"]
+    sel = mod.scale.select(arch="sm_90", n=5000)
+    assert sel.bucket == {"n": 1024} and sel.config == {"BAD": False, "BLOCK": 128, "FACTOR": 2} and not sel.tuned
+    assert mod.scale.select(arch="sm_90", n=40000).bucket == {"n": 65536}
+    assert mod.scale.select(arch="sm_80", n=10**9).bucket == {"n": 1048576}
+    assert mod.scale.select(arch="sm_89", n=1).arch == "sm_80"
+    ptx = mod.scale.select(arch=(10, 0), n=1)
+    assert (ptx.arch, ptx.binary) == ("sm_90", "compute_90")
+    assert mod.scale.binary(ptx).startswith(b"//")
+    assert cubin_sm(mod.scale.binary(mod.scale.select(arch="sm_80", n=1))) == 80
+    with pytest.raises(RuntimeError, match="compute capability 7.5"):
+        mod.scale.select(arch="sm_75", n=1)
+    with pytest.raises(TypeError, match="missing key dim"):
+        mod.scale.select(arch="sm_90")
+    with pytest.raises(TypeError, match="unknown key"):
+        mod.scale.select(arch="sm_90", n=1, m=2)
+    with pytest.raises(TypeError, match="must be an int"):
+        mod.scale.select(arch="sm_90", n=1.5)
+
+
+def test_tampered_binary_and_table_are_integrity_errors(generated):
+    mod = importlib.import_module("tinypkg.kernels")
+    sel = mod.scale.select(arch="sm_90", n=1)
+    path = generated / mod.scale.variants[sel.variant]["binaries"]["sm_90"]["file"]
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    vendored = mod._runtime  # the wheel's own copy of the runtime, not hatch_autotune.runtime
+    with pytest.raises(vendored.IntegrityError, match="does not match its sha256"):
+        mod.scale.binary(sel)
+    table = generated / "table.json"
+    table.write_text(table.read_text().replace('"tuned": false', '"tuned": true', 1))
+    expected = mod._TABLE_SHA256
+    with pytest.raises(vendored.IntegrityError, match="does not match the sha256 recorded"):
+        vendored.Library.load(str(generated), table_sha256=expected)
+    with pytest.raises(IntegrityError, match="not valid JSON"):
+        table.write_text("{")
+        Library.load(str(generated))

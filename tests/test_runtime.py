@@ -1,0 +1,131 @@
+"""Shared run-time logic: expression trees, key -> bucket mapping, arch fallback, cubin ELF."""
+
+from __future__ import annotations
+
+import pytest
+
+from hatch_autotune import expr
+from hatch_autotune.runtime import ExpressionError, as_compute_capability, choose_arch, compile_expr, cubin_sm, map_to_bucket
+
+BUCKETS = [1024, 4096, 65536]
+
+
+@pytest.mark.parametrize(
+    "value,mapping,expected",
+    [
+        (1024, "nearest", 1024),  # on a bucket
+        (4096, "floor", 4096),
+        (2047, "nearest", 1024),  # log2 2047 is nearer 10 than 12
+        (2048, "nearest", 1024),  # exact log2 midpoint: ties go to the smaller bucket
+        (2049, "nearest", 4096),
+        (16384, "nearest", 4096),  # midpoint of 12 and 16 in log2 is 14 -> tie -> smaller
+        (16385, "nearest", 65536),
+        (3000, "floor", 1024),
+        (3000, "ceil", 4096),
+        (1, "nearest", 1024),  # below the range clamps
+        (1, "ceil", 1024),
+        (10**12, "floor", 65536),  # above the range clamps
+        (10**12, "ceil", 65536),
+        (4096, "exact", 4096),
+    ],
+)
+def test_map_to_bucket(value, mapping, expected):
+    assert map_to_bucket(value, BUCKETS, mapping) == expected
+
+
+def test_exact_mapping_rejects_other_values():
+    with pytest.raises(ValueError, match="head_dim=100 is not one of the exact buckets"):
+        map_to_bucket(100, [64, 128], "exact", "head_dim")
+
+
+@pytest.mark.parametrize(
+    "device,cubins,ptx,expected",
+    [
+        ((9, 0), ["sm_80", "sm_90"], [], ("sm_90", "cubin")),
+        ((8, 6), ["sm_80", "sm_90"], [], ("sm_80", "cubin")),
+        ((8, 9), ["sm_80", "sm_86", "sm_90"], [], ("sm_86", "cubin")),
+        ((9, 0), ["sm_90", "sm_90a"], [], ("sm_90a", "cubin")),  # arch-specific preferred on its own device
+        ((10, 0), ["sm_80", "sm_90a"], ["compute_90"], ("compute_90", "ptx")),
+        ((12, 0), ["sm_80", "sm_90"], ["compute_80", "compute_90"], ("compute_90", "ptx")),
+    ],
+)
+def test_choose_arch(device, cubins, ptx, expected):
+    assert choose_arch(device, cubins, ptx) == expected
+
+
+def test_arch_specific_cubin_runs_only_on_its_own_device():
+    with pytest.raises(RuntimeError, match=r"compute capability 10.0 \(sm_100\).*cubins for sm_90a"):
+        choose_arch((10, 0), ["sm_90a"], [])
+    with pytest.raises(RuntimeError, match="compute capability 7.5"):
+        choose_arch((7, 5), ["sm_80"], ["compute_80"])  # PTX newer than the device cannot JIT
+
+
+@pytest.mark.parametrize("arch,cc", [("sm_86", (8, 6)), ("8.6", (8, 6)), (86, (8, 6)), ((9, 0), (9, 0)), ("sm_120", (12, 0)), ("sm_90a", (9, 0))])
+def test_as_compute_capability(arch, cc):
+    assert as_compute_capability(arch) == cc
+
+
+def test_as_compute_capability_rejects_junk():
+    with pytest.raises(ValueError, match="not a CUDA arch"):
+        as_compute_capability("hopper")
+    with pytest.raises(TypeError, match="arch: expected"):
+        as_compute_capability(9.0)
+
+
+@pytest.mark.parametrize(
+    "text,env,expected",
+    [
+        ("cdiv(n, BLOCK * VEC)", {"n": 1000, "BLOCK": 128, "VEC": 4}, 2),
+        ("64 <= (BM // TM) * (BN // TN) <= 512", {"BM": 64, "TM": 4, "BN": 64, "TN": 4}, True),
+        ("64 <= (BM // TM) * (BN // TN) <= 512", {"BM": 128, "TM": 2, "BN": 128, "TN": 2}, False),
+        ("min(a, b) + max(a, b) ** 2 % 7", {"a": 3, "b": 5}, 3 + 25 % 7),
+        ("x if x > 0 else -x", {"x": -4}, 4),
+        ("not (a == 1 or b != 2) and True", {"a": 2, "b": 2}, True),
+        ("n / 2", {"n": 3}, 1.5),
+        (7, {}, 7),
+    ],
+)
+def test_expressions_evaluate(text, env, expected):
+    e = expr.parse(text)
+    assert e(env) == expected
+    assert compile_expr(e.tree)(env) == expected  # what the wheel evaluates, from the tree alone
+
+
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("open('f')", "calling open()"),
+        ("x.y", "Attribute"),
+        ("x[0]", "Subscript"),
+        ("'s'", "the constant 's'"),
+        ("lambda: 1", "Lambda"),
+        ("cdiv(1)", "cdiv() with other than 2"),
+        ("max(a=1)", "keywords"),
+        ("a <", "invalid expression"),
+        ("(x := 3)", "NamedExpr"),
+    ],
+)
+def test_expressions_outside_the_whitelist_are_rejected(text, fragment):
+    with pytest.raises(expr.ExprSyntaxError) as info:
+        expr.parse(text)
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("tree", [["eval", "x"], ["call", "open", 1], ["n"], "n", None, ["cmp", 1, ["<>", 2]]])
+def test_foreign_trees_are_rejected(tree):
+    with pytest.raises(ExpressionError):
+        compile_expr(tree)
+
+
+def test_cubin_sm_reads_the_elf_header():
+    header = bytearray(64)
+    header[:4] = b"\x7fELF"
+    header[4], header[5], header[8] = 2, 1, 8
+    header[18:20] = (190).to_bytes(2, "little")
+    header[48:52] = (0x6005A04).to_bytes(4, "little")  # what NVRTC 13 writes for sm_90
+    assert cubin_sm(bytes(header)) == 90
+    header[18:20] = (62).to_bytes(2, "little")  # x86-64
+    with pytest.raises(ValueError, match="EM_CUDA"):
+        cubin_sm(bytes(header))
+    with pytest.raises(ValueError, match="not an ELF"):
+        cubin_sm(b"//\n.version 9.0")

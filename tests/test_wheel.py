@@ -1,0 +1,172 @@
+"""End to end, as a user runs it: hatch-autotune built into a wheel, example_pkg built with
+`pip wheel` (build isolation, hatch-autotune from that local wheel), the result installed in a
+fresh virtual environment that has only the run-time dependencies. No GPU: selection, file
+integrity and import are checked; launching is not."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hatch_autotune.runtime import cubin_sm, parse_arch
+
+from conftest import EXAMPLE, ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def plugin_dist(tmp_path_factory) -> Path:
+    """hatch-autotune as a wheel, built from this checkout the way a release would be."""
+    src = tmp_path_factory.mktemp("plugin-src")
+    shutil.copytree(ROOT, src, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", ".venv", "dist", "__pycache__", "example_pkg", "tests"))
+    dist = tmp_path_factory.mktemp("plugin-dist")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)])
+    assert len(list(dist.glob("hatch_autotune-*.whl"))) == 1
+    return dist
+
+
+def pip_wheel_example(plugin_dist: Path, out: Path, cache: Path, src: Path) -> tuple[Path, str]:
+    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("dist", "kernels", "__pycache__"))
+    env = {**os.environ, "HATCH_AUTOTUNE_CACHE_DIR": str(cache), "PIP_FIND_LINKS": str(plugin_dist)}
+    env.pop("HATCH_AUTOTUNE_MODE", None)
+    proc = run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(out), str(src)], env=env)
+    wheels = list(out.glob("example_pkg-*.whl"))
+    assert len(wheels) == 1
+    return wheels[0], proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def example_wheels(plugin_dist, session_cache, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("example")
+    first, log1 = pip_wheel_example(plugin_dist, tmp / "out1", session_cache, tmp / "src1")
+    second, log2 = pip_wheel_example(plugin_dist, tmp / "out2", session_cache, tmp / "src2")
+    return first, second, log1, log2
+
+
+def test_wheel_is_pure_and_reproducible(example_wheels):
+    first, second, log1, log2 = example_wheels
+    assert first.name == "example_pkg-0.1.0-py3-none-any.whl"
+    assert first.read_bytes() == second.read_bytes()  # same lock file -> byte-identical wheels
+    assert "hatch-autotune: 0 variant binaries compiled" in log2  # second build: all from the cache
+    assert "untuned, using the default config: saxpy|T=float32|sm_80|n=4096 (no lock entry)" in log1
+
+
+def test_wheel_ships_exactly_the_referenced_binaries_each_valid(example_wheels):
+    wheel = example_wheels[0]
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        table = json.loads(zf.read("example_pkg/kernels/table.json"))
+        init = zf.read("example_pkg/kernels/__init__.py").decode()
+        assert hashlib.sha256(zf.read("example_pkg/kernels/table.json")).hexdigest() in init
+        assert "example_pkg/kernels/_runtime.py" in names
+        referenced = set()
+        for kname, kernel in table["kernels"].items():
+            used = {e["variant"] for per_arch in kernel["select"].values() for entries in per_arch.values() for e in entries}
+            assert used == set(kernel["variants"]), kname  # no unreferenced variants either
+            for vid, variant in kernel["variants"].items():
+                for arch, info in variant["binaries"].items():
+                    data = zf.read(f"example_pkg/kernels/{info['file']}")
+                    assert hashlib.sha256(data).hexdigest() == info["sha256"]
+                    kind, major, minor, _ = parse_arch(arch)
+                    if kind == "sm":
+                        assert cubin_sm(data) == major * 10 + minor, info["file"]
+                    else:
+                        assert data.startswith(b"//") and f".target sm_{major}{minor}".encode() in data
+                    referenced.add(f"example_pkg/kernels/{info['file']}")
+        shipped = {n for n in names if n.startswith("example_pkg/kernels/bin/")}
+        assert shipped == referenced
+        assert table["archs"] == ["sm_80", "sm_90"] and table["ptx"] == {"sm_90": "compute_90"}
+        assert set(table["kernels"]) == {"saxpy", "row_softmax", "sgemm"}
+
+
+CHECK_SCRIPT = textwrap.dedent(
+    """
+    import importlib.util, json, sys, time
+    t0 = time.perf_counter()
+    from example_pkg import kernels
+    import_ms = (time.perf_counter() - t0) * 1e3
+    out = {"import_ms": import_ms, "cuda_loaded": any(m.startswith("cuda") for m in sys.modules)}
+    out["absent"] = [m for m in ("hatch_autotune", "jinja2", "hatchling") if importlib.util.find_spec(m) is None]
+    sel = []
+    for arch in ("sm_80", "sm_90", "sm_86", "sm_89", "sm_100", "sm_120"):
+        for n in (1, 4096, 5000, 262144, 10**6, 2**24, 2**30):
+            for T in ("float32", "float16"):
+                s = kernels.saxpy.select(arch=arch, n=n, T=T)
+                sel.append(["saxpy", arch, n, T, s.bucket["n"], s.arch, s.binary, s.tuned, len(kernels.saxpy.binary(s))])
+        for rows, cols in ((1, 1), (256, 128), (300, 129), (10**5, 10**5)):
+            s = kernels.row_softmax.select(arch=arch, rows=rows, cols=cols)
+            sel.append(["row_softmax", arch, [rows, cols], s.bucket, s.arch, s.binary])
+        s = kernels.sgemm.select(arch=arch, m=2000, n=3, k=4096)
+        sel.append(["sgemm", arch, s.bucket, s.config, s.binary])
+    out["selections"] = sel
+    try:
+        kernels.saxpy.select(arch="sm_75", n=1, T="float32")
+    except RuntimeError as e:
+        out["sm_75"] = str(e)
+    print(json.dumps(out))
+    """
+)
+
+
+def test_installs_and_selects_in_a_fresh_runtime_only_venv(example_wheels, tmp_path):
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", str(venv)])
+    py = venv / "bin" / "python"
+    run([str(py), "-m", "pip", "install", "-q", str(example_wheels[0])])
+    proc = run([str(py), "-c", CHECK_SCRIPT], cwd=tmp_path)
+    out = json.loads(proc.stdout)
+    assert out["absent"] == ["hatch_autotune", "jinja2", "hatchling"]
+    assert out["cuda_loaded"] is False  # importing touched no CUDA library
+    by = {}
+    for row in out["selections"]:
+        by.setdefault(row[0], []).append(row)
+    saxpy = {(r[1], r[2], r[3]): r for r in by["saxpy"]}
+    # on, between and outside the buckets (nearest in log2, clamped)
+    assert saxpy[("sm_90", 1, "float32")][4] == 4096
+    assert saxpy[("sm_90", 4096, "float32")][4] == 4096
+    assert saxpy[("sm_90", 5000, "float16")][4] == 4096
+    assert saxpy[("sm_90", 10**6, "float32")][4] == 262144
+    assert saxpy[("sm_90", 2**24, "float32")][4] == 2**24
+    assert saxpy[("sm_90", 2**30, "float32")][4] == 2**24
+    # arch fallback: 8.6/8.9 run sm_80 cubins, 10.0/12.0 JIT the sm_90 PTX
+    assert saxpy[("sm_86", 1, "float32")][5:7] == ["sm_80", "sm_80"]
+    assert saxpy[("sm_89", 1, "float32")][5:7] == ["sm_80", "sm_80"]
+    assert saxpy[("sm_90", 1, "float32")][5:7] == ["sm_90", "sm_90"]
+    assert saxpy[("sm_120", 1, "float32")][5:7] == ["sm_90", "compute_90"]
+    assert all(r[7] is False and r[8] > 0 for r in by["saxpy"])  # untuned (no lock), binaries load
+    softmax = {(r[1], tuple(r[2])): r for r in by["row_softmax"]}
+    assert softmax[("sm_90", (300, 129))][3] == {"rows": 256, "cols": 1024}  # cols maps by ceil
+    assert softmax[("sm_90", (10**5, 10**5))][3] == {"rows": 16384, "cols": 8192}
+    assert by["sgemm"][0][2] == {"m": 1024, "n": 256, "k": 4096}
+    assert "compute capability 7.5" in out["sm_75"]
+
+
+def test_editable_install_generates_in_tree(plugin_dist, session_cache, tmp_path):
+    src = tmp_path / "example"
+    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("dist", "kernels", "__pycache__"))
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", str(venv)])
+    py = venv / "bin" / "python"
+    env = {**os.environ, "HATCH_AUTOTUNE_CACHE_DIR": str(session_cache), "PIP_FIND_LINKS": str(plugin_dist)}
+    run([str(py), "-m", "pip", "install", "-q", "-e", str(src)], env=env)
+    generated = src / "src" / "example_pkg" / "kernels"
+    assert (generated / "table.json").is_file() and (generated / ".gitignore").read_text().endswith("*\n")
+    proc = run([str(py), "-c", "from example_pkg import kernels; print(kernels.sgemm.select(arch='sm_90', m=1, n=1, k=1).bucket)"], cwd=tmp_path)
+    assert proc.stdout.strip() == "{'m': 256, 'n': 256, 'k': 256}"
