@@ -278,8 +278,120 @@ def types_key(types: Mapping[str, str]) -> str:
     return ",".join(f"{k}={types[k]}" for k in sorted(types)) or "-"
 
 
+# Arrays, scalars and streams at the call boundary. Everything here runs before any GPU call,
+# so a wrong argument is a TypeError/ValueError naming it, and nothing has been launched.
+
+# dtype name -> the __cuda_array_interface__ typestr without its byte-order character
+TYPESTRS = {
+    "float16": "f2", "float32": "f4", "float64": "f8",
+    "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
+    "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8",
+}  # fmt: skip
+_DTYPE_OF_TYPESTR = {v: k for k, v in TYPESTRS.items()}
+
+
+@dataclass(frozen=True)
+class ArrayView:
+    """What a call needs of an array: pointer, shape, dtype, layout, and where it lives."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: str | None  # None: a dtype hatch-autotune cannot pass (e.g. bfloat16, big-endian)
+    contiguous: bool
+    readonly: bool
+    device: int | None  # None: unknown until asked (CAI); -1: host memory
+
+
+def _c_contiguous(shape: Sequence[int], strides: Sequence[int] | None, itemsize: int) -> bool:
+    """Row-major dense; strides of size-1 dims do not matter."""
+    if strides is None:
+        return True
+    expected = itemsize
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def array_view(obj: Any) -> ArrayView | None:
+    """Read an array through __cuda_array_interface__ (fast) or DLPack; None if it has neither."""
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        typestr = cai["typestr"]
+        dtype = _DTYPE_OF_TYPESTR.get(typestr[1:]) if typestr[:1] in ("<", "|", "=") else None
+        shape = tuple(cai["shape"])
+        ptr, readonly = cai["data"]
+        itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 0
+        return ArrayView(ptr, shape, dtype, _c_contiguous(shape, cai.get("strides"), itemsize), bool(readonly), None)
+    if hasattr(obj, "__dlpack__"):
+        from cuda.core.utils import StridedMemoryView  # lazy: only DLPack-only arrays need it
+
+        view = StridedMemoryView.from_dlpack(obj, stream_ptr=-1)
+        np_dtype = view.dtype
+        dtype = None
+        if np_dtype is not None and np_dtype.byteorder in ("<", "|", "="):
+            dtype = _DTYPE_OF_TYPESTR.get(f"{np_dtype.kind}{np_dtype.itemsize}")
+        shape = tuple(view.shape)
+        strides = view.strides
+        contiguous = _c_contiguous(shape, strides, 1)  # DLPack strides count elements, not bytes
+        return ArrayView(view.ptr, shape, dtype, contiguous, bool(view.readonly), view.device_id if view.is_device_accessible else -1)
+    return None
+
+
+def stream_handle(stream: Any) -> int | None:
+    """The cudaStream_t address of anything a user may pass as `stream=`; None for the default.
+
+    Accepts a cuda.core Stream or any object with __cuda_stream__ (CuPy, cuda.core), an object
+    with `.cuda_stream` (PyTorch) or `.ptr` (older CuPy), or a raw handle (int).
+    """
+    if stream is None:
+        return None
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        if stream < 0:
+            raise ValueError(f"stream: a raw handle must be a non-negative int, got {stream}")
+        return stream
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        version, handle = proto() if callable(proto) else proto
+        return int(handle)
+    for attr in ("cuda_stream", "ptr"):
+        handle = getattr(stream, attr, None)
+        if isinstance(handle, int) and not isinstance(handle, bool):
+            return handle
+    raise TypeError(
+        "stream: expected None, a cuda.core Stream, an object with __cuda_stream__ (CuPy), "
+        f"a PyTorch stream, or a raw cudaStream_t handle (int); got {type(stream).__name__}"
+    )
+
+
+class _HandleStream:
+    """A raw handle dressed in the __cuda_stream__ protocol, which cuda.core.launch accepts."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    """A call after every check that needs no GPU: what to select and what to pass."""
+
+    types: dict[str, str]
+    key: dict[str, int]
+    c_args: tuple[Any, ...]  # in the kernel's C order: ints for pointers, numpy scalars
+    arrays: dict[str, ArrayView]
+
+
+_CACHE_LIMIT = 4096  # per-kernel memo entries (distinct sizes) before the memo is cleared
+
+
 class Kernel:
-    """One kernel of a generated module: selection now; loading and launching build on it."""
+    """One kernel of a generated module: `select()` to see the choice, call it to launch."""
 
     def __init__(self, name: str, spec: Mapping[str, Any], library: "Library"):
         self.name = name
@@ -297,11 +409,19 @@ class Kernel:
         for tkey, per_arch in spec["select"].items():
             for arch, entries in per_arch.items():
                 self._select[(tkey, arch)] = {tuple(e["bucket"]): e for e in entries}
-        self.launch = {
-            "grid": [compile_expr(t) for t in self.launch_trees["grid"]],
-            "block": [compile_expr(t) for t in self.launch_trees["block"]],
-            "shared": compile_expr(self.launch_trees["shared"]),
-        }
+        self._grid = [compile_expr(t) for t in self.launch_trees["grid"]]
+        self._block = [compile_expr(t) for t in self.launch_trees["block"]]
+        self._shared = compile_expr(self.launch_trees["shared"])
+        self.user_args = [a["name"] for a in self.args if "value" not in a]
+        self._arg_index = {a["name"]: i for i, a in enumerate(self.args)}
+        self._shape_fns = {a["name"]: [compile_expr(t) for t in a["shape"]] for a in self.args if a["kind"] == "array"}
+        self._value_fns = {a["name"]: compile_expr(a["value"]) for a in self.args if "value" in a}
+        self._memo: dict[Any, Any] = {}
+        self._kernels: dict[tuple[int, str, str], Any] = {}
+        self._load_lock = threading.Lock()
+        self.__doc__ = self._docstring()
+
+    # ---- introspection ----------------------------------------------------------------------
 
     @property
     def buckets(self) -> dict[str, list[int]]:
@@ -309,7 +429,7 @@ class Kernel:
 
     @property
     def provenance(self) -> dict[str, Any]:
-        """Per (types, arch, bucket): tuned or default, and where it was tuned."""
+        """Per (types, arch, bucket): the variant, tuned or default, and where it was tuned."""
         out: dict[str, Any] = {}
         for (tkey, arch), entries in sorted(self._select.items()):
             for bucket, e in sorted(entries.items()):
@@ -321,8 +441,39 @@ class Kernel:
                 }
         return out
 
+    def _docstring(self) -> str:
+        lines = [f"{self.name}({', '.join(self.user_args)}, *, stream=None)", ""]
+        if self.doc:
+            lines += [self.doc, ""]
+        lines.append("Arguments:")
+        for a in self.args:
+            if "value" in a:
+                continue
+            dtype = a["dtype"]
+            if dtype in self.type_params:
+                dtype = f"{dtype} in {{{', '.join(self.type_params[dtype])}}}"
+            if a["kind"] == "array":
+                shape = ", ".join(_tree_text(t) for t in a["shape"])
+                lines.append(f"  {a['name']}: GPU array, {dtype}, shape ({shape}), C-contiguous, intent {a['intent']}")
+            else:
+                lines.append(f"  {a['name']}: scalar, {dtype}")
+        lines.append("  stream: None (the device's default stream), a cuda.core/CuPy/PyTorch stream, or a raw handle")
+        lines.append("Key (selects the variant): " + ", ".join(f"{k['name']} in {k['buckets']} ({k['mapping']})" for k in self.key))
+        return "\n".join(lines)
+
     def __repr__(self) -> str:
-        return f"<hatch-autotune kernel {self.name} key=({', '.join(self._key_names)})>"
+        return f"<hatch-autotune kernel {self.name}({', '.join(self.user_args)}) key=({', '.join(self._key_names)})>"
+
+    @property
+    def __signature__(self) -> Any:
+        """So that help() and inspect.signature() show the real call: the arguments, then stream=."""
+        import inspect
+
+        params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in self.user_args]
+        params.append(inspect.Parameter("stream", inspect.Parameter.KEYWORD_ONLY, default=None))
+        return inspect.Signature(params)
+
+    # ---- selection --------------------------------------------------------------------------
 
     def _resolve_types(self, given: dict[str, Any]) -> dict[str, str]:
         types: dict[str, str] = {}
@@ -351,32 +502,298 @@ class Kernel:
             raise TypeError(f"{self.name}.select(): unknown key {unknown}; the key dims are {self._key_names}")
         if missing:
             raise TypeError(f"{self.name}.select(): missing key dim(s) {missing}")
-        bucket = []
-        for k in self.key:
-            value = given[k["name"]]
+        for n in self._key_names:
+            value = given[n]
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{self.name}.select(): key dim {k['name']} must be an int, got {value!r}")
-            bucket.append(map_to_bucket(value, k["buckets"], k["mapping"], k["name"]))
+                raise TypeError(f"{self.name}.select(): key dim {n} must be an int, got {value!r}")
         cc = as_compute_capability(arch) if arch is not None else current_device_cc()
-        table_arch, binary = self._library.binary_for(cc)
-        tkey = types_key(types)
-        entry = self._select[(tkey, table_arch)][tuple(bucket)]
+        return self._selection(cc, types, given)
+
+    def _selection(self, cc: tuple[int, int], types: Mapping[str, str], key: Mapping[str, int]) -> Selection:
+        bucket = tuple(map_to_bucket(key[k["name"]], k["buckets"], k["mapping"], k["name"]) for k in self.key)
+        table_arch, how = self._library.binary_for(cc)
+        entry = self._select[(types_key(types), table_arch)][bucket]
         variant = self.variants[entry["variant"]]
         return Selection(
             kernel=self.name,
             variant=entry["variant"],
             config=dict(variant["config"]),
-            types=types,
+            types=dict(types),
             bucket=dict(zip(self._key_names, bucket)),
             tuned=bool(entry["tuned"]),
             arch=table_arch,
-            binary=table_arch if binary == "cubin" else self._library.ptx_for[table_arch],
+            binary=table_arch if how == "cubin" else self._library.ptx_for[table_arch],
         )
 
     def binary(self, selection: Selection) -> bytes:
         """The cubin (or PTX) bytes of a selection, checked against their sha256."""
         info = self.variants[selection.variant]["binaries"][selection.binary]
         return self._library.read_checked(info["file"], info["sha256"])
+
+    # ---- calling ----------------------------------------------------------------------------
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        if not kwargs and len(args) == len(self.user_args):
+            return list(args)
+        if len(args) > len(self.user_args):
+            raise TypeError(f"{self.name}() takes {len(self.user_args)} arguments ({', '.join(self.user_args)}), got {len(args)}")
+        values = list(args) + [_MISSING] * (len(self.user_args) - len(args))
+        for k, v in kwargs.items():
+            if k not in self.user_args:
+                raise TypeError(f"{self.name}() got an unexpected argument {k!r}; arguments: {', '.join(self.user_args)}")
+            i = self.user_args.index(k)
+            if values[i] is not _MISSING:
+                raise TypeError(f"{self.name}() got multiple values for argument {k!r}")
+            values[i] = v
+        missing = [n for n, v in zip(self.user_args, values) if v is _MISSING]
+        if missing:
+            raise TypeError(f"{self.name}() missing argument(s): {', '.join(missing)}")
+        return values
+
+    def prepare(self, *args: Any, **kwargs: Any) -> PreparedCall:
+        """Check and convert a call's arguments without touching the GPU."""
+        values = dict(zip(self.user_args, self._bind(args, kwargs)))
+        name = self.name
+        arrays: dict[str, ArrayView] = {}
+        types: dict[str, str] = {}
+        bound_by: dict[str, str] = {}
+        for a in self.args:
+            if a["kind"] != "array":
+                continue
+            arg, obj = a["name"], values[a["name"]]
+            view = array_view(obj)
+            if view is None:
+                raise TypeError(
+                    f"{name}(): argument {arg!r} must be a GPU array exposing __cuda_array_interface__ or DLPack "
+                    f"(CuPy, PyTorch, Numba, JAX), got {type(obj).__name__}"
+                )
+            declared = a["dtype"]
+            if declared in self.type_params:
+                if view.dtype not in self.type_params[declared]:
+                    raise TypeError(
+                        f"{name}(): argument {arg!r} has dtype {view.dtype or 'unsupported'}; "
+                        f"expected one of {self.type_params[declared]} (type parameter {declared})"
+                    )
+                if declared in types and types[declared] != view.dtype:
+                    raise TypeError(
+                        f"{name}(): argument {arg!r} has dtype {view.dtype} but {bound_by[declared]!r} has "
+                        f"{types[declared]}; both are {declared}"
+                    )
+                types[declared], bound_by[declared] = view.dtype, arg
+            elif view.dtype != declared:
+                raise TypeError(f"{name}(): argument {arg!r} has dtype {view.dtype or 'unsupported'}; expected {declared}")
+            if len(view.shape) != len(a["shape"]):
+                raise ValueError(f"{name}(): argument {arg!r} has {len(view.shape)} dimension(s) {view.shape}; expected {len(a['shape'])}")
+            if not view.contiguous:
+                raise ValueError(f"{name}(): argument {arg!r} must be C-contiguous (row-major, dense); pass a contiguous copy")
+            if view.readonly and a["intent"] != "in":
+                raise ValueError(f"{name}(): argument {arg!r} is read-only but the kernel writes it (intent {a['intent']})")
+            if view.device == -1:
+                raise ValueError(f"{name}(): argument {arg!r} is in host memory; expected a GPU array")
+            arrays[arg] = view
+        for tp, allowed in self.type_params.items():
+            if tp not in types:
+                if len(allowed) != 1:
+                    raise TypeError(f"{name}(): cannot infer type parameter {tp} from the arguments")
+                types[tp] = allowed[0]
+
+        key: dict[str, int] = {}
+        for k in self.key:
+            source = k["from"]
+            if k["axis"] is not None:
+                key[k["name"]] = arrays[source].shape[k["axis"]]
+            else:
+                value = values[source]
+                if isinstance(value, bool) or not isinstance(value, _integral_types()):
+                    raise TypeError(f"{name}(): argument {source!r} must be an integer (it defines key dim {k['name']}), got {value!r}")
+                key[k["name"]] = int(value)
+        for arg, view in arrays.items():
+            expected = tuple(fn(key) for fn in self._shape_fns[arg])
+            if view.shape != expected:
+                dims = ", ".join(f"{n}={v}" for n, v in key.items())
+                raise ValueError(f"{name}(): argument {arg!r} has shape {view.shape}; expected {expected} (from {dims})")
+
+        c_args: list[Any] = []
+        for a in self.args:
+            arg = a["name"]
+            if a["kind"] == "array":
+                c_args.append(arrays[arg].ptr)
+                continue
+            dtype = types.get(a["dtype"], a["dtype"])
+            value = self._value_fns[arg](key) if arg in self._value_fns else values[arg]
+            c_args.append(_scalar(value, dtype, name, arg))
+        return PreparedCall(types, key, tuple(c_args), arrays)
+
+    def __call__(self, *args: Any, stream: Any = None, **kwargs: Any) -> None:
+        call = self.prepare(*args, **kwargs)
+        handle = stream_handle(stream)
+        device = self._device_of(call)
+        self._launch(call, device, handle)
+
+    def _device_of(self, call: PreparedCall) -> int:
+        devices = {}
+        for arg, view in call.arrays.items():
+            devices[arg] = view.device if view.device is not None else _pointer_device(view.ptr, self.name, arg)
+        distinct = set(devices.values())
+        if len(distinct) > 1:
+            listing = ", ".join(f"{a} on device {d}" for a, d in devices.items())
+            raise ValueError(f"{self.name}(): arrays are on different devices ({listing})")
+        if distinct:
+            return distinct.pop()
+        current = _current_device()
+        return 0 if current is None else current
+
+    def _launch(self, call: PreparedCall, device: int, handle: int | None) -> None:
+        memo_key = (device, types_key(call.types), tuple(call.key.values()))
+        plan = self._memo.get(memo_key)
+        if plan is None:
+            plan = self._plan(device, call)
+            if len(self._memo) >= _CACHE_LIMIT:
+                self._memo.clear()
+            self._memo[memo_key] = plan
+        kernel, config, empty = plan
+        if empty:
+            return  # a zero-sized problem: nothing to launch
+        from cuda.core import launch
+
+        _make_current(device)
+        launch(_stream_for(device, handle), config, kernel, *call.c_args)
+
+    def _plan(self, device: int, call: PreparedCall) -> tuple[Any, Any, bool]:
+        """Kernel handle and LaunchConfig for a (device, types, key): computed once, memoised."""
+        from cuda.core import LaunchConfig
+
+        sel = self._selection(_device_cc(device), call.types, call.key)
+        grid, block, shared = self.geometry(sel.config, call.types, call.key)
+        if min(grid) == 0:
+            return None, None, True
+        return self._kernel_handle(device, sel), LaunchConfig(grid=grid, block=block, shmem_size=shared), False
+
+    def geometry(self, config: Mapping[str, Any], types: Mapping[str, str], key: Mapping[str, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+        """(grid, block, dynamic shared bytes) of a config at a key: the declared expressions."""
+        env = {**key, **config, **{f"{tp}_size": int(TYPESTRS[dt][1]) for tp, dt in types.items()}}
+        grid = tuple(int(f(env)) for f in self._grid)
+        block = tuple(int(f(env)) for f in self._block)
+        shared = int(self._shared(env))
+        if any(g < 0 for g in grid) or any(b <= 0 for b in block) or shared < 0:
+            raise ValueError(f"{self.name}: launch geometry grid={grid} block={block} shared={shared} is invalid for {dict(key)}")
+        return grid, block, shared
+
+    def _kernel_handle(self, device: int, sel: Selection) -> Any:
+        cache_key = (device, sel.variant, sel.binary)
+        handle = self._kernels.get(cache_key)
+        if handle is None:
+            with self._load_lock:
+                handle = self._kernels.get(cache_key)
+                if handle is None:
+                    from cuda.core import ObjectCode
+
+                    data = self.binary(sel)
+                    _make_current(device)
+                    code = ObjectCode.from_ptx(data) if sel.binary.startswith("compute_") else ObjectCode.from_cubin(data)
+                    handle = code.get_kernel(self.entry)
+                    self._kernels[cache_key] = handle
+        return handle
+
+
+_MISSING = object()
+
+
+def _tree_text(tree: Any) -> str:
+    """A readable rendering of a shape tree for docstrings."""
+    if isinstance(tree, list) and tree and tree[0] == "n":
+        return tree[1]
+    if isinstance(tree, list) and len(tree) == 3 and tree[0] in _OPS:
+        return f"{_tree_text(tree[1])} {tree[0]} {_tree_text(tree[2])}"
+    return json.dumps(tree) if isinstance(tree, list) else str(tree)
+
+
+def _integral_types() -> tuple[type, ...]:
+    try:
+        import numpy
+
+        return (int, numpy.integer)
+    except ImportError:  # pragma: no cover - numpy is a dependency of every generated wheel
+        return (int,)
+
+
+def _scalar(value: Any, dtype: str, kernel: str, arg: str) -> Any:
+    """A Python or numpy number as the exact C type (float32 stays float32), range-checked."""
+    import numpy
+
+    if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, (int, float, numpy.number)):
+        raise TypeError(f"{kernel}(): argument {arg!r} must be a number ({dtype}), got {type(value).__name__}")
+    np_type = numpy.dtype(dtype).type
+    if dtype.startswith(("int", "uint")):
+        if not isinstance(value, (int, numpy.integer)):
+            raise TypeError(f"{kernel}(): argument {arg!r} must be an integer ({dtype}), got {value!r}")
+        info = numpy.iinfo(np_type)
+        if not info.min <= int(value) <= info.max:
+            raise ValueError(f"{kernel}(): argument {arg!r}={value} does not fit in {dtype} [{info.min}, {info.max}]")
+        return np_type(int(value))
+    if dtype == "float16":
+        return numpy.float16(value).view(numpy.uint16)  # the kernel sees at_half: 16 raw bits
+    return np_type(value)
+
+
+# ---- the few driver calls of the launch path (GPU only) ------------------------------------
+
+
+def _driver() -> Any:
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _pointer_device(ptr: int, kernel: str, arg: str) -> int:
+    """Device ordinal of a device pointer; ValueError when it is not GPU memory."""
+    driver = _driver()
+    err, ordinal = driver.cuPointerGetAttribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise ValueError(f"{kernel}(): argument {arg!r} (pointer {ptr:#x}) is not CUDA device memory ({err.name})")
+    return int(ordinal)
+
+
+_DEVICE_CC: dict[int, tuple[int, int]] = {}
+_DEFAULT_STREAMS: dict[int, Any] = {}
+_HANDLE_STREAMS: dict[int, Any] = {}
+
+
+def _device_cc(device: int) -> tuple[int, int]:
+    cc = _DEVICE_CC.get(device)
+    if cc is None:
+        cc = _DEVICE_CC.setdefault(device, current_device_cc(device))
+    return cc
+
+
+def _make_current(device: int) -> None:
+    """Kernels from a cuda.core library launch in the current context: make it the device's."""
+    if _current_device() != device:
+        from cuda.core import Device
+
+        Device(device).set_current()
+
+
+def _current_device() -> int | None:
+    """The device of the calling thread's current context, None when there is none."""
+    driver = _driver()
+    err, dev = driver.cuCtxGetDevice()
+    return int(dev) if err == driver.CUresult.CUDA_SUCCESS else None
+
+
+def _stream_for(device: int, handle: int | None) -> Any:
+    """The launch stream: the device's default stream for None, else the handle (wrapped once)."""
+    if handle is None:
+        stream = _DEFAULT_STREAMS.get(device)
+        if stream is None:
+            from cuda.core import Device
+
+            stream = _DEFAULT_STREAMS.setdefault(device, Device(device).default_stream)
+        return stream
+    stream = _HANDLE_STREAMS.get(handle)
+    if stream is None:
+        stream = _HANDLE_STREAMS.setdefault(handle, _HandleStream(handle))
+    return stream
 
 
 class Library:

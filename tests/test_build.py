@@ -228,3 +228,24 @@ def test_tampered_binary_and_table_are_integrity_errors(generated):
     with pytest.raises(IntegrityError, match="not valid JSON"):
         table.write_text("{")
         Library.load(str(generated))
+
+
+def test_resource_usage_is_recorded_from_ptxas(tmp_path):
+    from hatch_autotune.compile import CompileJob, compile_all
+
+    src = """
+    extern "C" __global__ void k(float* y) {
+        __shared__ float tile[{{N}}];
+        tile[threadIdx.x] = y[threadIdx.x];
+        __syncthreads();
+        y[threadIdx.x] = tile[({{N}} - 1) - threadIdx.x];
+    }""".replace("{{N}}", "300")
+    cache = CompileCache(tmp_path)
+    (res,) = compile_all([CompileJob(src, "sm_90", "k")], cache)
+    assert res.ok and not res.cached
+    assert res.resources.shared_bytes == 1200 and res.resources.registers > 0
+    assert res.resources.spill_stores == 0 and res.resources.barriers == 1
+    (again,) = compile_all([CompileJob(src, "sm_90", "k")], cache)
+    assert again.cached and again.resources == res.resources and again.binary == res.binary
+    (ptx,) = compile_all([CompileJob(src, "compute_90", "k")], cache)
+    assert ptx.ok and ptx.binary.startswith(b"//") and ptx.resources is None

@@ -1,0 +1,196 @@
+"""The call boundary of generated kernels, on the CPU: argument binding, array protocol, dtype,
+shape, contiguity and intent checks, type-parameter inference, key derivation, scalar
+conversion, streams and launch geometry. The arrays here are stand-ins that expose
+__cuda_array_interface__ with made-up pointers: nothing is launched (no GPU here)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+
+import numpy as np
+import pytest
+
+from hatch_autotune.package import write_package
+from hatch_autotune.runtime import stream_handle
+
+from conftest import EXAMPLE, build
+
+
+class FakeGPUArray:
+    """Exposes the CUDA Array Interface v3 like CuPy/PyTorch/Numba do; never dereferenced."""
+
+    _next_ptr = 0x7F0000000000
+
+    def __init__(self, shape, typestr="<f4", strides=None, readonly=False):
+        FakeGPUArray._next_ptr += 1 << 20
+        self.ptr = FakeGPUArray._next_ptr
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape),
+            "typestr": typestr,
+            "data": (self.ptr, readonly),
+            "strides": strides,
+            "version": 3,
+        }
+
+
+@pytest.fixture(scope="module")
+def kernels(session_cache, tmp_path_factory):
+    """example_pkg's generated package, built by the real pipeline (NVRTC), importable."""
+    from conftest import load_project
+
+    site = tmp_path_factory.mktemp("site")
+    project = load_project(EXAMPLE)
+    result = build(EXAMPLE, session_cache)
+    (site / "example_pkg").mkdir()
+    (site / "example_pkg" / "__init__.py").write_text("")
+    write_package(site / "example_pkg" / "kernels", project, result)
+    sys.path.insert(0, str(site))
+    saved = {k: v for k, v in sys.modules.items() if k.startswith("example_pkg")}
+    for k in saved:
+        del sys.modules[k]
+    yield importlib.import_module("example_pkg.kernels")
+    sys.path.remove(str(site))
+    for k in [m for m in sys.modules if m.startswith("example_pkg")]:
+        del sys.modules[k]
+    sys.modules.update(saved)
+
+
+def test_saxpy_float32_call_is_prepared_exactly(kernels):
+    x, y = FakeGPUArray((1000,)), FakeGPUArray((1000,))
+    call = kernels.saxpy.prepare(2.5, x, y)
+    assert call.types == {"T": "float32"} and call.key == {"n": 1000}
+    a, px, py, n = call.c_args
+    assert type(a) is np.float32 and a == np.float32(2.5)  # float32 stays float32
+    assert (px, py) == (x.ptr, y.ptr)
+    assert type(n) is np.int32 and n == 1000  # computed from the key, not passed
+    assert kernels.saxpy.prepare(a=1.0, x=x, y=y).c_args[1:3] == (x.ptr, y.ptr)
+
+
+def test_type_parameter_is_inferred_from_the_arrays(kernels):
+    x, y = FakeGPUArray((7,), "<f2"), FakeGPUArray((7,), "<f2")
+    call = kernels.saxpy.prepare(np.float64(3.0), x, y)
+    assert call.types == {"T": "float16"}
+    assert type(call.c_args[0]) is np.float32  # `a` is declared float32 whatever T is
+
+
+@pytest.mark.parametrize(
+    "make,exc,fragment",
+    [
+        (lambda: (1.0, FakeGPUArray((8,)), FakeGPUArray((8,), "<f2")), TypeError, "argument 'y' has dtype float16 but 'x' has float32"),
+        (lambda: (1.0, FakeGPUArray((8,), "<f8"), FakeGPUArray((8,), "<f8")), TypeError, "argument 'x' has dtype float64; expected one of ['float32', 'float16']"),
+        (lambda: (1.0, FakeGPUArray((8,), ">f4"), FakeGPUArray((8,))), TypeError, "argument 'x' has dtype unsupported"),
+        (lambda: (1.0, FakeGPUArray((8,)), FakeGPUArray((9,))), ValueError, "argument 'y' has shape (9,); expected (8,) (from n=8)"),
+        (lambda: (1.0, FakeGPUArray((8, 1)), FakeGPUArray((8,))), ValueError, "argument 'x' has 2 dimension(s)"),
+        (lambda: (1.0, FakeGPUArray((8,), strides=(8,)), FakeGPUArray((8,))), ValueError, "argument 'x' must be C-contiguous"),
+        (lambda: (1.0, FakeGPUArray((8,)), FakeGPUArray((8,), readonly=True)), ValueError, "argument 'y' is read-only but the kernel writes it (intent inout)"),
+        (lambda: (1.0, [1.0] * 8, FakeGPUArray((8,))), TypeError, "argument 'x' must be a GPU array exposing __cuda_array_interface__ or DLPack"),
+        (lambda: ("2", FakeGPUArray((8,)), FakeGPUArray((8,))), TypeError, "argument 'a' must be a number (float32), got str"),
+        (lambda: (True, FakeGPUArray((8,)), FakeGPUArray((8,))), TypeError, "argument 'a' must be a number"),
+    ],
+)
+def test_wrong_arguments_name_the_argument(kernels, make, exc, fragment):
+    with pytest.raises(exc) as info:
+        kernels.saxpy.prepare(*make())
+    assert fragment in str(info.value) and str(info.value).startswith("saxpy(): ")
+
+
+def test_read_only_input_is_fine(kernels):
+    kernels.saxpy.prepare(1.0, FakeGPUArray((8,), readonly=True), FakeGPUArray((8,)))
+
+
+def test_strides_of_size_one_dims_are_ignored(kernels):
+    x = FakeGPUArray((3, 1), strides=(4, 999))
+    y = FakeGPUArray((3, 1), strides=(4, 4))
+    assert kernels.row_softmax.prepare(x, y).key == {"rows": 3, "cols": 1}
+
+
+def test_host_numpy_array_is_rejected_before_launch(kernels):
+    host = np.zeros(8, np.float32)
+    with pytest.raises((ValueError, TypeError)) as info:
+        kernels.saxpy.prepare(1.0, host, FakeGPUArray((8,)))
+    assert "'x'" in str(info.value)
+
+
+def test_binding_errors(kernels):
+    x, y = FakeGPUArray((8,)), FakeGPUArray((8,))
+    with pytest.raises(TypeError, match=r"saxpy\(\) missing argument\(s\): y"):
+        kernels.saxpy.prepare(1.0, x)
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        kernels.saxpy.prepare(1.0, x, y, y)
+    with pytest.raises(TypeError, match="unexpected argument 'n'"):
+        kernels.saxpy.prepare(1.0, x, y=y, n=8)  # n is computed from the key, not passed
+    with pytest.raises(TypeError, match="multiple values for argument 'x'"):
+        kernels.saxpy.prepare(1.0, x, x=x, y=y)
+
+
+def test_sgemm_key_from_two_arrays_and_shape_check(kernels):
+    A, B, C = FakeGPUArray((37, 19)), FakeGPUArray((19, 29)), FakeGPUArray((37, 29))
+    call = kernels.sgemm.prepare(A, B, C)
+    assert call.key == {"m": 37, "n": 29, "k": 19}
+    assert [int(v) for v in call.c_args[3:]] == [37, 29, 19] and all(type(v) is np.int32 for v in call.c_args[3:])
+    with pytest.raises(ValueError, match=r"argument 'B' has shape \(20, 29\); expected \(19, 29\)"):
+        kernels.sgemm.prepare(A, FakeGPUArray((20, 29)), C)
+    with pytest.raises(ValueError, match=r"argument 'C' has shape \(29, 37\); expected \(37, 29\)"):
+        kernels.sgemm.prepare(A, B, FakeGPUArray((29, 37)))
+
+
+def test_launch_geometry_follows_the_config(kernels):
+    sgemm = kernels.sgemm
+    config = {"BM": 64, "BN": 128, "BK": 16, "TM": 4, "TN": 8}
+    assert sgemm.geometry(config, {}, {"m": 1000, "n": 1000, "k": 7}) == ((8, 16), (256,), 0)
+    saxpy = kernels.saxpy
+    assert saxpy.geometry({"BLOCK": 256, "VEC": 4, "ITEMS": 2}, {"T": "float16"}, {"n": 2049}) == ((2,), (256,), 0)
+    assert saxpy.geometry({"BLOCK": 256, "VEC": 4, "ITEMS": 2}, {"T": "float32"}, {"n": 0}) == ((0,), (256,), 0)
+
+
+class CuPyLikeStream:
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+class TorchLikeStream:
+    cuda_stream = 0xABC
+
+
+class OldCuPyStream:
+    ptr = 0xDEF
+
+
+def test_stream_handles():
+    assert stream_handle(None) is None
+    assert stream_handle(0x1234) == 0x1234
+    assert stream_handle(CuPyLikeStream(0x55)) == 0x55
+    assert stream_handle(TorchLikeStream()) == 0xABC
+    assert stream_handle(OldCuPyStream()) == 0xDEF
+    with pytest.raises(ValueError, match="non-negative"):
+        stream_handle(-1)
+    with pytest.raises(TypeError, match="stream: expected None, a cuda.core Stream"):
+        stream_handle("default")
+    with pytest.raises(TypeError):
+        stream_handle(True)
+
+
+def test_scalar_range_and_kind_checks():
+    from hatch_autotune.runtime import _scalar
+
+    assert type(_scalar(3, "int32", "k", "n")) is np.int32
+    assert _scalar(2.0, "float16", "k", "h") == np.float16(2.0).view(np.uint16)  # raw half bits
+    with pytest.raises(ValueError, match=r"argument 'n'=4294967296 does not fit in int32"):
+        _scalar(2**32, "int32", "k", "n")
+    with pytest.raises(TypeError, match="must be an integer"):
+        _scalar(1.5, "int32", "k", "n")
+    with pytest.raises(ValueError, match="does not fit in uint8"):
+        _scalar(-1, "uint8", "k", "n")
+
+
+def test_docstring_and_signature(kernels):
+    doc = kernels.saxpy.__doc__
+    assert doc.startswith("saxpy(a, x, y, *, stream=None)")
+    assert "x: GPU array, T in {float32, float16}, shape (n), C-contiguous, intent in" in doc
+    assert "Key (selects the variant): n in [4096, 262144, 16777216] (nearest)" in doc
+    assert str(inspect.signature(kernels.sgemm)) == "(A, B, C, *, stream=None)"

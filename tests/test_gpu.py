@@ -1,0 +1,158 @@
+"""On a GPU: every example_pkg kernel against NumPy, through every array library installed,
+on the default stream and on two user streams. Skipped on machines without a CUDA GPU (CI).
+
+Sizes cover 1, primes, 2^k +- 1, values on, between and off the buckets."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import numpy as np
+import pytest
+
+from hatch_autotune.package import write_package
+from hatch_autotune.pipeline import detect_gpu_arch
+
+from conftest import EXAMPLE, build, load_project
+
+GPU_ARCH = detect_gpu_arch()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPU_ARCH is None, reason="needs a CUDA GPU")]
+
+SAXPY_SIZES = [1, 2, 3, 7, 31, 127, 1023, 4095, 4096, 4097, 65537, 262143, 262144, 1_000_003, 2**24 + 1]
+SOFTMAX_SHAPES = [(1, 1), (3, 45), (1, 1025), (256, 128), (17, 1023), (300, 129), (64, 8193)]
+SGEMM_SHAPES = [(1, 1, 1), (37, 29, 19), (64, 64, 64), (257, 129, 65), (256, 1024, 256), (1000, 3, 4096)]
+
+
+@pytest.fixture(scope="module")
+def kernels(session_cache, tmp_path_factory):
+    site = tmp_path_factory.mktemp("site")
+    project = load_project(EXAMPLE)
+    result = build(EXAMPLE, session_cache)
+    (site / "example_pkg").mkdir()
+    (site / "example_pkg" / "__init__.py").write_text("")
+    write_package(site / "example_pkg" / "kernels", project, result)
+    sys.path.insert(0, str(site))
+    for k in [m for m in sys.modules if m.startswith("example_pkg")]:
+        del sys.modules[k]
+    yield importlib.import_module("example_pkg.kernels")
+    sys.path.remove(str(site))
+
+
+@pytest.fixture(scope="module")
+def cp():
+    return pytest.importorskip("cupy")
+
+
+def rng_array(shape, dtype, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("n", SAXPY_SIZES)
+def test_saxpy_matches_numpy(kernels, cp, n, dtype):
+    x, y = rng_array(n, dtype, 1), rng_array(n, dtype, 2)
+    dx, dy = cp.asarray(x), cp.asarray(y)
+    kernels.saxpy(1.5, dx, dy)
+    cp.cuda.Device().synchronize()
+    expected = (np.float32(1.5) * x.astype(np.float32) + y.astype(np.float32)).astype(dtype)
+    tol = 1e-6 if dtype == np.float32 else 2e-3
+    np.testing.assert_allclose(cp.asnumpy(dy).astype(np.float32), expected.astype(np.float32), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("shape", SOFTMAX_SHAPES)
+def test_row_softmax_matches_numpy(kernels, cp, shape):
+    x = rng_array(shape, np.float32, 3) * 5
+    dx, dy = cp.asarray(x), cp.full(shape, cp.nan, dtype=cp.float32)  # poisoned output
+    kernels.row_softmax(dx, dy)
+    cp.cuda.Device().synchronize()
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(cp.asnumpy(dy), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("m,n,k", SGEMM_SHAPES)
+def test_sgemm_matches_numpy(kernels, cp, m, n, k):
+    a, b = rng_array((m, k), np.float32, 4), rng_array((k, n), np.float32, 5)
+    dc = cp.full((m, n), cp.nan, dtype=cp.float32)
+    kernels.sgemm(cp.asarray(a), cp.asarray(b), dc)
+    cp.cuda.Device().synchronize()
+    expected = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(cp.asnumpy(dc), expected, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def _libraries():
+    libs = []
+    for name in ("cupy", "torch", "numba.cuda", "jax"):
+        try:
+            importlib.import_module(name)
+            libs.append(name)
+        except Exception:
+            pass
+    return libs
+
+
+def _to_device(lib, host):
+    if lib == "cupy":
+        import cupy
+
+        return cupy.asarray(host), lambda a: cupy.asnumpy(a)
+    if lib == "torch":
+        import torch
+
+        return torch.from_numpy(host).cuda(), lambda a: a.cpu().numpy()
+    if lib == "numba.cuda":
+        from numba import cuda
+
+        return cuda.to_device(host), lambda a: a.copy_to_host()
+    if lib == "jax":
+        import jax
+
+        return jax.device_put(host, jax.devices("gpu")[0]), lambda a: np.asarray(a)
+    raise AssertionError(lib)
+
+
+@pytest.mark.parametrize("lib", _libraries())
+def test_every_installed_array_library(kernels, lib):
+    n = 100_003
+    x, y = rng_array(n, np.float32, 6), rng_array(n, np.float32, 7)
+    dx, _ = _to_device(lib, x)
+    # JAX arrays are immutable: JAX provides the input, CuPy the output
+    dy, back = _to_device("cupy" if lib == "jax" else lib, y)
+    kernels.saxpy(2.0, dx, dy)
+    from cuda.core import Device
+
+    Device().sync()
+    np.testing.assert_allclose(back(dy), 2 * x + y, rtol=1e-6)
+
+
+def test_two_streams(kernels, cp):
+    n = 1 << 20
+    s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    xs = [cp.asarray(rng_array(n, np.float32, i)) for i in (8, 9)]
+    ys = [cp.zeros(n, cp.float32) for _ in range(2)]
+    for x, y, s in zip(xs, ys, (s1, s2)):
+        with s:
+            y.fill(1.0)  # on the same stream as the kernel, so ordering holds
+        kernels.saxpy(3.0, x, y, stream=s)
+    s1.synchronize()
+    s2.synchronize()
+    for x, y in zip(xs, ys):
+        np.testing.assert_allclose(cp.asnumpy(y), 3 * cp.asnumpy(x) + 1, rtol=1e-6)
+    kernels.saxpy(1.0, xs[0], ys[0], stream=s1.ptr)  # a raw handle works too
+    s1.synchronize()
+
+
+def test_wrong_arguments_on_real_arrays(kernels, cp):
+    x = cp.zeros(10, cp.float32)
+    with pytest.raises(TypeError, match="argument 'y' has dtype float64"):
+        kernels.saxpy(1.0, x, cp.zeros(10, cp.float64))
+    with pytest.raises(ValueError, match="argument 'y' has shape"):
+        kernels.saxpy(1.0, x, cp.zeros(11, cp.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernels.saxpy(1.0, cp.zeros(20, cp.float32)[::2], x)
+    with pytest.raises((ValueError, TypeError), match="'x'"):
+        kernels.saxpy(1.0, np.zeros(10, np.float32), x)
+
+
+def test_zero_size_launches_nothing(kernels, cp):
+    kernels.saxpy(1.0, cp.zeros(0, cp.float32), cp.zeros(0, cp.float32))
