@@ -88,6 +88,15 @@ class KeyDim:
 
 
 @dataclass(frozen=True)
+class SearchSpec:
+    """How much of a space to measure: all of it, or a random sample of `budget` configs."""
+
+    strategy: str = "exhaustive"
+    budget: int | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     name: str
     template: Path
@@ -104,6 +113,10 @@ class KernelSpec:
     block: tuple[Expr, ...]
     shared: Expr
     nvrtc_options: tuple[str, ...]
+    reference: str | None = None  # "module:function" computing expected outputs with NumPy
+    inputs: str | None = None  # "module:function" generating a bucket's inputs
+    tolerance: tuple[float, float] | None = None  # (rtol, atol); None: by dtype
+    search: SearchSpec = SearchSpec()
 
     def type_instances(self) -> list[dict[str, str]]:
         """Every assignment of the type parameters, in declaration order."""
@@ -122,6 +135,20 @@ class KernelSpec:
 
 
 @dataclass(frozen=True)
+class TuningSpec:
+    """Measurement settings (see tuning/bench.py for what each bounds)."""
+
+    budget_ms: float = 100.0  # GPU time spent timing one variant, at most
+    warmup: int = 2
+    min_reps: int = 5
+    max_reps: int = 100
+    timeout_s: float = 30.0  # a variant taking longer than this is killed and marked failed
+    eliminate: float = 0.25  # stop timing a variant whose fastest sample is this much slower than the leader
+    flush_l2: bool = True
+    prune_spills: bool = False
+
+
+@dataclass(frozen=True)
 class ProjectSpec:
     root: Path
     module: str
@@ -132,6 +159,7 @@ class ProjectSpec:
     mode: str
     wheel_tag: str | None
     kernels: Mapping[str, KernelSpec]
+    tuning: TuningSpec = TuningSpec()
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,6 +246,21 @@ def v_expr(allowed: set[str] | None = None, where: str = "") -> Validator:
     return check
 
 
+def v_number(minimum: float = 0.0) -> Validator:
+    def check(value: Any, path: str, errors: list) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+            return _fail(errors, path, f"a number >= {minimum}", value)
+        return float(value)
+
+    return check
+
+
+def v_entry_point(value: Any, path: str, errors: list) -> Any:
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
+        return value
+    return _fail(errors, path, "'module:function' (e.g. 'mypkg.reference:saxpy')", value)
+
+
 def v_arch(value: Any, path: str, errors: list) -> Any:
     try:
         kind, major, minor, _ = parse_arch(value) if isinstance(value, str) else ("", 0, 0, "")
@@ -298,6 +341,8 @@ def parse_project(table: Any, root: Path, path: str = DEFAULT_TABLE_PATH, env: M
     ptx = t.get("ptx", v_bool, default=True)
     mode = t.get("mode", v_choice(MODES), default="auto")
     wheel_tag = t.get("wheel-tag", v_str, default=None)
+    tuning_t = t.table("tuning")
+    tuning = _parse_tuning(tuning_t) if tuning_t is not None else TuningSpec()
     kernels_t = t.table("kernels", required=True)
     t.finish(HATCHLING_HOOK_KEYS)
 
@@ -335,7 +380,36 @@ def parse_project(table: Any, root: Path, path: str = DEFAULT_TABLE_PATH, env: M
         mode=mode,
         wheel_tag=wheel_tag,
         kernels=kernels,
+        tuning=tuning,
     )
+
+
+def _parse_tuning(t: _Table) -> TuningSpec:
+    d = TuningSpec()
+    spec = TuningSpec(
+        budget_ms=t.get("budget-ms", v_number(0.001), default=d.budget_ms),
+        warmup=t.get("warmup", v_int(0), default=d.warmup),
+        min_reps=t.get("min-reps", v_int(1), default=d.min_reps),
+        max_reps=t.get("max-reps", v_int(1), default=d.max_reps),
+        timeout_s=t.get("timeout-s", v_number(0.1), default=d.timeout_s),
+        eliminate=t.get("eliminate", v_number(0.0), default=d.eliminate),
+        flush_l2=t.get("flush-l2", v_bool, default=d.flush_l2),
+        prune_spills=t.get("prune-spills", v_bool, default=d.prune_spills),
+    )
+    t.finish()
+    if all(v is not _BAD for v in (spec.min_reps, spec.max_reps)) and spec.min_reps > spec.max_reps:
+        t.errors.append(f"{t.sub('min-reps')}: expected at most max-reps ({spec.max_reps}), got {spec.min_reps}")
+    return spec
+
+
+def _parse_search(t: _Table) -> SearchSpec:
+    strategy = t.get("strategy", v_choice(("exhaustive", "random")), default="exhaustive")
+    budget = t.get("budget", v_int(1), default=None)
+    seed = t.get("seed", v_int(0), default=0)
+    t.finish()
+    if strategy == "random" and budget is None and t.ok:
+        t.errors.append(f"{t.sub('budget')}: required for strategy 'random' (how many configs to measure)")
+    return SearchSpec(strategy=strategy, budget=budget, seed=seed)
 
 
 def _module_path(value: Any, path: str, errors: list) -> Any:
@@ -353,6 +427,17 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
     entry = t.get("entry", v_ident, default=name)
     doc = t.get("doc", v_str, default="")
     nvrtc_options = t.get("nvrtc-options", v_list(v_str, nonempty=False), default=())
+    reference = t.get("reference", v_entry_point, default=None)
+    inputs = t.get("inputs", v_entry_point, default=None)
+    tolerance = None
+    tol_t = t.table("tolerance")
+    if tol_t is not None:
+        rtol = tol_t.get("rtol", v_number(0.0), required=True)
+        atol = tol_t.get("atol", v_number(0.0), required=True)
+        tol_t.finish()
+        tolerance = (rtol, atol)
+    search_t = t.table("search")
+    search = _parse_search(search_t) if search_t is not None else SearchSpec()
 
     # Type parameters: name -> non-empty list of dtypes.
     types: dict[str, tuple[str, ...]] = {}
@@ -473,6 +558,10 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
         block=tuple(block),
         shared=shared,
         nvrtc_options=tuple(nvrtc_options),
+        reference=reference,
+        inputs=inputs,
+        tolerance=tolerance,
+        search=search,
     )
     # Checks that need the whole kernel: constraints and the default, per type instance.
     for types_ in spec.type_instances():

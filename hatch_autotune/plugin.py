@@ -48,16 +48,9 @@ class AutotuneBuildHook(BuildHookInterface):
         except ConfigError as exc:
             raise SystemExit(str(exc)) from None
         gpu_arch = None if project.mode == "offline" else detect_gpu_arch()
-        if project.mode in ("tune", "retune") and gpu_arch is None:
-            raise SystemExit(f"hatch-autotune: mode {project.mode!r} needs a CUDA GPU on the build machine and none was found")
-        if gpu_arch is not None:
-            self._say(
-                f"hatch-autotune: GPU {gpu_arch} found; on-GPU tuning is not part of this version, "
-                "winners come from the lock file"
-            )
-        cache_root = os.environ.get("HATCH_AUTOTUNE_CACHE_DIR")
-        cache = CompileCache(Path(cache_root) if cache_root else default_cache_dir())
+        cache = CompileCache(default_cache_dir())
         try:
+            self._tune_if_asked(project, gpu_arch, cache)
             result = build_payload(project, cache=cache, log=self._say, gpu_arch=gpu_arch)
         except BuildError as exc:
             raise SystemExit(str(exc)) from None
@@ -82,6 +75,25 @@ class AutotuneBuildHook(BuildHookInterface):
             build_data["tag"] = project.wheel_tag
             build_data["pure_python"] = False
         self._say(f"hatch-autotune: packed {project.module} ({len(result.kernels)} kernel(s), archs {', '.join(result.archs)})")
+
+    def _tune_if_asked(self, project: Any, gpu_arch: str | None, cache: Any) -> None:
+        """Modes: `tune`/`retune` must tune (a GPU is required); `auto` tunes stale entries when
+        the build machine has a GPU of a target arch; `offline` never does."""
+        from .pipeline import BuildError
+
+        if project.mode == "offline":
+            return
+        if gpu_arch is None:
+            if project.mode in ("tune", "retune"):
+                raise BuildError(f"hatch-autotune: mode {project.mode!r} needs a CUDA GPU on the build machine and none was found")
+            return
+        if project.mode == "auto" and project.archs and gpu_arch not in project.archs:
+            self._say(f"warning: the GPU here is {gpu_arch}, not one of the target archs {', '.join(project.archs)}; not tuning")
+            return
+        from .tuning import tune
+
+        self._say(f"hatch-autotune: tuning on the build GPU ({gpu_arch}), mode {project.mode}")
+        tune(project, mode="tune" if project.mode == "auto" else project.mode, log=self._say, gpu_arch=gpu_arch, cache=cache)
 
     def _editable_dir(self, root: Path, relpath: str) -> Path:
         """Where the generated package goes in the source tree: next to its parent package."""

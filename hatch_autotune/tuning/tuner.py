@@ -1,0 +1,511 @@
+"""Orchestration: which entries to tune, which variants to measure, and which one wins.
+
+The core loop (after Triton's autotuner): prune -> measure (verify, then time, in the worker)
+-> choose -> write the lock entry. Compilation runs ahead in a producer thread so that the
+GPU is measuring one kernel while the next compiles. The decisions (pruning, search order,
+the winner among near-ties, which entries are stale) are plain functions, tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import random
+import tempfile
+import threading
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from .. import __version__
+from .. import compile as compile_mod
+from ..cache import CompileCache, default_cache_dir
+from ..config import KernelSpec, ProjectSpec, SearchSpec, TuningSpec
+from ..lock import LockFile, entry_checksum, entry_id
+from ..package import _arg_json
+from ..pipeline import BuildError, detect_gpu_arch
+from ..render import Variant, render_kernel
+from ..runtime import types_key
+from ..space import bucket_points
+from .bench import median, spread
+from .inputs import bucket_inputs, reference_outputs
+from .verify import tolerance
+from .worker import WorkerClient, WorkerDied
+
+Log = Callable[[str], None]
+TIE_FLOOR = 0.005  # timings closer than 0.5% are a tie whatever the measured spread
+
+
+class TuningError(BuildError):
+    """Tuning cannot go on (no GPU, every variant of a bucket failed); the message says why."""
+
+
+@dataclass
+class Measurement:
+    """What happened to one config in one bucket."""
+
+    index: int
+    config: dict[str, Any]
+    status: str  # ok | eliminated | rejected | failed | pruned | skipped
+    samples: tuple[float, ...] = ()
+    reason: str = ""
+
+    @property
+    def median_ms(self) -> float | None:
+        return median(self.samples) if self.samples else None
+
+    @property
+    def spread_ms(self) -> float | None:
+        return spread(self.samples) if self.samples else None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": self.index, "config": self.config, "status": self.status, "samples": len(self.samples)}
+        if self.samples:
+            out["median_ms"] = round(self.median_ms, 6)
+            out["spread_ms"] = round(self.spread_ms, 6)
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
+# ---- decisions ---------------------------------------------------------------------------
+
+
+def prune(
+    configs: Sequence[Mapping[str, Any]],
+    resources: Sequence[Any],
+    block_threads: Callable[[Mapping[str, Any]], int],
+    shared_dynamic: Callable[[Mapping[str, Any]], int],
+    limits: Mapping[str, int],
+    prune_spills: bool,
+) -> dict[int, str]:
+    """Configs that cannot run on the device, with the reason, from compile-time resource usage."""
+    out: dict[int, str] = {}
+    for i, (config, res) in enumerate(zip(configs, resources)):
+        if res is None:
+            out[i] = "did not compile"
+            continue
+        threads = block_threads(config)
+        if threads > limits["max_threads_per_block"]:
+            out[i] = f"{threads} threads per block > {limits['max_threads_per_block']}"
+        elif res.registers * threads > limits["max_registers_per_block"]:
+            out[i] = f"{res.registers} registers x {threads} threads > {limits['max_registers_per_block']} per block"
+        elif res.shared_bytes + shared_dynamic(config) > limits["max_shared_memory_per_block_optin"]:
+            out[i] = f"{res.shared_bytes + shared_dynamic(config)} bytes of shared memory > {limits['max_shared_memory_per_block_optin']}"
+        elif prune_spills and (res.spill_stores or res.spill_loads):
+            out[i] = f"spills registers ({res.spill_stores} B stores, {res.spill_loads} B loads)"
+    return out
+
+
+def search_order(n_configs: int, default_index: int, search: SearchSpec, salt: str = "") -> list[int]:
+    """The default first (it sets the first leader and, without a user reference, the reference),
+    then every other config in canonical order, or a seeded random sample of `budget` of them."""
+    rest = [i for i in range(n_configs) if i != default_index]
+    if search.strategy == "random" and search.budget is not None and search.budget - 1 < len(rest):
+        rng = random.Random(f"{search.seed}:{salt}")
+        rest = sorted(rng.sample(rest, max(0, search.budget - 1)))
+    return [default_index, *rest]
+
+
+def choose_winner(measurements: Sequence[Measurement], default_index: int) -> Measurement | None:
+    """The fastest by median; among near-ties (within the measured spread, or 0.5%), the
+    canonical one: the default if it is tied, else the lowest config index. None if none ran."""
+    ok = [m for m in measurements if m.status == "ok" and m.samples]
+    if not ok:
+        return None
+    best = min(ok, key=lambda m: (m.median_ms, m.index))
+    tied = [
+        m
+        for m in ok
+        if m.median_ms - best.median_ms <= max(best.spread_ms, m.spread_ms, TIE_FLOOR * best.median_ms)
+    ]
+    for m in tied:
+        if m.index == default_index:
+            return m
+    return min(tied, key=lambda m: m.index)
+
+
+def needs_tuning(lock: LockFile, eid: str, checksum: str, mode: str) -> bool:
+    """Only missing or stale entries are tuned, except in `retune`, which redoes them all."""
+    return mode == "retune" or lock.valid(eid, checksum) is None
+
+
+# ---- the engine --------------------------------------------------------------------------
+
+
+@dataclass
+class BucketJob:
+    spec: KernelSpec
+    tkey: str
+    types: dict[str, str]
+    variants: list[Variant]
+    point: tuple[int, ...]
+    eid: str
+    checksum: str
+    results: list[compile_mod.CompileResult] = field(default_factory=list)
+
+    @property
+    def key(self) -> dict[str, int]:
+        return dict(zip((k.name for k in self.spec.key), self.point))
+
+
+@dataclass
+class TuneSummary:
+    tuned: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (entry id, lock entry)
+    skipped: int = 0  # entries whose lock entry was still valid
+
+    def table(self) -> str:
+        rows = [("entry", "winner", "ms", "vs default", "measured", "rejected/failed")]
+        for eid, e in self.tuned:
+            ms = e["measurements"]
+            win = next((m for m in ms if m["config"] == e["config"] and "median_ms" in m), None)
+            speedup = f"{e['default_ms'] / win['median_ms']:.2f}x" if win and e.get("default_ms") else "-"
+            rows.append(
+                (
+                    eid,
+                    ",".join(f"{k}={v}" for k, v in e["config"].items()),
+                    f"{win['median_ms']:.4f}" if win else "-",
+                    speedup,
+                    str(sum(m["status"] in ("ok", "eliminated") for m in ms)),
+                    str(sum(m["status"] in ("rejected", "failed") for m in ms)),
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def provenance(device: Mapping[str, Any], compiler: str) -> dict[str, Any]:
+    try:
+        from importlib.metadata import version
+
+        cuda_python = version("cuda-bindings")
+    except Exception:
+        cuda_python = "unknown"
+    return {
+        "gpu": device["name"],
+        "cc": ".".join(str(c) for c in device["cc"]),
+        "driver": device["driver"],
+        "nvrtc": compiler,
+        "cuda_bindings": cuda_python,
+        "hatch_autotune": __version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+    }
+
+
+class _Session:
+    """A worker plus what it must be told again after a restart (hello, then the bucket setup)."""
+
+    def __init__(self, client: WorkerClient, device: int, settings: TuningSpec):
+        self.client, self.device, self.settings = client, device, settings
+        self.info: dict[str, Any] | None = None
+        self._setup: list[dict[str, Any]] = []
+        self._greeted = False
+
+    def hello(self) -> dict[str, Any]:
+        if self._greeted and self.client.alive:
+            assert self.info is not None
+            return self.info
+        reply = self.client.request({"op": "hello", "device": self.device, "flush_l2": self.settings.flush_l2}, self.settings.timeout_s * 4)
+        if not reply.get("ok"):
+            raise TuningError(f"the tuning worker could not open device {self.device}: {reply.get('error')}")
+        self.info, self._greeted = reply["device"], True
+        return self.info
+
+    def _send(self, messages: list[dict[str, Any]]) -> None:
+        for m in messages:
+            reply = self.client.request(m, self.settings.timeout_s * 4)
+            if not reply.get("ok"):
+                raise WorkerDied(reply.get("error", f"{m['op']} failed"))
+
+    def prepare(self, messages: list[dict[str, Any]]) -> None:
+        """Send a bucket's setup; remembered so that a restarted worker gets it again."""
+        self.hello()
+        self._send(messages)
+        self._setup = list(messages)
+
+    def measure(self, message: dict[str, Any]) -> dict[str, Any]:
+        if not self.client.alive:  # the last variant killed it: a fresh worker, set up again
+            self._greeted = False
+            self.hello()
+            self._send(self._setup)
+        return self.client.request(message, self.settings.timeout_s)
+
+
+def _binary_dir_files(job: BucketJob, tmp: Path) -> dict[str, str]:
+    """Write each compiled variant's cubin where the worker can read it: vid -> path."""
+    files = {}
+    for v, r in zip(job.variants, job.results):
+        if r.ok:
+            path = tmp / f"{v.source_hash[:16]}.cubin"
+            if not path.exists():
+                path.write_bytes(r.binary)
+            files[v.source_hash[:16]] = str(path)
+    return files
+
+
+def _kernel_json(job: BucketJob) -> dict[str, Any]:
+    spec = job.spec
+    return {
+        "entry": spec.entry,
+        "args": [_arg_json(a) for a in spec.args],
+        "key": [{"name": k.name, "from": k.source, "axis": k.axis, "buckets": list(k.buckets), "mapping": k.mapping} for k in spec.key],
+        "type_params": {tp: list(v) for tp, v in spec.types.items()},
+        "launch": {"grid": [e.tree for e in spec.grid], "block": [e.tree for e in spec.block], "shared": spec.shared.tree},
+        "variants": {v.source_hash[:16]: {"config": v.config_dict} for v in job.variants},
+    }
+
+
+def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: Log) -> dict[str, Any]:
+    """Measure one bucket's configs in the worker and return its lock entry."""
+    import numpy as np
+
+    spec, settings = job.spec, session.settings
+    configs = [v.config_dict for v in job.variants]
+    default_index = configs.index(dict(spec.default))
+    inputs = bucket_inputs(spec, job.types, job.key, root, seed=zlib.crc32(job.eid.encode()))
+    arrays = {k: v for k, v in inputs.items() if isinstance(v, np.ndarray)}
+    scalars = {k: v for k, v in inputs.items() if not isinstance(v, np.ndarray)}
+    inputs_file = tmp / "inputs.npz"
+    np.savez(inputs_file, **arrays)
+    reference = reference_outputs(spec, inputs, root)
+    reference_file = None
+    if reference is not None:
+        reference_file = tmp / "reference.npz"
+        np.savez(reference_file, **reference)
+    outputs = [a for a in spec.args if a.is_array and a.intent != "in"]
+    tolerances = {a.name: list(tolerance(job.types.get(a.dtype, a.dtype), spec.tolerance)) for a in outputs}
+    setup = {
+        "op": "setup",
+        "name": spec.name,
+        "kernel": _kernel_json(job),
+        "binaries": _binary_dir_files(job, tmp),
+        "types": job.types,
+        "key": job.key,
+        "inputs": str(inputs_file),
+        "scalars": scalars,
+        "reference": str(reference_file) if reference_file else None,
+        "tolerances": tolerances,
+        "settings": settings.__dict__,
+    }
+    info = session.info or session.hello()
+    block_env = lambda c: {**job.key, **c, **spec.type_env(job.types)}  # noqa: E731
+    pruned = prune(
+        configs,
+        [r.resources if r.ok else None for r in job.results],
+        lambda c: _product(e(block_env(c)) for e in spec.block),
+        lambda c: int(spec.shared(block_env(c))),
+        info["limits"],
+        settings.prune_spills,
+    )
+    order = search_order(len(configs), default_index, spec.search, salt=job.eid)
+    measurements: dict[int, Measurement] = {i: Measurement(i, configs[i], "pruned", reason=r) for i, r in pruned.items()}
+    session.prepare([setup])
+    ref_index = None
+    if reference is None:  # the first config that runs becomes the reference
+        for i in order:
+            if i in pruned:
+                continue
+            ref = {"op": "reference", "variant": job.variants[i].source_hash[:16]}
+            try:
+                if not session.client.alive:
+                    session.prepare([setup])
+                session.prepare([setup, ref])
+            except WorkerDied as exc:
+                measurements[i] = Measurement(i, configs[i], "failed", reason=str(exc))
+                continue
+            ref_index = i
+            break
+        if ref_index is None:
+            first = next(iter(measurements.values()), None)
+            raise TuningError(f"{job.eid}: every variant failed; the first: {first.reason if first else 'none ran'}")
+
+    leader: float | None = None
+    for i in order:
+        if i in measurements:
+            continue
+        vid = job.variants[i].source_hash[:16]
+        try:
+            reply = session.measure({"op": "measure", "variant": vid, "leader_ms": leader})
+        except WorkerDied as exc:
+            measurements[i] = Measurement(i, configs[i], "failed", reason=str(exc))
+            continue
+        if not reply.get("ok"):
+            measurements[i] = Measurement(i, configs[i], "failed", reason=reply.get("error", "unknown error"))
+            continue
+        m = Measurement(i, configs[i], reply["status"], tuple(reply.get("samples", ())), reply.get("reason", ""))
+        if ref_index is not None and i == ref_index:
+            m.reason = "reference (no user reference configured)"
+        measurements[i] = m
+        if m.status == "ok" and (leader is None or m.median_ms < leader):
+            leader = m.median_ms
+    for i in range(len(configs)):
+        measurements.setdefault(i, Measurement(i, configs[i], "skipped", reason="not sampled by the search strategy"))
+    ordered = [measurements[i] for i in range(len(configs))]
+    winner = choose_winner(ordered, default_index)
+    if winner is None:
+        first = next((m for m in ordered if m.status in ("failed", "rejected")), ordered[0])
+        raise TuningError(f"{job.eid}: every variant failed or was rejected; the first ({first.config}): {first.reason}")
+    default_ms = measurements[default_index].median_ms if measurements[default_index].status == "ok" else None
+    counts = {s: sum(m.status == s for m in ordered) for s in ("ok", "eliminated", "rejected", "failed", "pruned")}
+    log(
+        f"tuned {job.eid}: {len(configs)} configs, {counts['ok'] + counts['eliminated']} measured "
+        f"({counts['eliminated']} eliminated early), {counts['rejected']} rejected, {counts['failed']} failed, "
+        f"{counts['pruned']} pruned; best {winner.config} {winner.median_ms:.4f} ms"
+        + (f" ({default_ms / winner.median_ms:.2f}x the default)" if default_ms else "")
+    )
+    return {
+        "checksum": job.checksum,
+        "config": winner.config,
+        "index": winner.index,
+        "tuned": True,
+        "default_ms": round(default_ms, 6) if default_ms else None,
+        "measurements": [m.to_json() for m in ordered],
+        "provenance": provenance(info, compile_mod.nvrtc_version()),
+    }
+
+
+def _product(values: Any) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
+def device_count() -> int:
+    try:
+        from cuda.bindings import driver
+
+        (err,) = driver.cuInit(0)
+        err, n = driver.cuDeviceGetCount()
+        return int(n) if err == driver.CUresult.CUDA_SUCCESS else 0
+    except Exception:
+        return 0
+
+
+def tune(
+    project: ProjectSpec,
+    *,
+    kernels: list[str] | None = None,
+    mode: str = "tune",
+    log: Log = print,
+    gpu_arch: str | None = None,
+    client_factory: Callable[[int], WorkerClient] | None = None,
+    cache: CompileCache | None = None,
+) -> TuneSummary:
+    """Tune the stale (or, in `retune`, all) entries of `project` for the build GPU's arch and
+    write them into its lock file as each bucket finishes."""
+    if mode == "offline":
+        raise TuningError("mode 'offline' never touches a GPU; use mode 'tune' or 'retune' to tune")
+    gpu_arch = gpu_arch or detect_gpu_arch()
+    if gpu_arch is None:
+        raise TuningError("tuning needs a CUDA GPU on this machine and none was found")
+    archs = project.archs or (gpu_arch,)
+    if gpu_arch not in archs:
+        raise TuningError(f"the GPU here is {gpu_arch} but the project's archs are {', '.join(archs)}; add {gpu_arch} to `archs`")
+    unknown = sorted(set(kernels or []) - set(project.kernels))
+    if unknown:
+        raise TuningError(f"no kernel named {', '.join(unknown)}; kernels: {', '.join(project.kernels)}")
+    cache = cache or CompileCache(default_cache_dir())
+    compiler = compile_mod.nvrtc_version()
+    lock = LockFile.load(project.lock_file)
+    for w in lock.warnings:
+        log(f"warning: {w}")
+    summary = TuneSummary()
+
+    groups: list[list[BucketJob]] = []
+    for name, spec in project.kernels.items():
+        if kernels and name not in kernels:
+            continue
+        for tkey, variants in render_kernel(spec).items():
+            types = variants[0].types_dict if variants else {}
+            hashes = [v.source_hash for v in variants]
+            jobs = []
+            for point in bucket_points([k.buckets for k in spec.key]):
+                bucket = dict(zip((k.name for k in spec.key), point))
+                eid = entry_id(name, tkey, gpu_arch, bucket)
+                checksum = entry_checksum(spec, tkey, hashes, gpu_arch, bucket, compiler)
+                if needs_tuning(lock, eid, checksum, mode):
+                    jobs.append(BucketJob(spec, tkey, types, variants, point, eid, checksum))
+                else:
+                    summary.skipped += 1
+            if jobs:
+                groups.append(jobs)
+    if summary.skipped:
+        log(f"tuning: {summary.skipped} entr(y/ies) still valid in {project.lock_file.name}; not re-tuned")
+    if not groups:
+        return summary
+
+    # Producer: compile each group for the GPU's arch, ahead of the consumer's measurements.
+    compiled: queue.Queue = queue.Queue()
+
+    def produce() -> None:
+        for jobs in groups:
+            spec = jobs[0].spec
+            try:
+                results = compile_mod.compile_all(
+                    [compile_mod.CompileJob(v.source, gpu_arch, spec.entry, spec.nvrtc_options, v.label) for v in jobs[0].variants], cache
+                )
+            except Exception as exc:  # surfaced by the consumer
+                compiled.put(exc)
+                return
+            for j in jobs:
+                j.results = results
+            compiled.put(jobs)
+
+    threading.Thread(target=produce, daemon=True, name="hatch-autotune-compile").start()
+    n_devices = max(1, device_count())
+    factory = client_factory or (lambda device: WorkerClient())
+    sessions = [_Session(factory(d), d, project.tuning) for d in range(n_devices)]
+    try:
+        with tempfile.TemporaryDirectory(prefix="hatch-autotune-tune-") as tmpdir:
+            for _ in groups:
+                item = compiled.get()
+                if isinstance(item, Exception):
+                    raise item
+                jobs: list[BucketJob] = item
+                if not any(r.ok for r in jobs[0].results):
+                    raise TuningError(f"every variant of {jobs[0].eid.rsplit('|', 1)[0]} failed to compile: {jobs[0].results[0].log}")
+                log(f"tuning {jobs[0].spec.name} ({jobs[0].tkey}): {len(jobs)} bucket(s) x {len(jobs[0].variants)} configs on {n_devices} GPU(s)")
+                _run_jobs(jobs, sessions, project, Path(tmpdir), lock, summary, log)
+    finally:
+        for s in sessions:
+            s.client.close()
+    log("tuning summary:\n" + summary.table())
+    return summary
+
+
+def _run_jobs(jobs: list[BucketJob], sessions: list[_Session], project: ProjectSpec, tmp: Path, lock: LockFile, summary: TuneSummary, log: Log) -> None:
+    """Spread a group's buckets over the devices, one worker per device; save after each bucket."""
+    pending: queue.Queue = queue.Queue()
+    for j in jobs:
+        pending.put(j)
+    save_lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def drive(session: _Session, index: int) -> None:
+        workdir = tmp / f"gpu{index}"
+        workdir.mkdir(exist_ok=True)
+        while not errors:
+            try:
+                job = pending.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                entry = tune_bucket(session, job, project.root, workdir, log)
+            except BaseException as exc:  # noqa: BLE001 - reported once, below
+                errors.append(exc)
+                return
+            with save_lock:
+                lock.entries[job.eid] = entry
+                lock.save(project.lock_file)
+                summary.tuned.append((job.eid, entry))
+
+    threads = [threading.Thread(target=drive, args=(s, i)) for i, s in enumerate(sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+

@@ -1,0 +1,359 @@
+"""Isolation: variants are measured in a worker subprocess, spoken to in JSON lines.
+
+An illegal memory access poisons a CUDA context for good, an abort kills a process, and a hang
+never returns; so the GPU work happens in a child process. The parent (`WorkerClient`) turns
+a crash or a timeout into a failed measurement with its reason, starts a fresh worker and goes
+on. The child (`main`, run as `python -m hatch_autotune.tuning.worker`) owns one device.
+
+Requests and replies (one JSON object per line):
+  {"op": "hello", "device": 0}                    -> {"ok": true, "device": {name, cc, driver, limits}}
+  {"op": "setup", ...bucket...}                   -> {"ok": true}
+  {"op": "reference", "variant": vid}             -> {"ok": true}   (its outputs become the reference)
+  {"op": "measure", "variant": vid, "leader_ms"}  -> {"ok": true, "status": "ok"|"rejected", ...}
+A reply with "fatal": true means the worker's CUDA context is unusable; it exits after sending it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any
+
+
+class WorkerDied(RuntimeError):
+    """The worker crashed, hung past its timeout, or reported a fatal CUDA error."""
+
+
+def worker_command() -> list[str]:
+    return [sys.executable, "-m", "hatch_autotune.tuning.worker"]
+
+
+class WorkerClient:
+    """Parent side: one worker process, restarted on demand after it dies."""
+
+    def __init__(self, command: list[str] | None = None, env: dict[str, str] | None = None):
+        self.command = command or worker_command()
+        self.env = env
+        self._proc: subprocess.Popen | None = None
+        self._lines: queue.Queue = queue.Queue()
+        self._stderr: Any = None
+        self.restarts = 0
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        self.close()
+        self._stderr = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen(
+            self.command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=self.env,
+            start_new_session=True,  # its own process group, so a kill takes its children too
+            text=True,
+            bufsize=1,
+        )
+        self._lines = queue.Queue()
+        threading.Thread(target=self._read, args=(self._proc, self._lines), daemon=True).start()
+
+    @staticmethod
+    def _read(proc: subprocess.Popen, lines: queue.Queue) -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.put(line)
+        lines.put(None)  # EOF: the worker is gone
+
+    def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send one request and wait for its reply; WorkerDied when the worker does not answer."""
+        if not self.alive:
+            if self._proc is not None:
+                self.restarts += 1
+            self.start()
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(json.dumps(message) + "\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise WorkerDied(self._death_reason()) from None
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            self._kill()
+            raise WorkerDied(f"timed out after {timeout:g} s (hang?); the worker was killed") from None
+        if line is None:
+            raise WorkerDied(self._death_reason())
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            self._kill()
+            raise WorkerDied(f"sent an unreadable reply: {line[:200]!r}") from None
+        if reply.get("fatal"):
+            self._kill()
+            raise WorkerDied(reply.get("error", "fatal CUDA error"))
+        return reply
+
+    def _death_reason(self) -> str:
+        assert self._proc is not None
+        try:
+            code = self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            code = self._proc.returncode
+        if code is not None and code < 0:
+            try:
+                what = f"signal {signal.Signals(-code).name}"
+            except ValueError:
+                what = f"signal {-code}"
+        else:
+            what = f"exit code {code}"
+        return f"crashed ({what}){self._stderr_tail()}"
+
+    def _stderr_tail(self) -> str:
+        if self._stderr is None:
+            return ""
+        try:
+            self._stderr.seek(0)
+            tail = self._stderr.read()[-600:].decode(errors="replace").strip()
+        except (OSError, ValueError):
+            return ""
+        return f": {tail}" if tail else ""
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self._proc.kill()
+            self._proc.wait()
+
+    def close(self) -> None:
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                try:
+                    self._proc.stdin.close()  # type: ignore[union-attr]
+                    self._proc.wait(timeout=5)
+                except (OSError, subprocess.TimeoutExpired):
+                    self._kill()
+            self._proc = None
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+
+# ---- the child process (GPU) ------------------------------------------------------------
+
+
+class _DeviceArray:
+    """A device allocation that exposes __cuda_array_interface__, so the runtime can take it."""
+
+    def __init__(self, driver: Any, host: Any):
+        self._driver = driver
+        self.nbytes = max(int(host.nbytes), 1)
+        err, self.ptr = driver.cuMemAlloc(self.nbytes)
+        _check(driver, err, "cuMemAlloc")
+        self.shape, self.dtype = host.shape, host.dtype
+        self.__cuda_array_interface__ = {
+            "shape": tuple(host.shape),
+            "typestr": host.dtype.str,
+            "data": (int(self.ptr), False),
+            "strides": None,
+            "version": 3,
+        }
+
+    def upload(self, host: Any) -> None:
+        if host.nbytes:
+            (err,) = self._driver.cuMemcpyHtoD(self.ptr, host.ctypes.data, host.nbytes)
+            _check(self._driver, err, "cuMemcpyHtoD")
+
+    def download(self) -> Any:
+        import numpy as np
+
+        out = np.empty(self.shape, self.dtype)
+        if out.nbytes:
+            (err,) = self._driver.cuMemcpyDtoH(out.ctypes.data, self.ptr, out.nbytes)
+            _check(self._driver, err, "cuMemcpyDtoH")
+        return out
+
+    def free(self) -> None:
+        self._driver.cuMemFree(self.ptr)
+
+
+def _check(driver: Any, err: Any, what: str) -> None:
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise _Fatal(f"{what} failed: {err.name if hasattr(err, 'name') else err}")
+
+
+class _Fatal(RuntimeError):
+    """A CUDA error after which this process's context cannot be trusted."""
+
+
+class _WorkerState:
+    def __init__(self) -> None:
+        from cuda.bindings import driver
+
+        self.driver = driver
+        self.timer: Any = None
+        self.bucket: dict[str, Any] | None = None
+
+    def hello(self, msg: dict[str, Any]) -> dict[str, Any]:
+        from cuda.core import Device
+
+        from .bench import GpuTimer
+
+        device = Device(int(msg.get("device", 0)))
+        device.set_current()
+        props = device.properties
+        self.timer = GpuTimer(device.device_id, bool(msg.get("flush_l2", True)))
+        err, version = self.driver.cuDriverGetVersion()
+        return {
+            "ok": True,
+            "device": {
+                "name": device.name,
+                "cc": list(device.compute_capability),
+                "driver": f"{version // 1000}.{(version % 1000) // 10}",
+                "limits": {
+                    "max_threads_per_block": int(props.max_threads_per_block),
+                    "max_registers_per_block": int(props.max_registers_per_block),
+                    "max_shared_memory_per_block": int(props.max_shared_memory_per_block),
+                    "max_shared_memory_per_block_optin": int(props.max_shared_memory_per_block_optin),
+                },
+            },
+        }
+
+    def setup(self, msg: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+
+        from ..config import TuningSpec
+        from ..runtime import Kernel
+
+        self._free()
+        spec = dict(msg["kernel"], select={})
+        kernel = Kernel(msg["name"], spec, library=None)  # type: ignore[arg-type]
+        with np.load(msg["inputs"], allow_pickle=False) as data:
+            host = {k: data[k] for k in data.files}
+        arrays = {name: _DeviceArray(self.driver, h) for name, h in host.items()}
+        outputs = [a["name"] for a in spec["args"] if a["kind"] == "array" and a["intent"] != "in"]
+        reference = None
+        if msg.get("reference"):
+            with np.load(msg["reference"], allow_pickle=False) as data:
+                reference = {k: data[k] for k in data.files}
+        self.bucket = {
+            "kernel": kernel,
+            "host": host,
+            "arrays": arrays,
+            "scalars": dict(msg["scalars"]),
+            "outputs": outputs,
+            "reference": reference,
+            "tolerances": {k: tuple(v) for k, v in msg["tolerances"].items()},
+            "binaries": dict(msg["binaries"]),
+            "types": dict(msg["types"]),
+            "key": dict(msg["key"]),
+            "settings": TuningSpec(**msg["settings"]),
+            "handles": {},
+        }
+        return {"ok": True}
+
+    def _free(self) -> None:
+        if self.bucket is not None:
+            for arr in self.bucket["arrays"].values():
+                arr.free()
+            self.bucket = None
+
+    def _launcher(self, vid: str) -> Any:
+        """A function launching variant `vid` on a stream with the bucket's device arrays."""
+        from cuda.core import LaunchConfig, ObjectCode, launch
+
+        b = self.bucket
+        assert b is not None
+        kernel = b["kernel"]
+        handle = b["handles"].get(vid)
+        if handle is None:
+            with open(b["binaries"][vid], "rb") as f:
+                handle = ObjectCode.from_cubin(f.read()).get_kernel(kernel.entry)
+            b["handles"][vid] = handle
+        config = kernel.variants[vid]["config"]
+        grid, block, shared = kernel.geometry(config, b["types"], b["key"])
+        call = kernel.prepare(**{**b["arrays"], **b["scalars"]})
+        launch_config = LaunchConfig(grid=grid, block=block, shmem_size=shared)
+        return lambda stream: launch(stream, launch_config, handle, *call.c_args)
+
+    def _run_once(self, vid: str) -> dict[str, Any]:
+        """Fresh inputs, poisoned outputs, one launch, outputs back on the host."""
+        from .verify import poison
+
+        b = self.bucket
+        assert b is not None
+        for name, arr in b["arrays"].items():
+            arr.upload(poison(b["host"][name]) if name in b["outputs"] and _intent(b, name) == "out" else b["host"][name])
+        fn = self._launcher(vid)
+        try:
+            fn(self.timer.stream)
+            self.timer.stream.sync()
+        except Exception as exc:  # illegal address, launch failure: the context is gone
+            raise _Fatal(f"variant {vid} failed at run time: {exc}") from None
+        return {name: b["arrays"][name].download() for name in b["outputs"]}
+
+    def reference(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.bucket is not None
+        self.bucket["reference"] = self._run_once(msg["variant"])
+        return {"ok": True}
+
+    def measure(self, msg: dict[str, Any]) -> dict[str, Any]:
+        from .verify import compare
+
+        b = self.bucket
+        assert b is not None
+        vid = msg["variant"]
+        got = self._run_once(vid)
+        if b["reference"] is not None:
+            for name in b["outputs"]:
+                rtol, atol = b["tolerances"][name]
+                reason = compare(name, got[name], b["reference"][name], rtol, atol)
+                if reason:
+                    return {"ok": True, "status": "rejected", "reason": f"wrong result: {reason}"}
+        fn = self._launcher(vid)
+        try:
+            timing = self.timer.time(fn, b["settings"], msg.get("leader_ms"))
+        except Exception as exc:
+            raise _Fatal(f"variant {vid} failed while timed: {exc}") from None
+        return {"ok": True, "status": "eliminated" if timing.eliminated else "ok", "samples": list(timing.samples)}
+
+
+def _intent(bucket: dict[str, Any], name: str) -> str:
+    return next(a["intent"] for a in bucket["kernel"].args if a["name"] == name)
+
+
+OPERATIONS = ("hello", "setup", "reference", "measure")
+
+
+def main() -> None:
+    """Serve requests on stdin; replies go to the original stdout, everything else to stderr."""
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # stray prints from libraries must not corrupt the protocol
+    state = _WorkerState()
+    for line in sys.stdin:
+        try:
+            msg = json.loads(line)
+            if msg.get("op") not in OPERATIONS:
+                raise ValueError(f"unknown op {msg.get('op')!r}; expected one of {OPERATIONS}")
+            reply = getattr(state, msg["op"])(msg)
+        except _Fatal as exc:
+            protocol.write(json.dumps({"ok": False, "fatal": True, "error": str(exc)}) + "\n")
+            protocol.flush()
+            os._exit(3)
+        except Exception as exc:
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        protocol.write(json.dumps(reply) + "\n")
+        protocol.flush()
+
+
+if __name__ == "__main__":
+    main()

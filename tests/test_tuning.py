@@ -1,0 +1,247 @@
+"""Tuning on the CPU: the decisions (pruning, search order, elimination, near-ties, stale
+entries), the worker isolation with stand-in processes that really crash or hang, and a whole
+`tune()` run with real NVRTC compiles writing the lock file.
+
+No GPU here: the stand-in worker (fake_worker.py) returns SYNTHETIC timings derived from the
+config; they exercise the logic, they are not measurements of anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from hatch_autotune.cache import CompileCache
+from hatch_autotune.compile import Resources
+from hatch_autotune.config import SearchSpec, TuningSpec
+from hatch_autotune.lock import LockFile
+from hatch_autotune.tuning import TuningError, tune
+from hatch_autotune.tuning.bench import median, next_step, spread
+from hatch_autotune.tuning.tuner import Measurement, choose_winner, needs_tuning, prune, search_order
+from hatch_autotune.tuning.verify import compare, poison, tolerance
+from hatch_autotune.tuning.worker import WorkerClient, WorkerDied
+
+from conftest import build, load_project, write_tiny_project
+
+FAKE = [sys.executable, str(Path(__file__).with_name("fake_worker.py"))]
+LIMITS = {"max_threads_per_block": 1024, "max_registers_per_block": 65536, "max_shared_memory_per_block": 49152, "max_shared_memory_per_block_optin": 232448}
+
+
+def m(index, status="ok", ms=None, noise=0.0):
+    samples = () if ms is None else tuple(ms + noise * (i - 2) for i in range(5))
+    return Measurement(index, {"i": index}, status, samples)
+
+
+# ---- decisions --------------------------------------------------------------------------------
+
+
+def test_winner_is_the_fastest_median():
+    assert choose_winner([m(0, ms=2.0), m(1, ms=1.0), m(2, ms=1.5)], default_index=0).index == 1
+
+
+def test_near_ties_resolve_to_the_default_then_the_lowest_index():
+    # 1.003 vs 1.000: within 0.5% -> a tie; the default (2) is among them
+    assert choose_winner([m(0, ms=1.5), m(1, ms=1.0), m(2, ms=1.003)], default_index=2).index == 2
+    # tie without the default: the lowest index wins, even if marginally slower
+    assert choose_winner([m(0, ms=9.0), m(1, ms=1.004), m(3, ms=1.0)], default_index=0).index == 1
+    # noisy measurements widen the tie band: 1.05 is within the spread of 1.0 +- 0.06
+    assert choose_winner([m(0, ms=1.05, noise=0.06), m(1, ms=1.0, noise=0.06)], default_index=0).index == 0
+    # a clear win is not a tie
+    assert choose_winner([m(0, ms=1.1), m(1, ms=1.0)], default_index=0).index == 1
+
+
+def test_rejected_failed_and_eliminated_never_win():
+    ms = [m(0, "rejected", 0.1), m(1, "failed"), m(2, "eliminated", 0.5), m(3, ms=2.0)]
+    assert choose_winner(ms, default_index=0).index == 3
+    assert choose_winner([m(0, "failed"), m(1, "rejected", 1.0)], default_index=0) is None
+
+
+def test_stopping_rules():
+    s = TuningSpec(budget_ms=10.0, min_reps=5, max_reps=50, eliminate=0.25)
+    assert next_step([1.0] * 4, s, leader_ms=0.1) == (False, False)  # too few samples to judge
+    assert next_step([2.0] * 5, s, leader_ms=1.0) == (True, True)  # clearly slower: eliminated
+    assert next_step([1.2, 1.3, 1.2, 1.25, 1.2], s, leader_ms=1.0) == (False, False)  # within 25%: go on
+    assert next_step([3.0] * 5, s, leader_ms=None) == (True, False)  # budget (15 ms >= 10 ms) spent
+    assert next_step([0.01] * 20, s, leader_ms=None) == (True, False)  # stable: no spread
+    assert next_step([0.01 * (1 + (i % 2)) for i in range(49)], s, None) == (False, False)
+    assert next_step([0.01] * 50, TuningSpec(max_reps=50), None) == (True, False)
+    assert median([3, 1, 2]) == 2 and median([1, 2, 3, 4]) == 2.5 and spread([1, 2, 3, 4, 5, 6, 7, 8]) == 2.0
+
+
+def test_pruning_uses_compile_time_resources():
+    configs = [{"B": 128}, {"B": 1024}, {"B": 256}, {"B": 64}, {"B": 32}, {"B": 2048}]
+    res = [
+        Resources(registers=32),
+        Resources(registers=128),  # 128 x 1024 > 65536
+        Resources(registers=40, shared_bytes=240_000),
+        Resources(registers=40, spill_stores=8),
+        None,  # did not compile
+        Resources(registers=16),  # 2048 threads > 1024
+    ]
+    out = prune(configs, res, lambda c: c["B"], lambda c: 0, LIMITS, prune_spills=True)
+    assert set(out) == {1, 2, 3, 4, 5}
+    assert "registers x 1024 threads" in out[1] and "shared memory" in out[2] and "spills" in out[3]
+    assert out[4] == "did not compile" and "2048 threads per block" in out[5]
+    assert 3 not in prune(configs, res, lambda c: c["B"], lambda c: 0, LIMITS, prune_spills=False)
+
+
+def test_search_order():
+    assert search_order(5, 2, SearchSpec()) == [2, 0, 1, 3, 4]
+    sample = search_order(100, 7, SearchSpec("random", budget=10, seed=1), salt="e")
+    assert sample[0] == 7 and len(sample) == 10 and len(set(sample)) == 10
+    assert sample == search_order(100, 7, SearchSpec("random", budget=10, seed=1), salt="e")  # reproducible
+    assert sample != search_order(100, 7, SearchSpec("random", budget=10, seed=2), salt="e")
+    assert search_order(3, 0, SearchSpec("random", budget=10)) == [0, 1, 2]
+
+
+def test_needs_tuning_only_for_missing_or_stale():
+    lock = LockFile(entries={"a": {"checksum": "c1", "config": {}, "tuned": True}, "b": {"checksum": "c2", "config": {}, "tuned": False}})
+    assert not needs_tuning(lock, "a", "c1", "tune")
+    assert needs_tuning(lock, "a", "c1", "retune")
+    assert needs_tuning(lock, "a", "changed", "tune")
+    assert needs_tuning(lock, "b", "c2", "tune")  # an untuned entry is not a result
+    assert needs_tuning(lock, "missing", "x", "tune")
+
+
+def test_verification():
+    import numpy as np
+
+    ref = np.arange(10, dtype=np.float32)
+    assert compare("y", ref + 1e-6, ref, *tolerance("float32")) is None
+    reason = compare("y", np.where(np.arange(10) == 7, 0, ref).astype(np.float32), ref, *tolerance("float32"))
+    assert reason.startswith("y: 1 element(s) differ (first at (7,)")
+    unwritten = poison(ref)
+    unwritten[:5] = ref[:5]
+    assert "5 element(s) are NaN or unwritten, first at (5,)" in compare("y", unwritten, ref, *tolerance("float32"))
+    ints = poison(np.zeros(4, np.int32))
+    assert (ints.view(np.uint8) == 0x5A).all() and compare("k", ints, np.zeros(4, np.int32), *tolerance("int32"))
+    half = ref.astype(np.float16)
+    assert compare("h", half, ref.astype(np.float16), *tolerance("float16")) is None
+    assert tolerance("float32", (0.5, 0.5)) == (0.5, 0.5)
+
+
+# ---- isolation: a stand-in worker process that really dies --------------------------------------
+
+
+def client(plan: dict) -> WorkerClient:
+    return WorkerClient(FAKE, env={**os.environ, "FAKE_WORKER": json.dumps(plan)})
+
+
+def setup_msg(configs):
+    return {"op": "setup", "kernel": {"variants": {f"v{i}": {"config": c} for i, c in enumerate(configs)}}}
+
+
+def test_worker_crash_abort_fatal_and_hang_are_reasons_not_exceptions_for_the_parent():
+    c = client({"crash": [{"B": 1}], "abort": [{"B": 2}], "hang": [{"B": 3}], "fatal": [{"B": 4}]})
+    configs = [{"B": b} for b in range(6)]
+    try:
+        assert c.request({"op": "hello"}, 10)["ok"]
+        c.request(setup_msg(configs), 10)
+        assert c.request({"op": "measure", "variant": "v0"}, 10)["status"] == "ok"
+        with pytest.raises(WorkerDied, match="crashed \\(signal SIGSEGV\\)"):
+            c.request({"op": "measure", "variant": "v1"}, 10)
+        assert not c.alive
+        c.request(setup_msg(configs), 10)  # a fresh worker starts on the next request
+        assert c.restarts == 1
+        with pytest.raises(WorkerDied, match="crashed \\(signal SIGABRT\\): fake worker: abort requested"):
+            c.request({"op": "measure", "variant": "v2"}, 10)
+        c.request(setup_msg(configs), 10)
+        with pytest.raises(WorkerDied, match="timed out after 1 s"):
+            c.request({"op": "measure", "variant": "v3"}, 1.0)
+        c.request(setup_msg(configs), 10)
+        with pytest.raises(WorkerDied, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
+            c.request({"op": "measure", "variant": "v4"}, 10)
+        c.request(setup_msg(configs), 10)
+        assert c.request({"op": "measure", "variant": "v5"}, 10)["status"] == "ok"
+        assert c.restarts == 4
+    finally:
+        c.close()
+
+
+# ---- a whole tune() run: real NVRTC compiles, stand-in worker, the lock file written ------------
+
+
+def _tune(root, tmp_path, plan, mode="tune"):
+    logs: list[str] = []
+    summary = tune(
+        load_project(root),
+        mode=mode,
+        log=logs.append,
+        gpu_arch="sm_90",
+        client_factory=lambda device: client(plan),
+        cache=CompileCache(tmp_path / "cache"),
+    )
+    return summary, logs
+
+
+def test_tune_isolates_failures_and_writes_the_lock(tmp_path):
+    root = write_tiny_project(tmp_path / "p", extra='[tool.hatch.build.targets.wheel.hooks.autotune.tuning]\ntimeout-s = 2')
+    plan = {
+        "base_ms": 1.0,
+        "ms": {"BLOCK=64": 1.0, "BLOCK=128": 0.3, "FACTOR=3": 0.2},  # synthetic: BLOCK=256, FACTOR=2 is fastest
+        "crash": [{"BLOCK": 64, "FACTOR": 3}],
+        "hang": [{"BLOCK": 256, "FACTOR": 3}],
+        "wrong": [{"BLOCK": 128, "FACTOR": 3}],
+    }
+    summary, logs = _tune(root, tmp_path, plan)
+    assert len(summary.tuned) == 3  # the 3 buckets of sm_90 (sm_80 cannot be tuned on an sm_90 GPU)
+    lock = json.loads((root / "autotune.lock.json").read_text())
+    assert lock["schema"] == 1 and len(lock["entries"]) == 3
+    entry = lock["entries"]["scale|-|sm_90|n=1024"]
+    assert entry["tuned"] and entry["config"] == {"BLOCK": 256, "FACTOR": 2, "BAD": False}
+    by_config = {(x["config"]["BLOCK"], x["config"]["FACTOR"]): x for x in entry["measurements"]}
+    assert by_config[(64, 3)]["status"] == "failed" and "SIGSEGV" in by_config[(64, 3)]["reason"]
+    assert by_config[(256, 3)]["status"] == "failed" and "timed out" in by_config[(256, 3)]["reason"]
+    assert by_config[(128, 3)]["status"] == "rejected" and "wrong result" in by_config[(128, 3)]["reason"]
+    assert by_config[(64, 2)]["status"] == "eliminated"  # 2.0 ms vs a 1.3 ms leader (+25%)
+    assert by_config[(128, 2)]["reason"].startswith("reference")  # the default ran first
+    assert entry["default_ms"] == pytest.approx(1.3, rel=0.01)
+    assert entry["provenance"]["gpu"] == "Fake GPU (CPU stand-in)" and entry["provenance"]["nvrtc"]
+    assert any(line.startswith("tuned scale|-|sm_90|n=1024: 6 configs") for line in logs)
+    assert "tuning summary:" in logs[-1] and "1.30x" in logs[-1]
+
+    # A build now takes the tuned winners for sm_90, defaults (with a warning) for sm_80.
+    build_logs: list[str] = []
+    result = build(root, tmp_path / "cache", build_logs)
+    choices = result.kernels[0].choices
+    assert all(c.tuned for (t, arch, p), c in choices.items() if arch == "sm_90")
+    assert not any(c.tuned for (t, arch, p), c in choices.items() if arch == "sm_80")
+
+    # Tuning again re-tunes nothing; after a template change, everything again.
+    summary2, logs2 = _tune(root, tmp_path, plan)
+    assert summary2.tuned == [] and summary2.skipped == 3
+    (root / "scale.cu.j2").write_text((root / "scale.cu.j2").read_text() + "// v2\n")
+    summary3, _ = _tune(root, tmp_path, plan)
+    assert len(summary3.tuned) == 3
+
+
+def test_retune_redoes_valid_entries(tmp_path):
+    root = write_tiny_project(tmp_path / "p")
+    _tune(root, tmp_path, {})
+    summary, _ = _tune(root, tmp_path, {}, mode="retune")
+    assert len(summary.tuned) == 3 and summary.skipped == 0
+
+
+def test_a_bucket_where_everything_fails_is_an_error(tmp_path):
+    root = write_tiny_project(tmp_path / "p")
+    with pytest.raises(TuningError, match=r"scale\|-\|sm_90\|n=1024: every variant failed.*SIGSEGV"):
+        _tune(root, tmp_path, {"crash": [{"BAD": False}]})
+
+
+def test_tune_refuses_without_a_matching_gpu(tmp_path, monkeypatch):
+    root = write_tiny_project(tmp_path / "p")
+    project = load_project(root)
+    with pytest.raises(TuningError, match="the GPU here is sm_86 but the project's archs are sm_80, sm_90"):
+        tune(project, gpu_arch="sm_86", log=lambda m: None)
+    with pytest.raises(TuningError, match="never touches a GPU"):
+        tune(project, mode="offline", gpu_arch="sm_90", log=lambda m: None)
+    with pytest.raises(TuningError, match="no kernel named nope"):
+        tune(project, kernels=["nope"], gpu_arch="sm_90", log=lambda m: None)
+    import hatch_autotune.tuning.tuner as tuner
+
+    monkeypatch.setattr(tuner, "detect_gpu_arch", lambda: None)
+    with pytest.raises(TuningError, match="needs a CUDA GPU"):
+        tune(project, log=lambda m: None)
