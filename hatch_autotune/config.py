@@ -70,6 +70,7 @@ class ArgSpec:
     shape: tuple[Expr, ...] | None = None  # None for scalars
     intent: str | None = None  # arrays only
     value: Expr | None = None  # scalars computed from key dims (the caller does not pass them)
+    align: int | None = None  # arrays: required byte alignment of the pointer (vector loads)
 
     @property
     def is_array(self) -> bool:
@@ -586,7 +587,12 @@ def _parse_arg(t: _Table, key_names: set[str], types: Mapping[str, tuple[str, ..
     shape = t.get("shape", v_list(v_expr(key_names, "shapes may use the key dims"), nonempty=True), default=None)
     intent = t.get("intent", v_choice(INTENTS), default=None)
     value = t.get("value", v_expr(key_names, "a scalar's value may use the key dims"), default=None)
+    align = t.get("align", v_int(1), default=None)
     t.finish()
+    if align not in (None, _BAD) and (align & (align - 1)):
+        errors.append(f"{t.sub('align')}: expected a power of two (bytes), got {align}")
+    if align not in (None, _BAD) and shape is None:
+        errors.append(f"{t.sub('align')}: only arrays have an alignment")
     if shape is None:
         if intent is not None:
             errors.append(f"{t.sub('intent')}: only arrays (with a shape) have an intent")
@@ -597,7 +603,7 @@ def _parse_arg(t: _Table, key_names: set[str], types: Mapping[str, tuple[str, ..
             errors.append(f"{t.sub('value')}: only scalars may be computed from the key")
     if len(errors) > n:
         return None
-    return ArgSpec(name=name, dtype=dtype, shape=shape, intent=intent, value=value)
+    return ArgSpec(name=name, dtype=dtype, shape=shape, intent=intent, value=value, align=align)
 
 
 def _parse_key_dim(dim: str, t: _Table, args: Mapping[str, ArgSpec], args_ok: bool) -> KeyDim | None:

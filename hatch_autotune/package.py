@@ -26,6 +26,8 @@ def _arg_json(a: ArgSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"name": a.name, "dtype": a.dtype, "kind": "array" if a.is_array else "scalar"}
     if a.is_array:
         out.update(shape=[e.tree for e in a.shape], intent=a.intent)
+        if a.align:
+            out["align"] = a.align
     if a.value is not None:
         out["value"] = a.value.tree
     return out

@@ -8,14 +8,46 @@ too (expression trees, key -> bucket mapping, arch fallback) lives here, so ther
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import re
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+
+try:  # CPython's built-in SHA-256: no OpenSSL to load, so importing stays fast
+    from _sha256 import sha256 as _sha256  # Python <= 3.11
+except ImportError:  # pragma: no cover - depends on the interpreter
+    try:
+        from _sha2 import sha256 as _sha256  # Python >= 3.12
+    except ImportError:
+        from hashlib import sha256 as _sha256
+
+# Annotations are never evaluated (see the __future__ import), so `typing` and `dataclasses`
+# are not imported: together they are about half of a cold import of this module.
+
+
+class _Record:
+    """A small immutable record: what a frozen dataclass gives, without importing dataclasses."""
+
+    __slots__ = ()
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        values = dict(zip(self.__slots__, args), **kwargs)
+        for name in self.__slots__:
+            object.__setattr__(self, name, values[name])
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    def __hash__(self) -> int:
+        return hash(tuple(repr(getattr(self, n)) for n in self.__slots__))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"{type(self).__name__}({fields})"
 
 TABLE_SCHEMA = 1
 TABLE_FILE = "table.json"
@@ -256,13 +288,13 @@ class IntegrityError(RuntimeError):
 
 
 def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return _sha256(data).hexdigest()
 
 
-@dataclass(frozen=True)
-class Selection:
+class Selection(_Record):
     """What `Kernel.select` answers: which variant runs, with which config, and why."""
 
+    __slots__ = ("kernel", "variant", "config", "types", "bucket", "tuned", "arch", "binary")
     kernel: str
     variant: str
     config: Mapping[str, Any]
@@ -290,10 +322,10 @@ TYPESTRS = {
 _DTYPE_OF_TYPESTR = {v: k for k, v in TYPESTRS.items()}
 
 
-@dataclass(frozen=True)
-class ArrayView:
+class ArrayView(_Record):
     """What a call needs of an array: pointer, shape, dtype, layout, and where it lives."""
 
+    __slots__ = ("ptr", "shape", "dtype", "contiguous", "readonly", "device")
     ptr: int
     shape: tuple[int, ...]
     dtype: str | None  # None: a dtype hatch-autotune cannot pass (e.g. bfloat16, big-endian)
@@ -377,10 +409,10 @@ class _HandleStream:
         return (0, self.handle)
 
 
-@dataclass(frozen=True)
-class PreparedCall:
+class PreparedCall(_Record):
     """A call after every check that needs no GPU: what to select and what to pass."""
 
+    __slots__ = ("types", "key", "c_args", "arrays")
     types: dict[str, str]
     key: dict[str, int]
     c_args: tuple[Any, ...]  # in the kernel's C order: ints for pointers, numpy scalars
@@ -590,6 +622,12 @@ class Kernel:
                 raise ValueError(f"{name}(): argument {arg!r} is read-only but the kernel writes it (intent {a['intent']})")
             if view.device == -1:
                 raise ValueError(f"{name}(): argument {arg!r} is in host memory; expected a GPU array")
+            align = a.get("align")
+            if align and view.ptr % align:
+                raise ValueError(
+                    f"{name}(): argument {arg!r} must start on a {align}-byte boundary (the kernel uses vector "
+                    f"loads); its pointer {view.ptr:#x} is offset by {view.ptr % align} bytes: pass a copy"
+                )
             arrays[arg] = view
         for tp, allowed in self.type_params.items():
             if tp not in types:

@@ -96,6 +96,13 @@ def test_wrong_arguments_name_the_argument(kernels, make, exc, fragment):
     assert fragment in str(info.value) and str(info.value).startswith("saxpy(): ")
 
 
+def test_misaligned_view_is_rejected_before_a_vector_load_faults(kernels):
+    x, y = FakeGPUArray((8,)), FakeGPUArray((8,))
+    x.__cuda_array_interface__["data"] = (x.ptr + 4, False)  # like x[1:] of a float32 array
+    with pytest.raises(ValueError, match="argument 'x' must start on a 16-byte boundary.*offset by 4 bytes"):
+        kernels.saxpy.prepare(1.0, x, y)
+
+
 def test_read_only_input_is_fine(kernels):
     kernels.saxpy.prepare(1.0, FakeGPUArray((8,), readonly=True), FakeGPUArray((8,)))
 

@@ -1,0 +1,81 @@
+"""Import time of a generated module (goal: under 30 ms, no GPU touched).
+
+Builds example_pkg's generated package with the real pipeline (NVRTC, no GPU needed),
+byte-compiles it as pip would on install, then imports it in N fresh interpreters and reports the median wall time of the import statement
+itself, and whether any CUDA module got loaded. Runs anywhere; no GPU needed.
+
+    python benchmarks/import_time.py [-n 30] [-o benchmarks/results/import_time.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hatch_autotune.cache import CompileCache, default_cache_dir  # noqa: E402
+from hatch_autotune.config import parse_project  # noqa: E402
+from hatch_autotune.package import write_package  # noqa: E402
+from hatch_autotune.pipeline import build_payload  # noqa: E402
+
+PROBE = """
+import sys, time
+t0 = time.perf_counter()
+import example_pkg.kernels
+dt = (time.perf_counter() - t0) * 1e3
+print(dt, int(any(m.startswith("cuda") for m in sys.modules)), int("numpy" in sys.modules))
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=30)
+    ap.add_argument("-o", type=Path, default=None)
+    args = ap.parse_args()
+    example = ROOT / "example_pkg"
+    table = tomllib.loads((example / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["autotune"]
+    project = parse_project(table, example, env={"HATCH_AUTOTUNE_MODE": "offline"})
+    result = build_payload(project, cache=CompileCache(default_cache_dir()), log=lambda m: None)
+    with tempfile.TemporaryDirectory() as tmp:
+        site = Path(tmp)
+        (site / "example_pkg").mkdir()
+        (site / "example_pkg" / "__init__.py").write_text("")
+        write_package(site / "example_pkg" / "kernels", project, result)
+        # pip byte-compiles what it installs; do the same, or every run would compile the source
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(site)], check=True)
+        times, cuda_loaded, numpy_loaded = [], 0, 0
+        for _ in range(args.n):
+            out = subprocess.run([sys.executable, "-c", PROBE], cwd=site, capture_output=True, text=True, check=True)
+            dt, cuda, np_ = out.stdout.split()
+            times.append(float(dt))
+            cuda_loaded += int(cuda)
+            numpy_loaded += int(np_)
+    report = {
+        "what": "wall time of `import example_pkg.kernels` in a fresh interpreter (ms)",
+        "runs": args.n,
+        "median_ms": round(statistics.median(times), 3),
+        "min_ms": round(min(times), 3),
+        "max_ms": round(max(times), 3),
+        "runs_that_loaded_cuda": cuda_loaded,
+        "runs_that_loaded_numpy": numpy_loaded,
+        "goal_ms": 30,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "python": platform.python_version(),
+        "kernels": len(project.kernels),
+    }
+    print(json.dumps(report, indent=1))
+    if args.o:
+        args.o.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
