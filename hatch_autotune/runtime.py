@@ -23,7 +23,10 @@ except ImportError:  # pragma: no cover - depends on the interpreter
         from hashlib import sha256 as _sha256
 
 # Annotations are never evaluated (see the __future__ import), so `typing` and `dataclasses`
-# are not imported: together they are about half of a cold import of this module.
+# are not imported at run time: together they were about half of a cold import of this module.
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
+    from typing import Any, Callable, Mapping, Sequence
 
 
 class _Record:

@@ -99,6 +99,30 @@ def session_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("compile-cache")
 
 
+@pytest.fixture(scope="session")
+def example_kernels(session_cache, tmp_path_factory):
+    """example_pkg's generated package, built by the real pipeline (NVRTC) and imported."""
+    import importlib
+    import sys
+
+    from hatch_autotune.package import write_package
+
+    site = tmp_path_factory.mktemp("site")
+    result = build(EXAMPLE, session_cache)
+    (site / "example_pkg").mkdir()
+    (site / "example_pkg" / "__init__.py").write_text("")
+    write_package(site / "example_pkg" / "kernels", load_project(EXAMPLE), result)
+    sys.path.insert(0, str(site))
+    saved = {k: v for k, v in sys.modules.items() if k.startswith("example_pkg")}
+    for k in saved:
+        del sys.modules[k]
+    yield importlib.import_module("example_pkg.kernels")
+    sys.path.remove(str(site))
+    for k in [m for m in sys.modules if m.startswith("example_pkg")]:
+        del sys.modules[k]
+    sys.modules.update(saved)
+
+
 @pytest.fixture
 def tiny(tmp_path) -> Path:
     return write_tiny_project(tmp_path / "tiny")

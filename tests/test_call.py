@@ -5,17 +5,13 @@ __cuda_array_interface__ with made-up pointers: nothing is launched (no GPU here
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import sys
 
 import numpy as np
 import pytest
 
-from hatch_autotune.package import write_package
 from hatch_autotune.runtime import stream_handle
 
-from conftest import EXAMPLE, build
 
 
 class FakeGPUArray:
@@ -36,25 +32,8 @@ class FakeGPUArray:
 
 
 @pytest.fixture(scope="module")
-def kernels(session_cache, tmp_path_factory):
-    """example_pkg's generated package, built by the real pipeline (NVRTC), importable."""
-    from conftest import load_project
-
-    site = tmp_path_factory.mktemp("site")
-    project = load_project(EXAMPLE)
-    result = build(EXAMPLE, session_cache)
-    (site / "example_pkg").mkdir()
-    (site / "example_pkg" / "__init__.py").write_text("")
-    write_package(site / "example_pkg" / "kernels", project, result)
-    sys.path.insert(0, str(site))
-    saved = {k: v for k, v in sys.modules.items() if k.startswith("example_pkg")}
-    for k in saved:
-        del sys.modules[k]
-    yield importlib.import_module("example_pkg.kernels")
-    sys.path.remove(str(site))
-    for k in [m for m in sys.modules if m.startswith("example_pkg")]:
-        del sys.modules[k]
-    sys.modules.update(saved)
+def kernels(example_kernels):
+    return example_kernels
 
 
 def test_saxpy_float32_call_is_prepared_exactly(kernels):

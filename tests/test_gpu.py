@@ -6,15 +6,12 @@ Sizes cover 1, primes, 2^k +- 1, values on, between and off the buckets."""
 from __future__ import annotations
 
 import importlib
-import sys
 
 import numpy as np
 import pytest
 
-from hatch_autotune.package import write_package
 from hatch_autotune.pipeline import detect_gpu_arch
 
-from conftest import EXAMPLE, build, load_project
 
 GPU_ARCH = detect_gpu_arch()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPU_ARCH is None, reason="needs a CUDA GPU")]
@@ -25,18 +22,8 @@ SGEMM_SHAPES = [(1, 1, 1), (37, 29, 19), (64, 64, 64), (257, 129, 65), (256, 102
 
 
 @pytest.fixture(scope="module")
-def kernels(session_cache, tmp_path_factory):
-    site = tmp_path_factory.mktemp("site")
-    project = load_project(EXAMPLE)
-    result = build(EXAMPLE, session_cache)
-    (site / "example_pkg").mkdir()
-    (site / "example_pkg" / "__init__.py").write_text("")
-    write_package(site / "example_pkg" / "kernels", project, result)
-    sys.path.insert(0, str(site))
-    for k in [m for m in sys.modules if m.startswith("example_pkg")]:
-        del sys.modules[k]
-    yield importlib.import_module("example_pkg.kernels")
-    sys.path.remove(str(site))
+def kernels(example_kernels):
+    return example_kernels
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ from ..lock import LockFile, entry_checksum, entry_id
 from ..package import _arg_json
 from ..pipeline import BuildError, detect_gpu_arch
 from ..render import Variant, render_kernel
-from ..runtime import types_key
 from ..space import bucket_points
 from .bench import median, spread
 from .inputs import bucket_inputs, reference_outputs
