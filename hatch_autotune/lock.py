@@ -106,6 +106,21 @@ def _well_formed(entry: Any) -> bool:
     )
 
 
+def _provenance_with_times(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """What the wheel records of a tuned entry: where it was tuned, and the winner's and the
+    default's median times, so that `hatch-autotune show` can report them from a wheel alone."""
+    out = dict(entry.get("provenance", {}))
+    winner = next(
+        (m for m in entry.get("measurements", []) if m.get("config") == entry["config"] and m.get("median_ms") is not None),
+        None,
+    )
+    if winner is not None:
+        out["median_ms"] = winner["median_ms"]
+    if entry.get("default_ms") is not None:
+        out["default_ms"] = entry["default_ms"]
+    return out
+
+
 @dataclass(frozen=True)
 class Choice:
     """The variant a (kernel, types, arch, bucket) gets in the wheel, and why."""
@@ -138,7 +153,7 @@ def choose(
         except ValueError:
             index = -1
         if index >= 0 and usable[index]:
-            return Choice(index, True, dict(entry.get("provenance", {})), "")
+            return Choice(index, True, _provenance_with_times(entry), "")
         reason = "lock winner is not in the space or failed to compile"
     if usable[default_index]:
         return Choice(default_index, False, {}, reason)
