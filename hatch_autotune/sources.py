@@ -234,8 +234,8 @@ def lock_entry(eid: str, raw: dict[str, Any], label: str) -> Entry:
     kernel, types, arch, bucket = parse_entry_id(eid, label)
     ms = list(raw.get("measurements", []))
     default_ms = _num(raw.get("default_ms"))
-    default_config = None
-    if default_ms is not None:  # the lock does not name the default; its time identifies it
+    default_config = dict(raw["default"]) if isinstance(raw.get("default"), dict) else None
+    if default_config is None and default_ms is not None:  # older entries: the default's time identifies it
         same = [m["config"] for m in ms if m.get("status") in TIMED and _num(m.get("median_ms")) == default_ms]
         if len(same) == 1:
             default_config = same[0]

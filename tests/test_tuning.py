@@ -198,7 +198,7 @@ def test_tune_isolates_failures_and_writes_the_lock(tmp_path):
     assert by_config[(128, 3)]["status"] == "rejected" and "wrong result" in by_config[(128, 3)]["reason"]
     assert by_config[(64, 2)]["status"] == "eliminated"  # 2.0 ms vs a 1.3 ms leader (+25%)
     assert by_config[(128, 2)]["reason"].startswith("reference")  # the default ran first
-    assert entry["default_ms"] == pytest.approx(1.3, rel=0.01)
+    assert entry["default_ms"] == pytest.approx(1.3, rel=0.01) and entry["default"] == {"BLOCK": 128, "FACTOR": 2, "BAD": False}
     assert entry["provenance"]["gpu"] == "Fake GPU (CPU stand-in)" and entry["provenance"]["nvrtc"]
     assert any(line.startswith("tuned scale|-|sm_90|n=1024: 6 configs") for line in logs)
     assert "tuning summary:" in logs[-1] and "1.30x" in logs[-1]

@@ -358,6 +358,7 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
         "config": winner.config,
         "index": winner.index,
         "tuned": True,
+        "default": dict(spec.default),
         "default_ms": round(default_ms, 6) if default_ms else None,
         "measurements": [m.to_json() for m in ordered],
         "provenance": provenance(info, compile_mod.nvrtc_version()),
