@@ -245,3 +245,11 @@ def test_tune_refuses_without_a_matching_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(tuner, "detect_gpu_arch", lambda: None)
     with pytest.raises(TuningError, match="needs a CUDA GPU"):
         tune(project, log=lambda m: None)
+
+
+def test_devices_of_another_arch_are_not_used(tmp_path):
+    root = write_tiny_project(tmp_path / "p")
+    logs: list[str] = []
+    with pytest.raises(TuningError, match="no device of arch sm_80 answered"):
+        tune(load_project(root), gpu_arch="sm_80", log=logs.append, client_factory=lambda d: client({}), cache=CompileCache(tmp_path / "cache"))
+    assert any("device 0 (Fake GPU (CPU stand-in), sm_90) is not sm_80; not using it" in m for m in logs)

@@ -458,6 +458,8 @@ def tune(
     factory = client_factory or (lambda device: WorkerClient())
     sessions = [_Session(factory(d), d, project.tuning) for d in range(n_devices)]
     try:
+        sessions = _matching_sessions(sessions, gpu_arch, log)
+        n_devices = len(sessions)
         with tempfile.TemporaryDirectory(prefix="hatch-autotune-tune-") as tmpdir:
             for _ in groups:
                 item = compiled.get()
@@ -473,6 +475,22 @@ def tune(
             s.client.close()
     log("tuning summary:\n" + summary.table())
     return summary
+
+
+def _matching_sessions(sessions: list[_Session], gpu_arch: str, log: Log) -> list[_Session]:
+    """Only devices of the arch being tuned measure it (a builder may hold several kinds)."""
+    keep = []
+    for s in sessions:
+        info = s.hello()
+        arch = "sm_" + "".join(str(c) for c in info["cc"])
+        if arch == gpu_arch:
+            keep.append(s)
+        else:
+            log(f"tuning: device {s.device} ({info['name']}, {arch}) is not {gpu_arch}; not using it")
+            s.client.close()
+    if not keep:
+        raise TuningError(f"no device of arch {gpu_arch} answered")
+    return keep
 
 
 def _run_jobs(jobs: list[BucketJob], sessions: list[_Session], project: ProjectSpec, tmp: Path, lock: LockFile, summary: TuneSummary, log: Log) -> None:
