@@ -64,7 +64,10 @@ def kernel_tuner_brute_force(spec: Any, variants: list[Any], types: dict[str, st
     t0 = time.perf_counter()
     results, env = tune_kernel(
         spec.entry, source, arguments=args, tune_params=space, restrictions=restrict, lang="nvcuda",
-        strategy="brute_force", verbose=False, quiet=True, iterations=7, **geometry,
+        strategy="brute_force", verbose=False, quiet=True, iterations=7,
+        # our sources already carry their parameters (no #defines, which would clash with their
+        # constexprs), and use C++17 (`if constexpr`)
+        defines={}, compiler_options=[*spec.nvrtc_options, "--std=c++17"], **geometry,
     )
     wall = time.perf_counter() - t0
     best = min((r for r in results if isinstance(r.get("time"), float)), key=lambda r: r["time"])

@@ -49,6 +49,7 @@ class CompileCache:
 
     def __init__(self, root: Path):
         self.root = Path(root) / f"v{CACHE_SCHEMA}"
+        self.write_error: str | None = None  # set (and writing stops) when the store is not writable
 
     def _paths(self, key: str) -> tuple[Path, Path]:
         d = self.root / key[:2]
@@ -71,12 +72,19 @@ class CompileCache:
         return meta, binary
 
     def put(self, key: str, meta: dict[str, Any], binary: bytes | None) -> None:
+        """Store an entry; a store that cannot be written (read-only, full) is a warning, not a
+        failed build: the first error is kept in `write_error` and later puts are skipped."""
+        if self.write_error is not None:
+            return
         meta_path, bin_path = self._paths(key)
         record = dict(meta, schema=CACHE_SCHEMA, key=key)
         record["binary_sha256"] = hashlib.sha256(binary).hexdigest() if binary is not None else None
-        if binary is not None:
-            atomic_write(bin_path, binary)
-        atomic_write(meta_path, json.dumps(record, sort_keys=True).encode())
+        try:
+            if binary is not None:
+                atomic_write(bin_path, binary)
+            atomic_write(meta_path, json.dumps(record, sort_keys=True).encode())
+        except OSError as exc:
+            self.write_error = f"cannot write the compile cache at {self.root} ({exc}); going on without it"
 
     def info(self) -> tuple[int, int]:
         """(number of entries, total bytes) of the store."""

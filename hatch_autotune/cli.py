@@ -113,7 +113,7 @@ class UI:
 
 
 def cmd_tune(args: argparse.Namespace, ui: UI) -> int:
-    from .pipeline import BuildError
+    from .errors import BuildError
 
     root = Path(args.project)
     project = load_project(root)

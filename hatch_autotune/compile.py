@@ -16,7 +16,8 @@ import json
 import os
 import re
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+import threading
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -57,7 +58,8 @@ class CompileJob:
 
     def cache_key(self, compiler: str) -> str:
         blob = json.dumps(
-            {"source": self.source, "options": self.full_options(), "compiler": compiler, "arch": self.arch},
+            # entry: the cached resource usage is parsed for this entry's ptxas section
+            {"source": self.source, "options": self.full_options(), "compiler": compiler, "arch": self.arch, "entry": self.entry},
             sort_keys=True,
         )
         return hashlib.sha256(blob.encode()).hexdigest()
@@ -211,15 +213,28 @@ def compile_all(
         else:
             todo.append((key, job))
 
-    n = min(workers or os.cpu_count() or 1, len(todo))
+    n = min(workers or default_workers(), len(todo))
     todo_jobs = [job for _, job in todo]
-    if n > 1 and len(todo) >= PARALLEL_THRESHOLD:
+    if n > 1 and len(todo) >= PARALLEL_THRESHOLD and threading.current_thread() is threading.main_thread():
         with ProcessPoolExecutor(max_workers=n, mp_context=_mp_context()) as pool:
             outputs = pool.map(compile_one, todo_jobs, chunksize=max(1, min(8, len(todo) // (4 * n))))
             _collect(todo, outputs, cache, done, on_result)
+    elif n > 1 and len(todo) >= PARALLEL_THRESHOLD:
+        # Forking while other threads hold locks can deadlock the children (seen here when the
+        # tuner compiles in its producer thread): off the main thread, use threads.
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            _collect(todo, pool.map(compile_one, todo_jobs), cache, done, on_result)
     else:
         _collect(todo, map(compile_one, todo_jobs), cache, done, on_result)
     return [done[k] for k in keys]
+
+
+def default_workers() -> int:
+    """HATCH_AUTOTUNE_JOBS, else one per core."""
+    try:
+        return max(1, int(os.environ.get("HATCH_AUTOTUNE_JOBS", "0"))) if os.environ.get("HATCH_AUTOTUNE_JOBS") else (os.cpu_count() or 1)
+    except ValueError:
+        return os.cpu_count() or 1
 
 
 def _mp_context() -> multiprocessing.context.BaseContext:

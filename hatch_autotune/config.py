@@ -366,6 +366,9 @@ def parse_project(table: Any, root: Path, path: str = DEFAULT_TABLE_PATH, env: M
             kernels_t.seen.add(name)
             if v_ident(name, kernels_t.sub(name), errors) is _BAD:
                 continue
+            if name.startswith("_") or name == "provenance":
+                errors.append(f"{kernels_t.sub(name)}: a kernel may not be named 'provenance' or start with '_' (the generated module uses those names)")
+                continue
             spec = _parse_kernel(name, _Table(kernels_t.data[name], kernels_t.sub(name), errors), root)
             if spec is not None:
                 kernels[name] = spec
@@ -531,7 +534,7 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
                 continue
             if axis not in space:
                 errors.append(f"{default_t.sub(axis)}: {axis!r} is not an axis of the space (axes: {', '.join(space) or 'none'})")
-            elif value not in space[axis]:
+            elif not any(type(v) is type(value) and v == value for v in space[axis]):  # True is not 1
                 errors.append(f"{default_t.sub(axis)}: default {value!r} is not in the space {list(space[axis])!r}")
             else:
                 default[axis] = value
@@ -564,6 +567,17 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
         tolerance=tolerance,
         search=search,
     )
+    clash = _name_clashes(spec)
+    if clash:
+        errors.append(f"{t.path}: {clash}")
+        return None
+    bad_option = next((o for o in spec.nvrtc_options if o.startswith(("-I", "--include-path", "--pre-include", "-include"))), None)
+    if bad_option:
+        errors.append(
+            f"{t.sub('nvrtc-options')}: {bad_option!r} is not supported: included files would not be part of the cache key "
+            "or the lock checksum; include them through the template ({% include \"file\" %}) instead"
+        )
+        return None
     # Checks that need the whole kernel: constraints and the default, per type instance.
     for types_ in spec.type_instances():
         label = f" (for {', '.join(f'{k}={v}' for k, v in types_.items())})" if types_ else ""
@@ -576,7 +590,45 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
             errors.append(f"{t.sub('constraints')}: the constraints exclude every config of the space{label}")
         elif dict(spec.default) not in configs:
             errors.append(f"{t.sub('default')}: the default {dict(spec.default)!r} violates the constraints{label}")
+        geometry_error = _check_geometry(spec, types_, configs)
+        if geometry_error:
+            errors.append(f"{t.path}: {geometry_error}{label}")
     return spec if len(errors) == n_errors else None
+
+
+def _name_clashes(spec: KernelSpec) -> str | None:
+    """Axes, type parameters (and their _size/_dtype), key dims and `entry` share one namespace
+    in templates and launch expressions; a clash would silently shadow one of them."""
+    owners: dict[str, str] = {"entry": "the template variable `entry`"}
+    for tp in spec.types:
+        for name in (tp, f"{tp}_size", f"{tp}_dtype"):
+            owners.setdefault(name, f"type parameter {tp}")
+    for kind, names in (("axis", spec.space), ("key dim", [k.name for k in spec.key])):
+        for name in names:
+            if name in owners:
+                return f"{kind} {name!r} has the same name as {owners[name]}; rename one"
+            owners[name] = f"{kind} {name}"
+    return None
+
+
+def _check_geometry(spec: KernelSpec, types: Mapping[str, str], configs: list[dict[str, Any]]) -> str | None:
+    """grid/block/shared must give positive integers for every config at every bucket."""
+    from .space import bucket_points
+
+    type_env = spec.type_env(types)
+    for point in bucket_points([k.buckets for k in spec.key]):
+        key = dict(zip((k.name for k in spec.key), point))
+        for config in configs:
+            env = {**key, **config, **type_env}
+            for what, exprs, minimum in (("grid", spec.grid, 1), ("block", spec.block, 1), ("shared", (spec.shared,), 0)):
+                for e in exprs:
+                    try:
+                        value = e(env)
+                    except Exception as exc:  # e.g. division by zero for some config
+                        return f"{what} expression {e.text!r} fails for {config} at {key}: {type(exc).__name__}: {exc}"
+                    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                        return f"{what} expression {e.text!r} gives {value!r} for {config} at {key}; expected an integer >= {minimum} (use // or cdiv for division)"
+    return None
 
 
 def _parse_arg(t: _Table, key_names: set[str], types: Mapping[str, tuple[str, ...]]) -> ArgSpec | None:

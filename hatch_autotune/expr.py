@@ -96,5 +96,7 @@ def _to_tree(node: ast.AST, text: str) -> Any:
             raise bad(f"{node.func.id}() with keywords or no arguments")
         if node.func.id == "cdiv" and len(node.args) != 2:
             raise bad("cdiv() with other than 2 arguments")
+        if node.func.id in ("min", "max") and len(node.args) < 2:
+            raise bad(f"{node.func.id}() with fewer than 2 arguments")
         return ["call", node.func.id, *(_to_tree(a, text) for a in node.args)]
     raise bad(type(node).__name__)

@@ -35,22 +35,51 @@ def entry_checksum(
     bucket: Mapping[str, int],
     compiler: str,
 ) -> str:
-    """Hash of what a measurement depends on: the variant sources (so the template and the
-    space), the arguments, the key dim definitions, the launch geometry, arch, bucket and NVRTC."""
+    """Hash of what a measurement and its winner depend on: the variant sources (so the template
+    and the space), the compile options, the arguments, how key dims are read, the launch
+    geometry, what verification compares against, the search, the arch, bucket and NVRTC.
+    Expressions enter as parsed trees, so reformatting one does not invalidate the lock; the
+    bucket mapping does not enter (it decides which bucket a call uses, not what was measured)."""
+    from .compile import CompileJob
+
     blob = {
         "kernel": spec.name,
         "entry": spec.entry,
         "types": types_key,
         "sources": list(source_hashes),
-        "args": [[a.name, a.dtype, [e.text for e in a.shape] if a.shape else None, a.intent, a.value.text if a.value else None] for a in spec.args],
-        "key": [[k.name, k.source, k.axis, k.mapping] for k in spec.key],
-        "launch": [[e.text for e in spec.grid], [e.text for e in spec.block], spec.shared.text],
-        "options": list(spec.nvrtc_options),
+        "options": CompileJob("", arch, spec.entry, spec.nvrtc_options).full_options(),
+        "args": [[a.name, a.dtype, [e.tree for e in a.shape] if a.shape else None, a.intent, a.value.tree if a.value else None] for a in spec.args],
+        "key": [[k.name, k.source, k.axis] for k in spec.key],
+        "launch": [[e.tree for e in spec.grid], [e.tree for e in spec.block], spec.shared.tree],
+        "verification": [spec.reference, spec.inputs, list(spec.tolerance) if spec.tolerance else None],
+        "search": [spec.search.strategy, spec.search.budget, spec.search.seed],
         "arch": arch,
         "bucket": dict(bucket),
         "compiler": compiler,
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class EntryKey:
+    """One tuning point of a kernel's type instance on an arch: where it sits in the lock."""
+
+    point: tuple[int, ...]
+    bucket: dict[str, int]
+    eid: str
+    checksum: str
+
+
+def entries_for(spec: KernelSpec, types_key: str, source_hashes: Sequence[str], arch: str, compiler: str) -> list[EntryKey]:
+    """Every bucket of a kernel's type instance on `arch`, with its lock id and checksum."""
+    from .space import bucket_points
+
+    out = []
+    for point in bucket_points([k.buckets for k in spec.key]):
+        bucket = dict(zip((k.name for k in spec.key), point))
+        eid = entry_id(spec.name, types_key, arch, bucket)
+        out.append(EntryKey(point, bucket, eid, entry_checksum(spec, types_key, source_hashes, arch, bucket, compiler)))
+    return out
 
 
 @dataclass
@@ -102,7 +131,9 @@ def _well_formed(entry: Any) -> bool:
         and isinstance(entry.get("config"), dict)
         and isinstance(entry.get("tuned"), bool)
         and isinstance(entry.get("measurements", []), list)
+        and all(isinstance(m, dict) for m in entry.get("measurements", []))
         and isinstance(entry.get("provenance", {}), dict)
+        and (entry.get("default_ms") is None or isinstance(entry.get("default_ms"), (int, float)))
     )
 
 

@@ -33,28 +33,8 @@ def _arg_json(a: ArgSpec) -> dict[str, Any]:
     return out
 
 
-def kernel_table(kb: KernelBuild, result: BuildResult, files: dict[str, bytes]) -> dict[str, Any]:
-    """One kernel's part of the selection table; adds the binaries it refers to into `files`."""
-    spec = kb.spec
-    variants: dict[str, dict[str, Any]] = {}
-    select: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for (tkey, arch, point), choice in sorted(kb.choices.items()):
-        v = kb.variants[tkey][choice.variant_index]
-        vid = v.source_hash[:16]
-        var = variants.setdefault(
-            vid, {"config": v.config_dict, "types": v.types_dict, "index": v.index, "binaries": {}, "resources": {}}
-        )
-        for bin_arch in [arch] + ([result.ptx[arch]] if arch in result.ptx else []):
-            r = kb.binaries[(v.source_hash, bin_arch)]
-            ext = "ptx" if bin_arch.startswith("compute_") else "cubin"
-            rel = f"{BINARY_DIR}/{spec.name}-{vid}.{bin_arch}.{ext}"
-            files[rel] = r.binary
-            var["binaries"][bin_arch] = {"file": rel, "sha256": sha256_hex(r.binary)}
-            if r.resources is not None:
-                var["resources"][bin_arch] = r.resources.__dict__
-        entry = {"bucket": list(point), "variant": vid, "tuned": choice.tuned}
-        entry["provenance"] = dict(choice.provenance) if choice.tuned else {"reason": choice.reason}
-        select.setdefault(tkey, {}).setdefault(arch, []).append(entry)
+def kernel_json(spec: Any) -> dict[str, Any]:
+    """A kernel's declaration as the runtime reads it: entry, arguments, key, types, launch."""
     return {
         "entry": spec.entry,
         "doc": spec.doc,
@@ -65,9 +45,32 @@ def kernel_table(kb: KernelBuild, result: BuildResult, files: dict[str, bytes]) 
         ],
         "type_params": {tp: list(values) for tp, values in spec.types.items()},
         "launch": {"grid": [e.tree for e in spec.grid], "block": [e.tree for e in spec.block], "shared": spec.shared.tree},
-        "variants": variants,
-        "select": select,
     }
+
+
+def kernel_table(kb: KernelBuild, result: BuildResult, files: dict[str, bytes]) -> dict[str, Any]:
+    """One kernel's part of the selection table; adds the binaries it refers to into `files`."""
+    spec = kb.spec
+    variants: dict[str, dict[str, Any]] = {}
+    select: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for (tkey, arch, point), choice in sorted(kb.choices.items()):
+        v = kb.variants[tkey][choice.variant_index]
+        vid = v.id
+        var = variants.setdefault(
+            vid, {"config": v.config_dict, "types": v.types_dict, "index": v.index, "binaries": {}, "resources": {}}
+        )
+        for bin_arch in [arch] + ([result.ptx[arch]] if arch in result.ptx else []):
+            r = kb.binaries[(v.source_hash, bin_arch)]
+            ext = "ptx" if bin_arch.startswith("compute_") else "cubin"
+            rel = f"{BINARY_DIR}/{spec.name}-{v.source_hash[:16]}.{bin_arch}.{ext}"  # shared by configs of one source
+            files[rel] = r.binary
+            var["binaries"][bin_arch] = {"file": rel, "sha256": sha256_hex(r.binary)}
+            if r.resources is not None:
+                var["resources"][bin_arch] = r.resources.__dict__
+        entry = {"bucket": list(point), "variant": vid, "tuned": choice.tuned}
+        entry["provenance"] = dict(choice.provenance) if choice.tuned else {"reason": choice.reason}
+        select.setdefault(tkey, {}).setdefault(arch, []).append(entry)
+    return {**kernel_json(spec), "variants": variants, "select": select}
 
 
 def build_table(project: ProjectSpec, result: BuildResult) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -88,6 +91,22 @@ def _signature(spec: Any) -> str:
     return ", ".join(user_args)
 
 
+def module_docstring(project: ProjectSpec) -> str:
+    """The generated module's docstring, as a Python literal (repr), whatever a `doc` contains."""
+    lines = [
+        f"{project.module}: GPU kernels pre-tuned at build time by hatch-autotune {__version__}.",
+        "",
+        "Generated file; do not edit. Importing it touches no GPU and needs neither hatch-autotune nor",
+        "a CUDA compiler: the binaries were compiled and chosen when the wheel was built.",
+        "",
+        "Kernels:",
+    ]
+    for s in project.kernels.values():
+        lines.append(f"- {s.name}({_signature(s)}): {s.doc or '(no description)'}")
+        lines.append("  key: " + ", ".join(f"{k.name} in {list(k.buckets)}" for k in s.key))
+    return repr("\n".join(lines) + "\n")
+
+
 def render_module(project: ProjectSpec, table_sha256: str) -> str:
     import jinja2
 
@@ -98,17 +117,8 @@ def render_module(project: ProjectSpec, table_sha256: str) -> str:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    kernels = [
-        {
-            "name": s.name,
-            "doc": s.doc,
-            "signature": _signature(s),
-            "key": ", ".join(f"{k.name} in {list(k.buckets)}" for k in s.key),
-        }
-        for s in project.kernels.values()
-    ]
     return env.get_template("generated_module.py.j2").render(
-        module=project.module, version=__version__, kernels=kernels, table_sha256=table_sha256
+        docstring=module_docstring(project), kernels=[{"name": s.name} for s in project.kernels.values()], table_sha256=table_sha256
     )
 
 
@@ -116,6 +126,7 @@ def write_package(out_dir: Path, project: ProjectSpec, result: BuildResult) -> l
     """Write the generated package into out_dir (emptied first); return the relative paths written."""
     if out_dir.exists():
         shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
     table, files = build_table(project, result)
     table_bytes = (json.dumps(table, sort_keys=True, indent=1) + "\n").encode()
     files[TABLE_FILE] = table_bytes

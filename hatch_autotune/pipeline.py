@@ -5,23 +5,18 @@ plugin.py only adapts this to hatchling, so tests drive the whole build through 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import compile as compile_mod
 from .cache import CompileCache
 from .config import ProjectSpec
-from .lock import Choice, LockFile, choose, entry_checksum, entry_id
+from .errors import BuildError
+from .lock import Choice, LockFile, choose, entries_for
 from .render import Variant, render_kernel
 from .runtime import parse_arch
-from .space import bucket_points
 
 Log = Callable[[str], None]
-
-
-class BuildError(RuntimeError):
-    """The build cannot produce a correct wheel; the message says why and what to do."""
 
 
 @dataclass
@@ -63,8 +58,9 @@ def resolve_archs(project: ProjectSpec, gpu_arch: str | None) -> tuple[str, ...]
         return project.archs
     if gpu_arch:
         return (gpu_arch,)
+    why = "mode 'offline' does not look for a GPU" if project.mode == "offline" else "no GPU found on this machine"
     raise BuildError(
-        "hatch-autotune: no GPU found on this machine and no `archs` declared; add e.g. "
+        f"hatch-autotune: {why} and no `archs` declared; add e.g. "
         "archs = [\"sm_80\", \"sm_90\"] to the hook table or set HATCH_AUTOTUNE_ARCHS"
     )
 
@@ -132,18 +128,16 @@ def build_payload(
             default_index = configs.index(dict(spec.default))
             hashes = [v.source_hash for v in variants]
             for arch in archs:
-                for point in bucket_points([k.buckets for k in spec.key]):
-                    bucket = dict(zip((k.name for k in spec.key), point))
-                    eid = entry_id(name, tkey, arch, bucket)
-                    checksum = entry_checksum(spec, tkey, hashes, arch, bucket, compiler)
-                    choice = choose(lock, eid, checksum, configs, usable_per_arch[arch], default_index)
-                    kb.choices[(tkey, arch, point)] = choice
-                    kb.entries[(tkey, arch, point)] = (eid, checksum)
+                for e in entries_for(spec, tkey, hashes, arch, compiler):
+                    choice = choose(lock, e.eid, e.checksum, configs, usable_per_arch[arch], default_index)
+                    kb.choices[(tkey, arch, e.point)] = choice
+                    kb.entries[(tkey, arch, e.point)] = (e.eid, e.checksum)
                     if not choice.tuned:
-                        untuned.append(f"{eid} ({choice.reason})")
+                        untuned.append(f"{e.eid} ({choice.reason})")
         n_failed = len(kb.failed)
         if n_failed:
-            msg = f"{name}: {n_failed} variant(s) failed to compile and were skipped (first: {next(iter(kb.failed))})"
+            first_label, first_logs = next(iter(kb.failed.items()))
+            msg = f"{name}: {n_failed} variant(s) failed to compile and were skipped; the first, {first_label}, failed with:\n{first_logs[0]}"
             warnings.append(msg)
             log(f"warning: {msg}")
         kernels.append(kb)
@@ -173,6 +167,9 @@ def build_payload(
             raise BuildError(f"hatch-autotune: PTX for {v.label} ({job.arch}) failed:\n{r.log}")
         kb.binaries[(v.source_hash, job.arch)] = r
 
+    if cache is not None and cache.write_error:
+        warnings.append(cache.write_error)
+        log(f"warning: {cache.write_error}")
     counts = compile_mod.count([*results, *ptx_results])
     log(
         f"hatch-autotune: {counts['compiled']} variant binaries compiled, {counts['cached']} from the cache, "
@@ -180,6 +177,3 @@ def build_payload(
     )
     return BuildResult(archs=archs, ptx=ptx, compiler=compiler, kernels=kernels, counts=counts, warnings=warnings)
 
-
-def worker_count() -> int:
-    return int(os.environ.get("HATCH_AUTOTUNE_JOBS", "0")) or (os.cpu_count() or 1)

@@ -7,16 +7,18 @@ template error is reported as `file:line: message` so the author can go straight
 from __future__ import annotations
 
 import hashlib
+import json
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from .config import DTYPES, KernelSpec, builtin_templates_dir
+from .errors import BuildError
 from .runtime import types_key
 
 
-class TemplateError(RuntimeError):
+class TemplateError(BuildError):
     """A template failed to render; the message starts with file:line."""
 
 
@@ -38,6 +40,13 @@ class Variant:
     @property
     def config_dict(self) -> dict[str, Any]:
         return dict(self.config)
+
+    @property
+    def id(self) -> str:
+        """Names a (source, config) pair. Two configs can share a source (an axis used only in
+        the launch geometry) and still launch differently, so the source hash alone is not enough."""
+        blob = self.source_hash + json.dumps(self.config_dict, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @property
     def label(self) -> str:
@@ -73,13 +82,13 @@ def render_context(spec: KernelSpec, types: Mapping[str, str], config: Mapping[s
     return ctx
 
 
-def _template_location(exc: BaseException, template_files: set[str]) -> str:
-    """file:line of the innermost template frame in a Jinja2 traceback."""
+def _template_location(exc: BaseException, search_dirs: list[str]) -> str:
+    """file:line of the innermost template frame (an included file's own line) in a traceback."""
     import jinja2
 
     if isinstance(exc, jinja2.TemplateSyntaxError):
         return f"{exc.filename or exc.name}:{exc.lineno}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename in template_files]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if any(f.filename.startswith(d) for d in search_dirs)]
     if frames:
         return f"{frames[-1].filename}:{frames[-1].lineno}"
     return "<template>"
@@ -90,21 +99,22 @@ def render_kernel(spec: KernelSpec) -> dict[str, list[Variant]]:
     import jinja2
 
     env = _environment(spec.template.parent)
-    files = {str(spec.template)} | {str(p) for p in builtin_templates_dir().glob("*")}
+    dirs = [str(spec.template.parent) + "/", str(builtin_templates_dir()) + "/"]
     try:
         template = env.get_template(spec.template.name)
     except jinja2.TemplateError as exc:
-        raise TemplateError(f"{_template_location(exc, files)}: {exc} (kernel {spec.name})") from None
+        raise TemplateError(f"{_template_location(exc, dirs)}: {exc} (kernel {spec.name})") from None
     out: dict[str, list[Variant]] = {}
     for types in spec.type_instances():
         variants = []
         for index, config in enumerate(spec.configs(types)):
             try:
                 source = template.render(render_context(spec, types, config))
-            except jinja2.TemplateError as exc:
-                where = _template_location(exc, files)
+            except Exception as exc:  # a Jinja error, or e.g. ZeroDivisionError in a template expression
+                where = _template_location(exc, dirs)
                 cfg = ", ".join(f"{k}={v}" for k, v in {**types, **config}.items())
-                raise TemplateError(f"{where}: {exc} (kernel {spec.name}, {cfg})") from None
+                what = str(exc) if isinstance(exc, jinja2.TemplateError) else f"{type(exc).__name__}: {exc}"
+                raise TemplateError(f"{where}: {what} (kernel {spec.name}, {cfg})") from None
             variants.append(
                 Variant(
                     kernel=spec.name,

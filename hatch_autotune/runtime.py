@@ -254,13 +254,16 @@ def choose_arch(device_cc: tuple[int, int], cubin_archs: Sequence[str], ptx_arch
     )
 
 
-def current_device_cc(device_id: int = 0) -> tuple[int, int]:
-    """Compute capability of a CUDA device; the only place this module touches the driver."""
+def current_device_cc(device_id: int | None = None) -> tuple[int, int]:
+    """Compute capability of a CUDA device (None: the calling thread's current device, else 0)."""
     from cuda.bindings import driver  # lazy: importing the generated module touches no GPU
 
     (err,) = driver.cuInit(0)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuInit failed: {err}")
+    if device_id is None:
+        err, dev = driver.cuCtxGetDevice()
+        device_id = int(dev) if err == driver.CUresult.CUDA_SUCCESS else 0
     attr = driver.CUdevice_attribute
     err, major = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device_id)
     err2, minor = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_id)
@@ -349,8 +352,11 @@ def _c_contiguous(shape: Sequence[int], strides: Sequence[int] | None, itemsize:
     return True
 
 
-def array_view(obj: Any) -> ArrayView | None:
-    """Read an array through __cuda_array_interface__ (fast) or DLPack; None if it has neither."""
+def array_view(obj: Any, stream_ptr: int = -1) -> ArrayView | None:
+    """Read an array through __cuda_array_interface__ (fast) or DLPack; None if it has neither.
+
+    For DLPack, `stream_ptr` is the stream the array will be used on, so that its producer can
+    order its pending work before it (-1: no ordering, for checks that launch nothing)."""
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         typestr = cai["typestr"]
@@ -362,7 +368,7 @@ def array_view(obj: Any) -> ArrayView | None:
     if hasattr(obj, "__dlpack__"):
         from cuda.core.utils import StridedMemoryView  # lazy: only DLPack-only arrays need it
 
-        view = StridedMemoryView.from_dlpack(obj, stream_ptr=-1)
+        view = StridedMemoryView.from_dlpack(obj, stream_ptr=stream_ptr)
         np_dtype = view.dtype
         dtype = None
         if np_dtype is not None and np_dtype.byteorder in ("<", "|", "="):
@@ -398,18 +404,6 @@ def stream_handle(stream: Any) -> int | None:
         "stream: expected None, a cuda.core Stream, an object with __cuda_stream__ (CuPy), "
         f"a PyTorch stream, or a raw cudaStream_t handle (int); got {type(stream).__name__}"
     )
-
-
-class _HandleStream:
-    """A raw handle dressed in the __cuda_stream__ protocol, which cuda.core.launch accepts."""
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle: int):
-        self.handle = handle
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.handle)
 
 
 class PreparedCall(_Record):
@@ -452,6 +446,11 @@ class Kernel:
         self._shape_fns = {a["name"]: [compile_expr(t) for t in a["shape"]] for a in self.args if a["kind"] == "array"}
         self._value_fns = {a["name"]: compile_expr(a["value"]) for a in self.args if "value" in a}
         self._memo: dict[Any, Any] = {}
+        self._fast: dict[tuple, _FastPlan] = {}
+        self._n_user = len(self.user_args)
+        key_scalars = {k["from"] for k in self.key if k["axis"] is None}
+        kinds = {a["name"]: (_ARRAY if a["kind"] == "array" else _KEY_SCALAR if a["name"] in key_scalars else _SCALAR) for a in self.args}
+        self._user_kinds = tuple(kinds[n] for n in self.user_args)
         self._kernels: dict[tuple[int, str, str], Any] = {}
         self._load_lock = threading.Lock()
         self.__doc__ = self._docstring()
@@ -587,7 +586,10 @@ class Kernel:
 
     def prepare(self, *args: Any, **kwargs: Any) -> PreparedCall:
         """Check and convert a call's arguments without touching the GPU."""
-        values = dict(zip(self.user_args, self._bind(args, kwargs)))
+        return self._prepare(self._bind(args, kwargs), -1)
+
+    def _prepare(self, bound: list[Any], stream_ptr: int) -> PreparedCall:
+        values = dict(zip(self.user_args, bound))
         name = self.name
         arrays: dict[str, ArrayView] = {}
         types: dict[str, str] = {}
@@ -596,7 +598,7 @@ class Kernel:
             if a["kind"] != "array":
                 continue
             arg, obj = a["name"], values[a["name"]]
-            view = array_view(obj)
+            view = array_view(obj, stream_ptr)
             if view is None:
                 raise TypeError(
                     f"{name}(): argument {arg!r} must be a GPU array exposing __cuda_array_interface__ or DLPack "
@@ -665,15 +667,78 @@ class Kernel:
             c_args.append(_scalar(value, dtype, name, arg))
         return PreparedCall(types, key, tuple(c_args), arrays)
 
+    # The call path. A first call with a given signature (array dtypes, shapes, layouts, scalar
+    # types, stream) goes through every check in _prepare and records a _FastPlan; later calls
+    # with the same signature only read each array's pointer, check its alignment, convert the
+    # scalars and launch. The fast path is taken on single-GPU machines; with several GPUs every
+    # call asks the driver where its arrays live.
+
     def __call__(self, *args: Any, stream: Any = None, **kwargs: Any) -> None:
-        call = self.prepare(*args, **kwargs)
+        if kwargs or len(args) != self._n_user or _MULTI_GPU is not False:
+            return self._call_checked(self._bind(args, kwargs), stream, None)
+        sig: list[Any] = [stream if stream is None or type(stream) is int else id(stream)]
+        ptrs = []
+        for obj, kind in zip(args, self._user_kinds):
+            if kind is _ARRAY:
+                cai = getattr(obj, "__cuda_array_interface__", None)
+                if cai is None:
+                    return self._call_checked(list(args), stream, None)
+                data = cai["data"]
+                sig.append((cai["typestr"], cai["shape"], data[1], cai.get("strides")))
+                ptrs.append(data[0])
+            elif kind is _KEY_SCALAR:
+                sig.append((type(obj), obj))  # its value picks the bucket
+            else:
+                sig.append(type(obj))
+        key = tuple(sig)
+        plan = self._fast.get(key)
+        if plan is None or (stream is not None and plan.stream_ref is not stream and type(stream) is not int):
+            return self._call_checked(list(args), stream, key)
+        c_args = plan.c_args.copy()
+        for slot, ptr, align in zip(plan.ptr_slots, ptrs, plan.aligns):
+            if ptr % align:
+                return self._call_checked(list(args), stream, None)  # raises the alignment error
+            c_args[slot] = ptr
+        for slot, index, convert in plan.scalar_slots:
+            c_args[slot] = convert(args[index])
+        if plan.empty:
+            return None
+        try:
+            _CORE["launch"](plan.stream, plan.config, plan.kernel, *c_args)
+        except Exception:  # e.g. no current context in a new thread: the checked path sets one up
+            return self._call_checked(list(args), stream, None)
+        return None
+
+    def _call_checked(self, bound: list[Any], stream: Any, fast_key: tuple | None) -> None:
+        """Every check, then the launch; records a fast plan for `fast_key` when it can."""
+        _load_core()
         handle = stream_handle(stream)
+        call = self._prepare(bound, 1 if handle is None else handle)  # 1: the legacy default stream (DLPack)
         device = self._device_of(call)
-        self._launch(call, device, handle)
+        memo_key = (device, tuple(call.types.values()), tuple(call.key.values()))
+        plan = self._memo.get(memo_key)
+        if plan is None:
+            plan = self._plan(device, call)
+            if len(self._memo) >= _CACHE_LIMIT:
+                self._memo.clear()
+            self._memo[memo_key] = plan
+        kernel, config, empty = plan
+        launch_stream = _launch_stream(stream, handle, device)
+        if fast_key is not None and _MULTI_GPU is False:
+            if len(self._fast) >= _CACHE_LIMIT:
+                self._fast.clear()
+            self._fast[fast_key] = _FastPlan(self, call, kernel, config, empty, launch_stream, stream)
+        if empty:
+            return  # a zero-sized problem: nothing to launch
+        with _on_device(device):
+            _CORE["launch"](launch_stream, config, kernel, *call.c_args)
 
     def _device_of(self, call: PreparedCall) -> int:
+        """The one device all arrays live on (zero-sized arrays, pointer 0, are anywhere)."""
         devices = {}
         for arg, view in call.arrays.items():
+            if view.ptr == 0 or 0 in view.shape:
+                continue
             devices[arg] = view.device if view.device is not None else _pointer_device(view.ptr, self.name, arg)
         distinct = set(devices.values())
         if len(distinct) > 1:
@@ -684,31 +749,13 @@ class Kernel:
         current = _current_device()
         return 0 if current is None else current
 
-    def _launch(self, call: PreparedCall, device: int, handle: int | None) -> None:
-        memo_key = (device, types_key(call.types), tuple(call.key.values()))
-        plan = self._memo.get(memo_key)
-        if plan is None:
-            plan = self._plan(device, call)
-            if len(self._memo) >= _CACHE_LIMIT:
-                self._memo.clear()
-            self._memo[memo_key] = plan
-        kernel, config, empty = plan
-        if empty:
-            return  # a zero-sized problem: nothing to launch
-        from cuda.core import launch
-
-        _make_current(device)
-        launch(_stream_for(device, handle), config, kernel, *call.c_args)
-
     def _plan(self, device: int, call: PreparedCall) -> tuple[Any, Any, bool]:
         """Kernel handle and LaunchConfig for a (device, types, key): computed once, memoised."""
-        from cuda.core import LaunchConfig
-
         sel = self._selection(_device_cc(device), call.types, call.key)
         grid, block, shared = self.geometry(sel.config, call.types, call.key)
         if min(grid) == 0:
             return None, None, True
-        return self._kernel_handle(device, sel), LaunchConfig(grid=grid, block=block, shmem_size=shared), False
+        return self._kernel_handle(device, sel), _CORE["LaunchConfig"](grid=grid, block=block, shmem_size=shared), False
 
     def geometry(self, config: Mapping[str, Any], types: Mapping[str, str], key: Mapping[str, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
         """(grid, block, dynamic shared bytes) of a config at a key: the declared expressions."""
@@ -730,14 +777,37 @@ class Kernel:
                     from cuda.core import ObjectCode
 
                     data = self.binary(sel)
-                    _make_current(device)
-                    code = ObjectCode.from_ptx(data) if sel.binary.startswith("compute_") else ObjectCode.from_cubin(data)
-                    handle = code.get_kernel(self.entry)
+                    with _on_device(device):
+                        code = ObjectCode.from_ptx(data) if sel.binary.startswith("compute_") else ObjectCode.from_cubin(data)
+                        handle = code.get_kernel(self.entry)
                     self._kernels[cache_key] = handle
         return handle
 
 
 _MISSING = object()
+_ARRAY, _KEY_SCALAR, _SCALAR = "array", "key scalar", "scalar"
+
+
+class _FastPlan:
+    """What a repeated call needs: the C arguments with holes for pointers and user scalars."""
+
+    __slots__ = ("c_args", "ptr_slots", "aligns", "scalar_slots", "kernel", "config", "empty", "stream", "stream_ref")
+
+    def __init__(self, kernel: Kernel, call: PreparedCall, handle: Any, config: Any, empty: bool, stream: Any, stream_ref: Any):
+        c_index = {a["name"]: i for i, a in enumerate(kernel.args)}
+        by_name = {a["name"]: a for a in kernel.args}
+        self.c_args = list(call.c_args)
+        self.ptr_slots, self.aligns, self.scalar_slots = [], [], []
+        for i, name in enumerate(kernel.user_args):
+            a = by_name[name]
+            if a["kind"] == "array":
+                self.ptr_slots.append(c_index[name])
+                self.aligns.append(a.get("align") or 1)
+            else:
+                dtype = call.types.get(a["dtype"], a["dtype"])
+                self.scalar_slots.append((c_index[name], i, _converter(dtype, kernel.name, name)))
+        self.kernel, self.config, self.empty, self.stream = handle, config, empty, stream
+        self.stream_ref = stream_ref  # the user's stream object, so a new object is not mistaken for it
 
 
 def _tree_text(tree: Any) -> str:
@@ -756,6 +826,34 @@ def _integral_types() -> tuple[type, ...]:
         return (int, numpy.integer)
     except ImportError:  # pragma: no cover - numpy is a dependency of every generated wheel
         return (int,)
+
+
+def _converter(dtype: str, kernel: str, arg: str) -> Callable[[Any], Any]:
+    """A fast scalar converter for the repeated-call path (its type was checked on the first
+    call); numpy raises OverflowError for an integer out of range, which is re-raised as
+    _scalar's ValueError by the checked path."""
+    def convert(value: Any) -> Any:
+        try:
+            return fast(value)
+        except (OverflowError, ValueError, TypeError):
+            return _scalar(value, dtype, kernel, arg)
+
+    import numpy
+
+    if dtype == "float16":
+        fast = lambda v: numpy.float16(v).view(numpy.uint16)  # noqa: E731
+    else:
+        fast = numpy.dtype(dtype).type
+        if dtype.startswith(("int", "uint")):
+            info = numpy.iinfo(fast)
+            lo, hi, np_type = info.min, info.max, fast
+
+            def fast(v: Any) -> Any:  # noqa: F811 - bounds checked explicitly (numpy casts numpy ints silently)
+                if not lo <= v <= hi:
+                    raise OverflowError
+                return np_type(v)
+
+    return convert
 
 
 def _scalar(value: Any, dtype: str, kernel: str, arg: str) -> Any:
@@ -807,12 +905,54 @@ def _device_cc(device: int) -> tuple[int, int]:
     return cc
 
 
-def _make_current(device: int) -> None:
-    """Kernels from a cuda.core library launch in the current context: make it the device's."""
-    if _current_device() != device:
-        from cuda.core import Device
+_CORE: dict[str, Any] = {}
+_MULTI_GPU: bool | None = None  # None until the first call asks the driver
 
-        Device(device).set_current()
+
+def _load_core() -> None:
+    """cuda.core's launch pieces, imported once (not per call), and the GPU count."""
+    global _MULTI_GPU
+    if not _CORE:
+        from cuda.core import Device, LaunchConfig, ObjectCode, Stream, launch
+
+        _CORE.update(Device=Device, LaunchConfig=LaunchConfig, ObjectCode=ObjectCode, Stream=Stream, launch=launch)
+    if _MULTI_GPU is None:
+        driver = _driver()
+        driver.cuInit(0)
+        err, count = driver.cuDeviceGetCount()
+        _MULTI_GPU = err != driver.CUresult.CUDA_SUCCESS or count != 1
+
+
+class _on_device:
+    """Run a block with `device`'s primary context current, restoring the caller's afterwards,
+    so that launching never changes which device CuPy or PyTorch consider current."""
+
+    __slots__ = ("device", "pushed")
+
+    def __init__(self, device: int):
+        self.device, self.pushed = device, False
+
+    def __enter__(self) -> None:
+        if _current_device() == self.device:
+            return
+        driver = _driver()
+        ctx = _PRIMARY.get(self.device)
+        if ctx is None:
+            err, ctx = driver.cuDevicePrimaryCtxRetain(self.device)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cannot retain the primary context of device {self.device}: {err}")
+            ctx = _PRIMARY.setdefault(self.device, ctx)
+        (err,) = driver.cuCtxPushCurrent(ctx)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cannot make device {self.device} current: {err}")
+        self.pushed = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.pushed:
+            _driver().cuCtxPopCurrent()
+
+
+_PRIMARY: dict[int, Any] = {}
 
 
 def _current_device() -> int | None:
@@ -822,19 +962,23 @@ def _current_device() -> int | None:
     return int(dev) if err == driver.CUresult.CUDA_SUCCESS else None
 
 
-def _stream_for(device: int, handle: int | None) -> Any:
-    """The launch stream: the device's default stream for None, else the handle (wrapped once)."""
-    if handle is None:
-        stream = _DEFAULT_STREAMS.get(device)
-        if stream is None:
-            from cuda.core import Device
-
-            stream = _DEFAULT_STREAMS.setdefault(device, Device(device).default_stream)
+def _launch_stream(stream: Any, handle: int | None, device: int) -> Any:
+    """What to launch on: a cuda.core Stream as given; the device's default stream for None;
+    anything else by its handle, wrapped once (Stream.from_handle costs microseconds)."""
+    if isinstance(stream, _CORE["Stream"]):
         return stream
-    stream = _HANDLE_STREAMS.get(handle)
-    if stream is None:
-        stream = _HANDLE_STREAMS.setdefault(handle, _HandleStream(handle))
-    return stream
+    if handle is None:
+        found = _DEFAULT_STREAMS.get(device)
+        if found is None:
+            with _on_device(device):
+                found = _DEFAULT_STREAMS.setdefault(device, _CORE["Device"](device).default_stream)
+        return found
+    found = _HANDLE_STREAMS.get(handle)
+    if found is None:
+        if len(_HANDLE_STREAMS) >= _CACHE_LIMIT:
+            _HANDLE_STREAMS.clear()
+        found = _HANDLE_STREAMS.setdefault(handle, _CORE["Stream"].from_handle(handle))
+    return found
 
 
 class Library:

@@ -399,9 +399,8 @@ def project_source(root: Path) -> Source:
     Renders the templates (no compile) to recompute each entry's checksum, as the build does.
     """
     from . import compile as compile_mod
-    from .lock import entry_checksum
+    from .lock import entries_for
     from .render import TemplateError, render_kernel
-    from .space import bucket_points
 
     project = load_project(root)
     lock_path = project.lock_file
@@ -428,16 +427,15 @@ def project_source(root: Path) -> Source:
             configs = [v.config_dict for v in variants]
             hashes = [v.source_hash for v in variants]
             for arch in archs:
-                for point in bucket_points([k.buckets for k in spec.key]):
-                    bucket = dict(zip((k.name for k in spec.key), point))
-                    eid = entry_id(name, tkey, arch, bucket)
+                for key in entries_for(spec, tkey, hashes, arch, compiler or "unknown"):
+                    eid, bucket = key.eid, key.bucket
                     e = Entry(name, tkey, arch, bucket, dict(spec.default), False, default_config=dict(spec.default))
                     raw = raw_lock.get(eid)
                     if raw is None:
                         e.note = "no lock entry"
                     else:
                         used.add(eid)
-                        checksum = entry_checksum(spec, tkey, hashes, arch, bucket, compiler) if compiler else None
+                        checksum = key.checksum if compiler else None
                         if checksum is not None and raw["checksum"] != checksum:
                             e.note = "stale lock entry (checksum mismatch)"
                         elif not raw["tuned"]:

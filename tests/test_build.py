@@ -3,6 +3,7 @@ strictness, template errors, and the generated package's selection and integrity
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import sys
@@ -12,7 +13,7 @@ import pytest
 from hatch_autotune.cache import CompileCache
 from hatch_autotune.lock import LockFile
 from hatch_autotune.package import write_package
-from hatch_autotune.pipeline import BuildError
+from hatch_autotune.errors import BuildError
 from hatch_autotune.render import TemplateError
 from hatch_autotune.runtime import IntegrityError, Library, cubin_sm
 
@@ -251,3 +252,78 @@ def test_resource_usage_is_recorded_from_ptxas(tmp_path):
     assert again.cached and again.resources == res.resources and again.binary == res.binary
     (ptx,) = compile_all([CompileJob(src, "compute_90", "k")], cache)
     assert ptx.ok and ptx.binary.startswith(b"//") and ptx.resources is None
+
+
+def test_configs_sharing_a_source_keep_their_own_launch_config(tmp_path):
+    # BLOCK only appears in the launch geometry: every BLOCK renders the same source.
+    template = SCALE_TEMPLATE.replace("{{ BLOCK }}", "blockDim.x")
+    root = write_tiny_project(tmp_path / "p", template=template)
+    first = build(root, tmp_path / "cache")
+    lock = LockFile()
+    for (tkey, arch, point), (eid, checksum) in first.kernels[0].entries.items():
+        block = 64 if point == (1024,) else 256
+        lock.entries[eid] = {"checksum": checksum, "config": {"BLOCK": block, "FACTOR": 2, "BAD": False}, "tuned": True}
+    lock.save(root / "autotune.lock.json")
+    result = build(root, tmp_path / "cache")
+    out = tmp_path / "site" / "tinypkg" / "kernels"
+    write_package(out, load_project(root), result)
+    table = json.loads((out / "table.json").read_text())["kernels"]["scale"]
+    assert len(table["variants"]) == 2  # two configs ...
+    assert len({v["binaries"]["sm_90"]["file"] for v in table["variants"].values()}) == 1  # ... one binary
+    lib = Library.load(str(out))
+    assert lib.kernels["scale"].select(arch="sm_90", n=1000).config["BLOCK"] == 64
+    assert lib.kernels["scale"].select(arch="sm_90", n=10**6).config["BLOCK"] == 256
+
+
+def test_a_doc_with_quotes_and_backslashes_gives_an_importable_module(tmp_path):
+    root = write_tiny_project(tmp_path / "p")
+    text = (root / "pyproject.toml").read_text().replace('template = "scale.cu.j2"', 'template = "scale.cu.j2"\ndoc = \'y = """x""" \\\\N{oops} \\\\\'')
+    (root / "pyproject.toml").write_text(text)
+    project = load_project(root)
+    assert '"""' in project.kernels["scale"].doc
+    out = tmp_path / "site" / "tinypkg" / "kernels"
+    write_package(out, project, build(root, tmp_path / "cache"))
+    source = (out / "__init__.py").read_text()
+    compile(source, "__init__.py", "exec")  # a SyntaxError here would break every import
+    assert 'y = """x""" \\\\N{oops}' in ast.literal_eval(source.splitlines()[0])
+
+
+def test_any_error_while_rendering_names_the_template_line(tmp_path):
+    root = write_tiny_project(tmp_path / "p", template=SCALE_TEMPLATE.replace("{{ FACTOR }}", "{{ FACTOR // 0 }}"))
+    with pytest.raises(TemplateError) as info:
+        build(root, tmp_path / "cache")
+    assert f"{root / 'scale.cu.j2'}:7: ZeroDivisionError" in str(info.value)
+    assert isinstance(info.value, BuildError)  # reported by the hook as one clear message
+
+
+def test_lock_with_malformed_measurements_is_ignored_not_a_crash(tiny, tmp_path):
+    first = build(tiny, tmp_path / "cache")
+    lock = _write_lock(tiny, first, {"BLOCK": 64, "FACTOR": 2, "BAD": False})
+    eid = sorted(lock.entries)[0]
+    lock.entries[eid]["measurements"] = [1, "x"]
+    lock.save(tiny / "autotune.lock.json")
+    logs: list[str] = []
+    result = build(tiny, tmp_path / "cache", logs)
+    assert any(f"entry {eid!r} is malformed" in m for m in logs)
+    assert sum(c.tuned for c in result.kernels[0].choices.values()) == 5
+
+
+def test_the_first_failure_log_is_shown(tmp_path):
+    root = write_tiny_project(tmp_path / "p", bad="[false, true]")
+    logs: list[str] = []
+    build(root, tmp_path / "cache", logs)
+    warning = next(m for m in logs if "failed to compile and were skipped" in m)
+    assert "this_is_not_cuda" in warning and "error" in warning
+
+
+def test_an_unwritable_cache_is_a_warning_not_a_failed_build(tiny, tmp_path, monkeypatch):
+    import hatch_autotune.cache as cache_mod
+
+    def refuse(path, data):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(cache_mod, "atomic_write", refuse)
+    logs: list[str] = []
+    result = build(tiny, tmp_path / "cache", logs)
+    assert result.counts["compiled"] == 13 and result.counts["failed"] == 0
+    assert sum("cannot write the compile cache" in m for m in logs) == 1

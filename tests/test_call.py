@@ -180,3 +180,78 @@ def test_docstring_and_signature(kernels):
     assert "x: GPU array, T in {float32, float16}, shape (n), C-contiguous, intent in" in doc
     assert "Key (selects the variant): n in [4096, 262144, 16777216] (nearest)" in doc
     assert str(inspect.signature(kernels.sgemm)) == "(A, B, C, *, stream=None)"
+
+
+# ---- the repeated-call fast path, with the GPU replaced by a recorder -------------------------
+# Only what needs a GPU is replaced: the driver queries (device of a pointer, compute capability,
+# current context), module loading and the launch itself. Everything else is the real code.
+
+
+class FakeLaunches:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, stream, config, kernel, *args):
+        self.calls.append((stream, config, kernel, args))
+
+
+@pytest.fixture
+def recorded(kernels, monkeypatch):
+    rt = kernels._runtime
+    launches = FakeLaunches()
+    monkeypatch.setattr(rt, "_CORE", {"launch": launches, "LaunchConfig": lambda **kw: ("config", kw["grid"], kw["block"], kw["shmem_size"]), "Stream": type("NoStream", (), {})})
+    monkeypatch.setattr(rt, "_MULTI_GPU", False)
+    monkeypatch.setattr(rt, "_load_core", lambda: None)
+    monkeypatch.setattr(rt, "_pointer_device", lambda ptr, kernel, arg: 0)
+    monkeypatch.setattr(rt, "_device_cc", lambda device: (9, 0))
+    monkeypatch.setattr(rt, "_current_device", lambda: 0)
+    monkeypatch.setattr(rt, "_launch_stream", lambda stream, handle, device: ("stream", handle))
+    monkeypatch.setattr(rt.Kernel, "_kernel_handle", lambda self, device, sel: ("kernel", sel.variant))
+    for k in (kernels.saxpy, kernels.sgemm, kernels.row_softmax):
+        monkeypatch.setattr(k, "_fast", {})
+        monkeypatch.setattr(k, "_memo", {})
+    return launches
+
+
+def test_repeated_calls_reuse_the_plan_with_fresh_pointers_and_scalars(kernels, recorded):
+    x1, y1 = FakeGPUArray((5000,)), FakeGPUArray((5000,))
+    kernels.saxpy(2.0, x1, y1)
+    assert len(kernels.saxpy._fast) == 1
+    x2, y2 = FakeGPUArray((5000,)), FakeGPUArray((5000,))
+    kernels.saxpy(3.5, x2, y2)
+    (s1, c1, k1, a1), (s2, c2, k2, a2) = recorded.calls
+    assert (s1, c1, k1) == (s2, c2, k2) and c1[1:] == ((20,), (256,), 0)  # cdiv(5000, 256), default config
+    assert a1[1:3] == (x1.ptr, y1.ptr) and a2[1:3] == (x2.ptr, y2.ptr)
+    assert type(a2[0]) is np.float32 and a2[0] == np.float32(3.5) and a2[3] == 5000 and type(a2[3]) is np.int32
+
+
+def test_a_new_signature_takes_the_checked_path(kernels, recorded):
+    kernels.saxpy(1.0, FakeGPUArray((10,)), FakeGPUArray((10,)))
+    kernels.saxpy(1.0, FakeGPUArray((10,), "<f2"), FakeGPUArray((10,), "<f2"))  # another dtype
+    kernels.saxpy(1.0, FakeGPUArray((11,)), FakeGPUArray((11,)))  # another size
+    kernels.saxpy(1.0, FakeGPUArray((11,)), FakeGPUArray((11,)), stream=7)  # another stream
+    assert len(kernels.saxpy._fast) == 4 and [c[0] for c in recorded.calls][-1] == ("stream", 7)
+    assert recorded.calls[-1][3][3] == 11
+    with pytest.raises(ValueError, match="argument 'y' has shape"):
+        kernels.saxpy(1.0, FakeGPUArray((11,)), FakeGPUArray((12,)))
+    assert len(recorded.calls) == 4  # nothing launched for the bad call
+
+
+def test_fast_path_still_checks_alignment_and_scalar_ranges(kernels, recorded):
+    x, y = FakeGPUArray((64,)), FakeGPUArray((64,))
+    kernels.saxpy(1.0, x, y)
+    x.__cuda_array_interface__["data"] = (x.ptr + 4, False)
+    with pytest.raises(ValueError, match="argument 'x' must start on a 16-byte boundary"):
+        kernels.saxpy(1.0, x, y)
+    big = FakeGPUArray((3, 5))
+    kernels.row_softmax(big, FakeGPUArray((3, 5)))
+    assert recorded.calls[-1][1][1] == (3,)  # one block per row
+    assert len(recorded.calls) == 2
+
+
+def test_zero_sized_arrays_launch_nothing(kernels, recorded):
+    x, y = FakeGPUArray((0,)), FakeGPUArray((0,))
+    x.__cuda_array_interface__["data"] = (0, False)  # what CuPy gives for an empty array
+    kernels.saxpy(1.0, x, y)
+    kernels.saxpy(1.0, x, y)
+    assert recorded.calls == []

@@ -114,6 +114,14 @@ BAD_INPUTS = [
     ("kernels.scale.args", [], f"{K}.args: expected a non-empty array of tables"),
     ("kernels.scale.types", {"T": []}, f"{K}.types.T: expected a non-empty array"),
     ("kernels.scale.types", {"T": ["float32", "bfloat7"]}, f"{K}.types.T[1]: expected one of"),
+    ("kernels.scale.types", {"BLOCK": ["float32"]}, f"{K}: axis 'BLOCK' has the same name as type parameter BLOCK"),
+    ("kernels.scale.key.entry", {"from": "x", "axis": 0, "buckets": [1]}, f"{K}: key dim 'entry' has the same name as the template variable `entry`"),
+    ("kernels.scale.key.BLOCK", {"from": "x", "axis": 0, "buckets": [1]}, f"{K}: key dim 'BLOCK' has the same name as axis BLOCK"),
+    ("kernels.scale.nvrtc-options", ["-I/usr/include"], f"{K}.nvrtc-options: '-I/usr/include' is not supported"),
+    ("kernels.scale.default.BAD", 0, f"{K}.default.BAD: default 0 is not in the space [False]"),
+    ("kernels.scale.grid", ["n / BLOCK"], f"{K}: grid expression 'n / BLOCK' gives 16.0 for"),
+    ("kernels.scale.grid", ["min(n)"], f"{K}.grid[0]: min() with fewer than 2 arguments"),
+    ("kernels.scale.block", ["BLOCK - 128"], f"{K}: block expression 'BLOCK - 128' gives -64 for"),
     ("kernels", {}, f"{P}.kernels: expected at least one kernel table"),
     ("kernels", DELETE, f"{P}.kernels: required table is missing"),
 ]
@@ -126,6 +134,14 @@ def test_bad_input_is_reported_with_key_path(good, key, value, expected):
     _set(table, key, value)
     errors = errors_for(root, table)
     assert any(expected in e for e in errors), errors
+
+
+def test_reserved_kernel_names(good):
+    root, table = good
+    for name in ("provenance", "_private"):
+        t = copy.deepcopy(table)
+        t["kernels"][name] = t["kernels"].pop("scale")
+        assert any("may not be named 'provenance' or start with '_'" in e for e in errors_for(root, t))
 
 
 def test_hatchling_hook_keys_are_not_unknown(good):

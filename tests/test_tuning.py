@@ -83,6 +83,7 @@ def test_pruning_uses_compile_time_resources():
     ]
     out = prune(configs, res, lambda c: c["B"], lambda c: 0, LIMITS, prune_spills=True)
     assert set(out) == {1, 2, 3, 4, 5}
+    assert "> 49152" in out[2]  # the launcher does not opt in to more than 48 KiB
     assert "registers x 1024 threads" in out[1] and "shared memory" in out[2] and "spills" in out[3]
     assert out[4] == "did not compile" and "2048 threads per block" in out[5]
     assert 3 not in prune(configs, res, lambda c: c["B"], lambda c: 0, LIMITS, prune_spills=False)

@@ -170,3 +170,9 @@ def test_editable_install_generates_in_tree(plugin_dist, session_cache, tmp_path
     assert (generated / "table.json").is_file() and (generated / ".gitignore").read_text().endswith("*\n")
     proc = run([str(py), "-c", "from example_pkg import kernels; print(kernels.sgemm.select(arch='sm_90', m=1, n=1, k=1).bucket)"], cwd=tmp_path)
     assert proc.stdout.strip() == "{'m': 256, 'n': 256, 'k': 256}"
+    # A regular wheel built from the same tree would pack the in-tree copy a second time: refused.
+    wheel = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path / "w"), str(src)], env=env, capture_output=True, text=True
+    )
+    assert wheel.returncode != 0
+    assert "holds the generated package of an editable install" in wheel.stdout + wheel.stderr

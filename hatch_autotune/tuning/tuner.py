@@ -22,11 +22,11 @@ from .. import __version__
 from .. import compile as compile_mod
 from ..cache import CompileCache, default_cache_dir
 from ..config import KernelSpec, ProjectSpec, SearchSpec, TuningSpec
-from ..lock import LockFile, entry_checksum, entry_id
-from ..package import _arg_json
-from ..pipeline import BuildError, detect_gpu_arch
+from ..lock import LockFile, entries_for
+from ..package import kernel_json
+from ..errors import BuildError
+from ..pipeline import detect_gpu_arch
 from ..render import Variant, render_kernel
-from ..space import bucket_points
 from .bench import median, spread
 from .inputs import bucket_inputs, reference_outputs
 from .verify import tolerance
@@ -90,8 +90,10 @@ def prune(
             out[i] = f"{threads} threads per block > {limits['max_threads_per_block']}"
         elif res.registers * threads > limits["max_registers_per_block"]:
             out[i] = f"{res.registers} registers x {threads} threads > {limits['max_registers_per_block']} per block"
-        elif res.shared_bytes + shared_dynamic(config) > limits["max_shared_memory_per_block_optin"]:
-            out[i] = f"{res.shared_bytes + shared_dynamic(config)} bytes of shared memory > {limits['max_shared_memory_per_block_optin']}"
+        elif res.shared_bytes + shared_dynamic(config) > limits["max_shared_memory_per_block"]:
+            # the opt-in limit would need cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE), which the
+            # launcher does not set: a larger block would fail to launch
+            out[i] = f"{res.shared_bytes + shared_dynamic(config)} bytes of shared memory > {limits['max_shared_memory_per_block']}"
         elif prune_spills and (res.spill_stores or res.spill_loads):
             out[i] = f"spills registers ({res.spill_stores} B stores, {res.spill_loads} B loads)"
     return out
@@ -239,20 +241,13 @@ def _binary_dir_files(job: BucketJob, tmp: Path) -> dict[str, str]:
             path = tmp / f"{v.source_hash[:16]}.cubin"
             if not path.exists():
                 path.write_bytes(r.binary)
-            files[v.source_hash[:16]] = str(path)
+            files[v.id] = str(path)
     return files
 
 
 def _kernel_json(job: BucketJob) -> dict[str, Any]:
-    spec = job.spec
-    return {
-        "entry": spec.entry,
-        "args": [_arg_json(a) for a in spec.args],
-        "key": [{"name": k.name, "from": k.source, "axis": k.axis, "buckets": list(k.buckets), "mapping": k.mapping} for k in spec.key],
-        "type_params": {tp: list(v) for tp, v in spec.types.items()},
-        "launch": {"grid": [e.tree for e in spec.grid], "block": [e.tree for e in spec.block], "shared": spec.shared.tree},
-        "variants": {v.source_hash[:16]: {"config": v.config_dict} for v in job.variants},
-    }
+    """The runtime's view of the kernel, with every candidate variant of the bucket."""
+    return {**kernel_json(job.spec), "variants": {v.id: {"config": v.config_dict} for v in job.variants}}
 
 
 def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: Log) -> dict[str, Any]:
@@ -264,7 +259,7 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
     default_index = configs.index(dict(spec.default))
     inputs = bucket_inputs(spec, job.types, job.key, root, seed=zlib.crc32(job.eid.encode()))
     arrays = {k: v for k, v in inputs.items() if isinstance(v, np.ndarray)}
-    scalars = {k: v for k, v in inputs.items() if not isinstance(v, np.ndarray)}
+    scalars = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in inputs.items() if not isinstance(v, np.ndarray)}
     inputs_file = tmp / "inputs.npz"
     np.savez(inputs_file, **arrays)
     reference = reference_outputs(spec, inputs, root)
@@ -299,16 +294,15 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
     )
     order = search_order(len(configs), default_index, spec.search, salt=job.eid)
     measurements: dict[int, Measurement] = {i: Measurement(i, configs[i], "pruned", reason=r) for i, r in pruned.items()}
-    session.prepare([setup])
     ref_index = None
-    if reference is None:  # the first config that runs becomes the reference
+    if reference is not None:
+        session.prepare([setup])
+    else:  # the first config that runs becomes the reference
         for i in order:
             if i in pruned:
                 continue
-            ref = {"op": "reference", "variant": job.variants[i].source_hash[:16]}
+            ref = {"op": "reference", "variant": job.variants[i].id}
             try:
-                if not session.client.alive:
-                    session.prepare([setup])
                 session.prepare([setup, ref])
             except WorkerDied as exc:
                 measurements[i] = Measurement(i, configs[i], "failed", reason=str(exc))
@@ -323,7 +317,7 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
     for i in order:
         if i in measurements:
             continue
-        vid = job.variants[i].source_hash[:16]
+        vid = job.variants[i].id
         try:
             reply = session.measure({"op": "measure", "variant": vid, "leader_ms": leader})
         except WorkerDied as exc:
@@ -421,12 +415,9 @@ def tune(
             types = variants[0].types_dict if variants else {}
             hashes = [v.source_hash for v in variants]
             jobs = []
-            for point in bucket_points([k.buckets for k in spec.key]):
-                bucket = dict(zip((k.name for k in spec.key), point))
-                eid = entry_id(name, tkey, gpu_arch, bucket)
-                checksum = entry_checksum(spec, tkey, hashes, gpu_arch, bucket, compiler)
-                if needs_tuning(lock, eid, checksum, mode):
-                    jobs.append(BucketJob(spec, tkey, types, variants, point, eid, checksum))
+            for e in entries_for(spec, tkey, hashes, gpu_arch, compiler):
+                if needs_tuning(lock, e.eid, e.checksum, mode):
+                    jobs.append(BucketJob(spec, tkey, types, variants, e.point, e.eid, e.checksum))
                 else:
                     summary.skipped += 1
             if jobs:

@@ -293,6 +293,10 @@ class _WorkerState:
         assert b is not None
         for name, arr in b["arrays"].items():
             arr.upload(poison(b["host"][name]) if name in b["outputs"] and _intent(b, name) == "out" else b["host"][name])
+        # cuMemcpyHtoD from pageable memory may return before the copy lands, and it is not ordered
+        # with the timer's non-blocking stream: wait for it before the kernel reads or writes.
+        (err,) = self.driver.cuCtxSynchronize()
+        _check(self.driver, err, "cuCtxSynchronize after uploading inputs")
         fn = self._launcher(vid)
         try:
             fn(self.timer.stream)
