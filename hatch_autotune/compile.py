@@ -111,6 +111,18 @@ def ensure_nvrtc() -> None:
     _nvrtc_ready = True
 
 
+def _nvrtc_build() -> str:
+    """The installed NVRTC wheel's full version (nvrtcVersion() gives only major.minor)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "unknown-build"
+
+
 def nvrtc_version() -> str:
     """'13.4': part of every cache key and lock checksum."""
     ensure_nvrtc()
@@ -195,7 +207,7 @@ def compile_all(
     on_result: Callable[[CompileResult], None] | None = None,
 ) -> list[CompileResult]:
     """Compile every job (identical jobs once), taking what the cache has; results in job order."""
-    compiler = nvrtc_version()
+    compiler = f"{nvrtc_version()} {_nvrtc_build()}"  # the patch release too: its binaries may differ
     keys = [j.cache_key(compiler) for j in jobs]
     unique: dict[str, CompileJob] = {}
     for key, job in zip(keys, jobs):
