@@ -104,7 +104,7 @@ def build_payload(
     by_job = {(r.job.source, r.job.arch, r.job.options): r for r in results}
 
     kernels: list[KernelBuild] = []
-    untuned: list[str] = []
+    untuned: list[tuple[str, str]] = []  # (entry id, why it has no valid tuning)
     for name, spec in project.kernels.items():
         kb = KernelBuild(spec=spec, variants=rendered[name], binaries={}, choices={})
         for tkey, variants in rendered[name].items():
@@ -133,7 +133,7 @@ def build_payload(
                     kb.choices[(tkey, arch, e.point)] = choice
                     kb.entries[(tkey, arch, e.point)] = (e.eid, e.checksum)
                     if not choice.tuned:
-                        untuned.append(f"{e.eid} ({choice.reason})")
+                        untuned.append((e.eid, choice.reason))
         n_failed = len(kb.failed)
         if n_failed:
             first_label, first_logs = next(iter(kb.failed.items()))
@@ -144,13 +144,16 @@ def build_payload(
 
     if untuned:
         if project.strict:
-            listing = "\n  ".join(untuned)
+            listing = "\n  ".join(f"{eid} ({reason})" for eid, reason in untuned)
             raise BuildError(
                 f"hatch-autotune: strict = true and {len(untuned)} entr(y/ies) have no valid tuning in "
                 f"{project.lock_file.name}:\n  {listing}\nTune on a GPU builder (HATCH_AUTOTUNE_MODE=tune) and commit the lock file."
             )
-        for u in untuned:
-            log(f"warning: untuned, using the default config: {u}")
+        groups: dict[tuple[str, str], list[str]] = {}
+        for eid, reason in untuned:  # one line per kernel and reason, naming every entry
+            groups.setdefault((eid.split("|", 1)[0], reason), []).append(eid)
+        for (kernel, reason), eids in groups.items():
+            log(f"warning: {kernel}: {len(eids)} untuned entr{'y' if len(eids) == 1 else 'ies'} use the default config ({reason}): {', '.join(eids)}")
         log("hint: tune on a GPU builder (HATCH_AUTOTUNE_MODE=tune) and commit the lock file; strict = true makes this an error")
         warnings.append(f"{len(untuned)} untuned entr(y/ies) use their kernel's default config")
 

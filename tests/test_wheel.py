@@ -65,7 +65,8 @@ def test_wheel_is_pure_and_reproducible(example_wheels):
     assert first.name == "example_pkg-0.1.0-py3-none-any.whl"
     assert first.read_bytes() == second.read_bytes()  # same lock file -> byte-identical wheels
     assert "hatch-autotune: 0 variant binaries compiled" in log2  # second build: all from the cache
-    assert "untuned, using the default config: saxpy|T=float32|sm_80|n=4096 (no lock entry)" in log1
+    assert "saxpy: 12 untuned entries use the default config (no lock entry): saxpy|T=float32|sm_80|n=4096, " in log1
+    assert "sgemm|-|sm_90|m=4096,n=4096,k=4096" in log1
 
 
 def test_wheel_ships_exactly_the_referenced_binaries_each_valid(example_wheels):
