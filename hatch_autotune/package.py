@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .config import ArgSpec, ProjectSpec
-from .pipeline import BuildResult, KernelBuild
 from .runtime import TABLE_FILE, TABLE_SCHEMA, sha256_hex
+
+if TYPE_CHECKING:  # the pipeline's result types; package itself sits below the pipeline
+    from .pipeline import BuildResult, KernelBuild
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 RUNTIME_SOURCE = Path(__file__).resolve().parent / "runtime.py"

@@ -38,7 +38,6 @@ class BuildResult:
     compiler: str
     kernels: list[KernelBuild]
     counts: dict[str, int]
-    warnings: list[str]
 
 
 def detect_gpu_arch() -> str | None:
@@ -87,7 +86,6 @@ def build_payload(
     ptx = ptx_archs(archs) if project.ptx else {}
     compiler = compile_mod.nvrtc_version()
     lock = LockFile.load(project.lock_file)
-    warnings = list(lock.warnings)
     for w in lock.warnings:
         log(f"warning: {w}")
 
@@ -138,7 +136,6 @@ def build_payload(
         if n_failed:
             first_label, first_logs = next(iter(kb.failed.items()))
             msg = f"{name}: {n_failed} variant(s) failed to compile and were skipped; the first, {first_label}, failed with:\n{first_logs[0]}"
-            warnings.append(msg)
             log(f"warning: {msg}")
         kernels.append(kb)
 
@@ -155,7 +152,6 @@ def build_payload(
         for (kernel, reason), eids in groups.items():
             log(f"warning: {kernel}: {len(eids)} untuned entr{'y' if len(eids) == 1 else 'ies'} use the default config ({reason}): {', '.join(eids)}")
         log("hint: tune on a GPU builder (HATCH_AUTOTUNE_MODE=tune) and commit the lock file; strict = true makes this an error")
-        warnings.append(f"{len(untuned)} untuned entr(y/ies) use their kernel's default config")
 
     # PTX of the chosen variants of the arch that PTX is made from.
     ptx_jobs = []
@@ -171,12 +167,11 @@ def build_payload(
         kb.binaries[(v.source_hash, job.arch)] = r
 
     if cache is not None and cache.write_error:
-        warnings.append(cache.write_error)
         log(f"warning: {cache.write_error}")
     counts = compile_mod.count([*results, *ptx_results])
     log(
         f"hatch-autotune: {counts['compiled']} variant binaries compiled, {counts['cached']} from the cache, "
         f"{counts['failed']} failed"
     )
-    return BuildResult(archs=archs, ptx=ptx, compiler=compiler, kernels=kernels, counts=counts, warnings=warnings)
+    return BuildResult(archs=archs, ptx=ptx, compiler=compiler, kernels=kernels, counts=counts)
 

@@ -9,6 +9,7 @@ the winner among near-ties, which entries are stale) are plain functions, tested
 from __future__ import annotations
 
 import datetime
+import math
 import queue
 import random
 import tempfile
@@ -287,7 +288,7 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
     pruned = prune(
         configs,
         [r.resources if r.ok else None for r in job.results],
-        lambda c: _product(e(block_env(c)) for e in spec.block),
+        lambda c: math.prod(int(e(block_env(c))) for e in spec.block),
         lambda c: int(spec.shared(block_env(c))),
         info["limits"],
         settings.prune_spills,
@@ -357,13 +358,6 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
         "measurements": [m.to_json() for m in ordered],
         "provenance": provenance(info, compile_mod.nvrtc_version()),
     }
-
-
-def _product(values: Any) -> int:
-    out = 1
-    for v in values:
-        out *= int(v)
-    return out
 
 
 def device_count() -> int:
