@@ -399,7 +399,7 @@ def project_source(root: Path) -> Source:
     Renders the templates (no compile) to recompute each entry's checksum, as the build does.
     """
     from . import compile as compile_mod
-    from .lock import entries_for
+    from .lock import LockFile, choose, entries_for
     from .render import TemplateError, render_kernel
 
     project = load_project(root)
@@ -417,6 +417,7 @@ def project_source(root: Path) -> Source:
         lock_archs.setdefault(kernel, set()).add(arch)
     entries: dict[str, Entry] = {}
     used: set[str] = set()
+    lock = LockFile(entries=raw_lock)
     for name, spec in project.kernels.items():
         try:
             rendered = render_kernel(spec)
@@ -425,29 +426,24 @@ def project_source(root: Path) -> Source:
         archs = project.archs or tuple(sorted(lock_archs.get(name, ()), key=_arch_key))
         for tkey, variants in rendered.items():
             configs = [v.config_dict for v in variants]
+            default_index = configs.index(dict(spec.default))
             hashes = [v.source_hash for v in variants]
             for arch in archs:
                 for key in entries_for(spec, tkey, hashes, arch, compiler or "unknown"):
-                    eid, bucket = key.eid, key.bucket
-                    e = Entry(name, tkey, arch, bucket, dict(spec.default), False, default_config=dict(spec.default))
-                    raw = raw_lock.get(eid)
-                    if raw is None:
-                        e.note = "no lock entry"
-                    else:
+                    eid, bucket, raw = key.eid, key.bucket, raw_lock.get(key.eid)
+                    if raw is not None:
                         used.add(eid)
-                        checksum = key.checksum if compiler else None
-                        if checksum is not None and raw["checksum"] != checksum:
-                            e.note = "stale lock entry (checksum mismatch)"
-                        elif not raw["tuned"]:
-                            e.note = "lock entry is untuned"
-                        elif raw["config"] not in configs:
-                            e.note = "lock winner is not in the space"
-                        else:
-                            locked = lock_entry(eid, raw, str(lock_path))
-                            locked.default_config = dict(spec.default)
-                            if locked.default_ms is None:
-                                locked.default_ms = time_of(locked.measurements, dict(spec.default))
-                            e = locked
+                    # the build's own rule (lock.choose); without NVRTC the checksum cannot be checked
+                    checksum = key.checksum if compiler or raw is None else raw["checksum"]
+                    choice = choose(lock, eid, checksum, configs, [True] * len(configs), default_index)
+                    if choice.tuned:
+                        e = lock_entry(eid, raw, str(lock_path))
+                        e.default_config = dict(spec.default)
+                        if e.default_ms is None:
+                            e.default_ms = time_of(e.measurements, dict(spec.default))
+                    else:
+                        e = Entry(name, tkey, arch, bucket, dict(spec.default), False, default_config=dict(spec.default))
+                        e.note = choice.reason
                     entries[eid] = e
         if not archs:
             notes.append(f"{name}: no archs declared and none in the lock file: nothing to show")
