@@ -73,6 +73,19 @@ def ptx_archs(archs: tuple[str, ...]) -> dict[str, str]:
     return {newest: "compute_" + newest.split("_", 1)[1]}
 
 
+def _progress(total: int, what: str, log: Log, every: float = 0.1) -> Callable[[Any], None]:
+    """A callback that logs `k/total <what>` about every 10% of the way (long compiles show life)."""
+    state = {"done": 0, "next": max(1, int(total * every))}
+
+    def tick(_: Any) -> None:
+        state["done"] += 1
+        if state["done"] >= state["next"] and state["done"] < total:
+            log(f"hatch-autotune: {state['done']}/{total} {what}")
+            state["next"] += max(1, int(total * every))
+
+    return tick
+
+
 def build_payload(
     project: ProjectSpec,
     *,
@@ -98,7 +111,7 @@ def build_payload(
                     jobs.append(compile_mod.CompileJob(v.source, arch, spec.entry, spec.nvrtc_options, v.label))
     n_unique = len({(j.source, j.arch, j.options) for j in jobs})
     log(f"hatch-autotune: {len(project.kernels)} kernel(s), {n_unique} compile(s) for {', '.join(archs)} (NVRTC {compiler})")
-    results = compile_mod.compile_all(jobs, cache, workers=workers)
+    results = compile_mod.compile_all(jobs, cache, workers=workers, on_result=_progress(n_unique, "compiled", log))
     by_job = {(r.job.source, r.job.arch, r.job.options): r for r in results}
 
     kernels: list[KernelBuild] = []

@@ -49,6 +49,7 @@ def test_all_variants_failing_stops_the_build_with_the_log(tmp_path):
 def test_second_build_compiles_nothing(tiny, tmp_path):
     logs: list[str] = []
     first = build(tiny, tmp_path / "cache", logs)
+    assert "hatch-autotune: 6/12 compiled" in logs  # long compiles show progress
     assert first.counts["compiled"] == 6 * 2 + 1 and first.counts["cached"] == 0  # cubins + PTX of the one winner
     second = build(tiny, tmp_path / "cache", logs)
     assert second.counts["compiled"] == 0 and second.counts["cached"] == first.counts["compiled"]

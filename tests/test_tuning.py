@@ -219,6 +219,16 @@ def test_tune_isolates_failures_and_writes_the_lock(tmp_path):
     assert len(summary3.tuned) == 3
 
 
+def test_progress_within_a_bucket(tmp_path, monkeypatch):
+    import hatch_autotune.tuning.tuner as tuner
+
+    monkeypatch.setattr(tuner, "PROGRESS_EVERY", 2)
+    root = write_tiny_project(tmp_path / "p")
+    _, logs = _tune(root, tmp_path, {"ms": {"BLOCK=64": 1.0}})
+    line = next(m for m in logs if "scale|-|sm_90|n=1024: 2/6 configs done" in m)
+    assert "0 rejected or failed; best so far {'BLOCK': 128, 'FACTOR': 2, 'BAD': False} 1.0010 ms" in line
+
+
 def test_retune_redoes_valid_entries(tmp_path):
     root = write_tiny_project(tmp_path / "p")
     _tune(root, tmp_path, {})

@@ -35,6 +35,7 @@ from .worker import WorkerClient, WorkerDied
 
 Log = Callable[[str], None]
 TIE_FLOOR = 0.005  # timings closer than 0.5% are a tie whatever the measured spread
+PROGRESS_EVERY = 16  # configs between progress lines within a bucket
 
 
 class TuningError(BuildError):
@@ -315,6 +316,7 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
             raise TuningError(f"{job.eid}: every variant failed; the first: {first.reason if first else 'none ran'}")
 
     leader: float | None = None
+    best: Measurement | None = None
     for i in order:
         if i in measurements:
             continue
@@ -333,6 +335,12 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
         measurements[i] = m
         if m.status == "ok" and (leader is None or m.median_ms < leader):
             leader = m.median_ms
+            best = m
+        done = len(measurements)
+        if done % PROGRESS_EVERY == 0 and done < len(configs):
+            rejected = sum(x.status in ("rejected", "failed") for x in measurements.values())
+            lead = f"best so far {best.config} {best.median_ms:.4f} ms" if best else "none timed yet"
+            log(f"  {job.eid}: {done}/{len(configs)} configs done, {rejected} rejected or failed; {lead}")
     for i in range(len(configs)):
         measurements.setdefault(i, Measurement(i, configs[i], "skipped", reason="not sampled by the search strategy"))
     ordered = [measurements[i] for i in range(len(configs))]
