@@ -264,3 +264,18 @@ def test_devices_of_another_arch_are_not_used(tmp_path):
     with pytest.raises(TuningError, match="no device of arch sm_80 answered"):
         tune(load_project(root), gpu_arch="sm_80", log=logs.append, client_factory=lambda d: client({}), cache=CompileCache(tmp_path / "cache"))
     assert any("device 0 (Fake GPU (CPU stand-in), sm_90) is not sm_80; not using it" in m for m in logs)
+
+
+def test_the_real_worker_speaks_the_protocol_without_a_gpu():
+    from hatch_autotune.pipeline import detect_gpu_arch
+
+    real = WorkerClient()  # python -m hatch_autotune.tuning.worker
+    try:
+        reply = real.request({"op": "setup_everything"}, 30)
+        assert reply["ok"] is False and "unknown op 'setup_everything'" in reply["error"]
+        if detect_gpu_arch() is None:
+            hello = real.request({"op": "hello", "device": 0}, 30)
+            assert hello["ok"] is False and hello["error"]  # a clear error, not a crash
+            assert real.alive
+    finally:
+        real.close()
