@@ -243,10 +243,8 @@ def compile_all(
 
 def default_workers() -> int:
     """HATCH_AUTOTUNE_JOBS, else one per core."""
-    try:
-        return max(1, int(os.environ.get("HATCH_AUTOTUNE_JOBS", "0"))) if os.environ.get("HATCH_AUTOTUNE_JOBS") else (os.cpu_count() or 1)
-    except ValueError:
-        return os.cpu_count() or 1
+    value = os.environ.get("HATCH_AUTOTUNE_JOBS", "")
+    return max(1, int(value)) if value.isdigit() else (os.cpu_count() or 1)
 
 
 def _mp_context() -> multiprocessing.context.BaseContext:

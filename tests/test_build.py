@@ -329,3 +329,16 @@ def test_an_unwritable_cache_is_a_warning_not_a_failed_build(tiny, tmp_path, mon
     result = build(tiny, tmp_path / "cache", logs)
     assert result.counts["compiled"] == 13 and result.counts["failed"] == 0
     assert sum("cannot write the compile cache" in m for m in logs) == 1
+
+
+def test_jobs_from_the_environment(monkeypatch):
+    import os
+
+    from hatch_autotune.compile import default_workers
+
+    monkeypatch.setenv("HATCH_AUTOTUNE_JOBS", "3")
+    assert default_workers() == 3
+    monkeypatch.setenv("HATCH_AUTOTUNE_JOBS", "0")
+    assert default_workers() == 1
+    monkeypatch.setenv("HATCH_AUTOTUNE_JOBS", "many")
+    assert default_workers() == (os.cpu_count() or 1)
