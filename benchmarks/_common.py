@@ -1,11 +1,16 @@
 """Shared by the benchmarks: build example_pkg's generated package for this machine's GPU and
-import it, and describe the machine for the results files."""
+import it, describe the machine for the results files, and the options every benchmark takes
+(`--out DIR`, `--quick`)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
+import os
 import platform
+import re
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -15,6 +20,37 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "example_pkg"
 RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(ROOT))
+# Child processes must find hatch_autotune too: the tuning worker runs
+# `python -m hatch_autotune.tuning.worker`, which does not inherit sys.path.
+if str(ROOT) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+# JAX, if anything imports it, must not take 75% of the GPU's memory.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def options(doc: str | None) -> argparse.ArgumentParser:
+    """The parser every benchmark starts from: --out DIR and --quick."""
+    ap = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0] if doc else None)
+    ap.add_argument("--out", type=Path, default=RESULTS, help=f"directory for the JSON result (default {RESULTS.relative_to(ROOT)}/)")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions and sizes (for a time-limited GPU session)")
+    return ap
+
+
+def require_gpu(script: str) -> str:
+    """The GPU's arch (`sm_90`), or exit with one line that says why there is none."""
+    from hatch_autotune.pipeline import detect_gpu_arch
+
+    arch = detect_gpu_arch()
+    if arch:
+        return arch
+    why = "no usable CUDA device"
+    try:
+        from hatch_autotune.runtime import current_device_cc
+
+        current_device_cc(0)
+    except Exception as exc:  # the real reason: no driver, no device, ...
+        why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
+    raise SystemExit(f"{script}: needs a CUDA GPU and found none ({why})")
 
 
 def example_project(root: Path = EXAMPLE, env: dict[str, str] | None = None) -> Any:
@@ -39,17 +75,35 @@ def import_generated(project: Any, site: Path) -> Any:
     return importlib.import_module("example_pkg.kernels")
 
 
+def _dist_version(*names: str) -> str | None:
+    from importlib.metadata import version
+
+    for name in names:
+        try:
+            return version(name)
+        except Exception:
+            pass
+    return None
+
+
 def machine() -> dict[str, Any]:
     """GPU, driver and versions, for the results files."""
-    info: dict[str, Any] = {"python": platform.python_version()}
+    info: dict[str, Any] = {"python": platform.python_version(), "host": platform.node()}
+    for key, names in {
+        "cuda-core": ("cuda-core",),
+        "cuda-bindings": ("cuda-bindings",),
+        "nvidia-cuda-nvrtc": ("nvidia-cuda-nvrtc",),
+        "cupy": ("cupy-cuda13x", "cupy-cuda12x", "cupy"),
+        "kernel_tuner": ("kernel_tuner",),
+        "numpy": ("numpy",),
+    }.items():
+        v = _dist_version(*names)
+        if v:
+            info[key] = v
     try:
-        from importlib.metadata import version
+        from hatch_autotune import __version__
 
-        for dist in ("cuda-core", "cuda-bindings", "cupy-cuda13x", "kernel-tuner", "numpy"):
-            try:
-                info[dist] = version(dist)
-            except Exception:
-                pass
+        info["hatch_autotune"] = __version__
         from cuda.bindings import driver
         from cuda.core import Device
 
@@ -62,11 +116,26 @@ def machine() -> dict[str, Any]:
         info["nvrtc"] = nvrtc_version()
     except Exception as exc:  # no GPU: say so in the file rather than guess
         info["gpu"] = f"none ({type(exc).__name__})"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            info["driver"] = out.stdout.strip().splitlines()[0]
+    except Exception:
+        pass
     return info
 
 
-def write_result(name: str, payload: dict[str, Any]) -> Path:
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / name
-    path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+def machine_slug(gpu: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3', for result file names."""
+    s = re.sub(r"^nvidia\s+", "", gpu.strip(), flags=re.I).lower()
+    return re.sub(r"[^a-z0-9]+", "-", s).strip("-") or "unknown-gpu"
+
+
+def write_result(name: str, payload: dict[str, Any], out: Path | None = None) -> Path:
+    out = Path(out) if out is not None else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
     return path

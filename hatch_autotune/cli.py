@@ -198,10 +198,11 @@ def diff_sources(a: Source, b: Source, threshold: float) -> tuple[list[Change], 
         if old.tuned != new.tuned:
             what.append("now tuned" if new.tuned else "lost its tuning")
         if old.checksum and new.checksum and old.checksum != new.checksum:
-            what.append("checksum (sources or compiler changed)")
-        og, ng = old.provenance.get("gpu"), new.provenance.get("gpu")
-        if og and ng and og != ng:
-            what.append(f"GPU {og} -> {ng}")
+            what.append("checksum (sources or settings changed)")
+        for field, label in (("gpu", "GPU"), ("nvrtc", "NVRTC")):  # not in the checksum, still worth a line
+            was, now = old.provenance.get(field), new.provenance.get(field)
+            if was and now and was != now:
+                what.append(f"{label} {was} -> {now}")
         delta = None
         if old.time_ms and new.time_ms:
             delta = new.time_ms / old.time_ms - 1

@@ -2,8 +2,10 @@
 
 NVRTC needs no GPU. Through cuda-bindings it only partly releases the GIL (measured here on
 2 cores, 40 SGEMM variants: serial 4.4 s, 2 threads 3.1 s, 2 processes 2.4 s), so large batches
-go to a pool of forked processes (fork: a spawned child would re-import the caller's __main__,
-which breaks under `python -` and some build frontends) and small ones run in-process. ptxas's `-v`
+go to a pool of processes and small ones run in-process. The pool forks while no CUDA driver is
+loaded here; once it is (the build hook on a GPU builder calls cuInit first), forking is unsafe
+and the workers come from a forkserver (or are spawned), started so that they do not re-run the
+caller's __main__ (missing under `python -`, unguarded in some scripts). ptxas's `-v`
 output gives each variant's registers, shared memory and spills, which tuning uses to prune
 variants that cannot run. Failures are results (with their log), not exceptions: one broken
 branch of a template must not stop the build.
@@ -11,15 +13,18 @@ branch of a template must not stop the build.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import multiprocessing
 import os
 import re
-import multiprocessing
+import sys
 import threading
+import types
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from .cache import CompileCache
 
@@ -176,23 +181,26 @@ def compile_one(job: CompileJob) -> tuple[bool, bytes | None, str]:
     try:
         opts = [o.encode() for o in job.full_options()]
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        # Output buffers are bytearrays: NVRTC writes into them, and `b" " * 1` (an empty log) is
+        # Python's shared one-byte object, which would then read b"\x00" in the whole process.
         err, size = nvrtc.nvrtcGetProgramLogSize(prog)
         _check(err, "nvrtcGetProgramLogSize")
-        log_buf = b" " * size
+        log_buf = bytearray(size)
         nvrtc.nvrtcGetProgramLog(prog, log_buf)
-        log = log_buf.rstrip(b"\x00 ").decode(errors="replace").strip()
+        log = log_buf.rstrip(b"\x00").decode(errors="replace").strip()
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             return False, None, log or str(result)
         if job.is_ptx:
             err, size = nvrtc.nvrtcGetPTXSize(prog)
-            buf = b" " * size
+            _check(err, "nvrtcGetPTXSize")
+            buf = bytearray(size)
             nvrtc.nvrtcGetPTX(prog, buf)
             binary = buf.rstrip(b"\x00")
         else:
             err, size = nvrtc.nvrtcGetCUBINSize(prog)
-            buf = b" " * size
-            nvrtc.nvrtcGetCUBIN(prog, buf)
-            binary = buf
+            _check(err, "nvrtcGetCUBINSize")
+            binary = bytearray(size)
+            nvrtc.nvrtcGetCUBIN(prog, binary)
         if not binary:  # e.g. a compute_ arch asked for a cubin: NVRTC returns nothing, no error
             return False, None, f"{log}\nNVRTC produced an empty binary for {job.arch}".strip()
         return True, bytes(binary), log
@@ -228,8 +236,11 @@ def compile_all(
     n = min(workers or default_workers(), len(todo))
     todo_jobs = [job for _, job in todo]
     if n > 1 and len(todo) >= PARALLEL_THRESHOLD and threading.current_thread() is threading.main_thread():
-        with ProcessPoolExecutor(max_workers=n, mp_context=_mp_context()) as pool:
-            outputs = pool.map(compile_one, todo_jobs, chunksize=max(1, min(8, len(todo) // (4 * n))))
+        method = start_method()
+        with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(method)) as pool:
+            # The workers start inside map(), as it submits the chunks.
+            with contextlib.nullcontext() if method == "fork" else _main_left_alone():
+                outputs = pool.map(compile_one, todo_jobs, chunksize=max(1, min(8, len(todo) // (4 * n))))
             _collect(todo, outputs, cache, done, on_result)
     elif n > 1 and len(todo) >= PARALLEL_THRESHOLD:
         # Forking while other threads hold locks can deadlock the children (seen here when the
@@ -247,9 +258,41 @@ def default_workers() -> int:
     return max(1, int(value)) if value.isdigit() else (os.cpu_count() or 1)
 
 
-def _mp_context() -> multiprocessing.context.BaseContext:
+def cuda_driver_loaded(maps: str | None = None) -> bool:
+    """Whether the CUDA driver (libcuda) is mapped into this process; `maps`: /proc/self/maps' text.
+
+    A process that has called cuInit (the build hook does on a GPU builder, to find the arch) must
+    not fork: the child inherits driver state it cannot use. Without /proc (not Linux) there is no
+    CUDA driver that fork could break (macOS has none; Windows cannot fork).
+    """
+    if maps is None:
+        try:
+            with open("/proc/self/maps") as f:
+                maps = f.read()
+        except OSError:
+            return False
+    return "/libcuda.so" in maps
+
+
+def start_method(maps: str | None = None) -> str:
+    """fork while it is safe (fastest: no interpreter start), else forkserver, else spawn."""
     methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    if "fork" in methods and not cuda_driver_loaded(maps):
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+@contextlib.contextmanager
+def _main_left_alone() -> Iterator[None]:
+    """Start workers as if from `python -c`: a forkserver or spawned child re-runs the caller's
+    __main__ file, which does not exist under `python -` ('<stdin>') and re-runs the whole build
+    when a script has no `if __name__ == "__main__"` guard. The workers only need compile_one."""
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = saved
 
 
 PARALLEL_THRESHOLD = 16  # below this, starting worker processes costs more than it saves

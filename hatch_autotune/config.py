@@ -161,6 +161,7 @@ class ProjectSpec:
     wheel_tag: str | None
     kernels: Mapping[str, KernelSpec]
     tuning: TuningSpec = TuningSpec()
+    exact_nvrtc: bool = False  # lock entries tuned with another NVRTC major.minor are stale
 
 
 # --------------------------------------------------------------------------------------------
@@ -342,6 +343,7 @@ def parse_project(table: Any, root: Path, path: str = DEFAULT_TABLE_PATH, env: M
     ptx = t.get("ptx", v_bool, default=True)
     mode = t.get("mode", v_choice(MODES), default="auto")
     wheel_tag = t.get("wheel-tag", v_str, default=None)
+    exact_nvrtc = t.get("exact-nvrtc", v_bool, default=False)
     tuning_t = t.table("tuning")
     tuning = _parse_tuning(tuning_t) if tuning_t is not None else TuningSpec()
     kernels_t = t.table("kernels", required=True)
@@ -385,6 +387,7 @@ def parse_project(table: Any, root: Path, path: str = DEFAULT_TABLE_PATH, env: M
         wheel_tag=wheel_tag,
         kernels=kernels,
         tuning=tuning,
+        exact_nvrtc=exact_nvrtc,
     )
 
 

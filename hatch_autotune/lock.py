@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -33,13 +34,14 @@ def entry_checksum(
     source_hashes: Sequence[str],
     arch: str,
     bucket: Mapping[str, int],
-    compiler: str,
 ) -> str:
     """Hash of what a measurement and its winner depend on: the variant sources (so the template
     and the space), the compile options, the arguments, how key dims are read, the launch
-    geometry, what verification compares against, the search, the arch, bucket and NVRTC.
+    geometry, what verification compares against, the search, the arch and bucket.
     Expressions enter as parsed trees, so reformatting one does not invalidate the lock; the
-    bucket mapping does not enter (it decides which bucket a call uses, not what was measured)."""
+    bucket mapping does not enter (it decides which bucket a call uses, not what was measured).
+    Nor does the NVRTC version: the dependency allows any 13.x, and a builder that resolved
+    another one must not lose every winner; NvrtcPolicy decides what a version change does."""
     from .compile import CompileJob
 
     blob = {
@@ -55,7 +57,6 @@ def entry_checksum(
         "search": [spec.search.strategy, spec.search.budget, spec.search.seed],
         "arch": arch,
         "bucket": dict(bucket),
-        "compiler": compiler,
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
@@ -70,7 +71,7 @@ class EntryKey:
     checksum: str
 
 
-def entries_for(spec: KernelSpec, types_key: str, source_hashes: Sequence[str], arch: str, compiler: str) -> list[EntryKey]:
+def entries_for(spec: KernelSpec, types_key: str, source_hashes: Sequence[str], arch: str) -> list[EntryKey]:
     """Every bucket of a kernel's type instance on `arch`, with its lock id and checksum."""
     from .space import bucket_points
 
@@ -78,8 +79,49 @@ def entries_for(spec: KernelSpec, types_key: str, source_hashes: Sequence[str], 
     for point in bucket_points([k.buckets for k in spec.key]):
         bucket = dict(zip((k.name for k in spec.key), point))
         eid = entry_id(spec.name, types_key, arch, bucket)
-        out.append(EntryKey(point, bucket, eid, entry_checksum(spec, types_key, source_hashes, arch, bucket, compiler)))
+        out.append(EntryKey(point, bucket, eid, entry_checksum(spec, types_key, source_hashes, arch, bucket)))
     return out
+
+
+NOT_RECORDED = "(not recorded)"
+
+
+def tuned_with(provenance: Mapping[str, Any]) -> str:
+    """The NVRTC major.minor an entry was tuned with, as its provenance records it."""
+    return str(provenance.get("nvrtc") or NOT_RECORDED)
+
+
+@dataclass(frozen=True)
+class NvrtcPolicy:
+    """What a change of NVRTC version does to a lock entry. The version an entry was tuned with
+    is recorded in its provenance; by default another one is reported, not invalidating (a
+    winner measured with 13.0 is still the best guess under 13.5). `exact-nvrtc = true` makes an
+    entry tuned with another major.minor stale, for projects that want every shipped winner
+    measured with the compiler that built it."""
+
+    nvrtc: str  # this build's NVRTC, 'major.minor'
+    exact: bool = False
+
+    def problem(self, entry: Mapping[str, Any]) -> str | None:
+        """Why exact-nvrtc refuses this (tuned, checksum-valid) entry; None if it does not."""
+        version = tuned_with(entry.get("provenance", {}))
+        if not self.exact or version == self.nvrtc:
+            return None
+        return f"tuned with NVRTC {version}, this build uses {self.nvrtc} and exact-nvrtc = true"
+
+    def warning(self, versions: Counter) -> str | None:
+        """One line about the winners in use that another NVRTC measured, or None;
+        `versions`: NVRTC version -> how many of the entries in use were tuned with it."""
+        others = {v: n for v, n in versions.most_common() if v not in (self.nvrtc, NOT_RECORDED)}
+        if not others:
+            return None
+        n, most = sum(others.values()), next(iter(others))
+        named = most if len(others) == 1 else " and ".join(f"{v} ({k})" for v, k in others.items())
+        return (
+            f"{n} lock entr{'y was' if n == 1 else 'ies were'} tuned with NVRTC {named} and this build uses NVRTC {self.nvrtc}: "
+            f"{'its winner is' if n == 1 else 'their winners are'} used (exact-nvrtc = true re-tunes them instead; "
+            f"pin nvidia-cuda-nvrtc=={most}.* in build-system.requires for byte-identical binaries)"
+        )
 
 
 @dataclass
@@ -116,12 +158,21 @@ class LockFile:
     def save(self, path: Path) -> None:
         atomic_write(path, self.to_json())
 
-    def valid(self, eid: str, checksum: str) -> dict[str, Any] | None:
-        """The entry if it exists, is tuned and its checksum matches; else None (stale or absent)."""
+    def problem(self, eid: str, checksum: str, policy: NvrtcPolicy | None = None) -> str | None:
+        """Why the entry cannot be used (absent, stale, untuned, or refused by exact-nvrtc), or
+        None when it can: the one validity rule of the build, `tune` and `show`."""
         entry = self.entries.get(eid)
-        if entry is None or entry.get("checksum") != checksum or not entry.get("tuned"):
-            return None
-        return entry
+        if entry is None:
+            return "no lock entry"
+        if entry.get("checksum") != checksum:
+            return "stale lock entry (checksum mismatch)"
+        if not entry.get("tuned"):
+            return "lock entry is untuned"
+        return policy.problem(entry) if policy else None
+
+    def valid(self, eid: str, checksum: str, policy: NvrtcPolicy | None = None) -> dict[str, Any] | None:
+        """The entry if it can be used (see problem); else None."""
+        return None if self.problem(eid, checksum, policy) else self.entries[eid]
 
 
 def _well_formed(entry: Any) -> bool:
@@ -169,16 +220,12 @@ def choose(
     configs: Sequence[Mapping[str, Any]],
     usable: Sequence[bool],
     default_index: int,
+    policy: NvrtcPolicy | None = None,
 ) -> Choice:
     """The lock's winner when its entry is valid and its variant compiled; else the default."""
-    entry = lock.entries.get(eid)
-    if entry is None:
-        reason = "no lock entry"
-    elif entry.get("checksum") != checksum:
-        reason = "stale lock entry (checksum mismatch)"
-    elif not entry.get("tuned"):
-        reason = "lock entry is untuned"
-    else:
+    reason = lock.problem(eid, checksum, policy)
+    if reason is None:
+        entry = lock.entries[eid]
         try:
             index = [dict(c) for c in configs].index(entry["config"])
         except ValueError:

@@ -8,12 +8,14 @@ sorted JSON), so two builds from the same lock file give byte-identical wheels.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .config import ArgSpec, ProjectSpec
+from .errors import BuildError
 from .runtime import TABLE_FILE, TABLE_SCHEMA, sha256_hex
 
 if TYPE_CHECKING:  # the pipeline's result types; package itself sits below the pipeline
@@ -50,6 +52,18 @@ def kernel_json(spec: Any) -> dict[str, Any]:
     }
 
 
+_PTX_VERSION = re.compile(rb"^[ \t]*\.version[ \t]+(\d+\.\d+)", re.MULTILINE)
+
+
+def ptx_isa(ptx: bytes, what: str) -> str:
+    """The PTX ISA version from the `.version` directive ('9.5'): a driver JIT-compiles PTX only up
+    to its own ISA (CUDA 13.0: 9.0), so the runtime compares it before loading."""
+    m = _PTX_VERSION.search(ptx)
+    if m is None:
+        raise BuildError(f"hatch-autotune: PTX {what} has no `.version` directive, so no runtime could tell which drivers can JIT it")
+    return m.group(1).decode()
+
+
 def kernel_table(kb: KernelBuild, result: BuildResult, files: dict[str, bytes]) -> dict[str, Any]:
     """One kernel's part of the selection table; adds the binaries it refers to into `files`."""
     spec = kb.spec
@@ -67,6 +81,8 @@ def kernel_table(kb: KernelBuild, result: BuildResult, files: dict[str, bytes]) 
             rel = f"{BINARY_DIR}/{spec.name}-{v.source_hash[:16]}.{bin_arch}.{ext}"  # shared by configs of one source
             files[rel] = r.binary
             var["binaries"][bin_arch] = {"file": rel, "sha256": sha256_hex(r.binary)}
+            if ext == "ptx":  # PTX is only as portable as the NVRTC that made it
+                var["binaries"][bin_arch].update(ptx_isa=ptx_isa(r.binary, f"{rel} ({v.label})"), nvrtc=result.compiler)
             if r.resources is not None:
                 var["resources"][bin_arch] = r.resources.__dict__
         entry = {"bucket": list(point), "variant": vid, "tuned": choice.tuned}

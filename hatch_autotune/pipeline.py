@@ -5,14 +5,15 @@ plugin.py only adapts this to hatchling, so tests drive the whole build through 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Sequence
 
 from . import compile as compile_mod
 from .cache import CompileCache
 from .config import ProjectSpec
 from .errors import BuildError
-from .lock import Choice, LockFile, choose, entries_for
+from .lock import Choice, LockFile, NvrtcPolicy, choose, entries_for, tuned_with
 from .render import Variant, render_kernel
 from .runtime import parse_arch
 
@@ -40,23 +41,66 @@ class BuildResult:
     counts: dict[str, int]
 
 
-def detect_gpu_arch() -> str | None:
-    """The arch of the build machine's first GPU, or None when there is no usable GPU."""
+class Gpu(NamedTuple):
+    """One device of the build machine."""
+
+    ordinal: int
+    arch: str  # 'sm_90'
+    name: str | None  # 'NVIDIA H100 80GB HBM3'; None where the driver would not say
+
+
+def detect_gpus() -> list[Gpu]:
+    """Every device of the build machine, by ordinal; [] when there is no usable GPU.
+
+    Straight from the driver (cuInit, then attributes by ordinal: no context is created), so a
+    builder with several kinds of GPU shows each, and any failure (no driver, no device, no
+    cuda-python, an error code) means "no GPU here" rather than a failed build."""
     try:
-        from .runtime import current_device_cc
+        from cuda.bindings import driver
 
-        major, minor = current_device_cc(0)
-    except Exception:  # no driver, no device, no cuda-python: all mean "no GPU here"
+        ok = driver.CUresult.CUDA_SUCCESS
+        (err,) = driver.cuInit(0)
+        if err != ok:
+            return []
+        err, count = driver.cuDeviceGetCount()
+        if err != ok:
+            return []
+        attr = driver.CUdevice_attribute
+        gpus = []
+        for ordinal in range(int(count)):
+            err, major = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, ordinal)
+            err2, minor = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, ordinal)
+            if err != ok or err2 != ok:
+                return []
+            gpus.append(Gpu(ordinal, f"sm_{int(major)}{int(minor)}", _device_name(driver, ordinal)))
+    except Exception:  # no driver (cuda.pathfinder's DynamicLibNotFoundError), no cuda-python, ...
+        return []
+    return gpus
+
+
+def _device_name(driver: Any, ordinal: int) -> str | None:
+    """For messages only: a device whose name cannot be read is still a device."""
+    try:
+        err, raw = driver.cuDeviceGetName(256, ordinal)
+    except Exception:
         return None
-    return f"sm_{major}{minor}"
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return None
+    return bytes(raw).split(b"\0", 1)[0].decode(errors="replace").strip() or None
 
 
-def resolve_archs(project: ProjectSpec, gpu_arch: str | None) -> tuple[str, ...]:
-    """Declared archs, else the build GPU's; without either the build cannot know its targets."""
+def detect_gpu_arch() -> str | None:
+    """The arch of the build machine's first GPU, or None (for callers that use one device)."""
+    gpus = detect_gpus()
+    return gpus[0].arch if gpus else None
+
+
+def resolve_archs(project: ProjectSpec, gpus: Sequence[Gpu]) -> tuple[str, ...]:
+    """Declared archs, else those of every GPU here; without either the build cannot know its targets."""
     if project.archs:
         return project.archs
-    if gpu_arch:
-        return (gpu_arch,)
+    if gpus:
+        return tuple(sorted({g.arch for g in gpus}, key=lambda a: parse_arch(a)[1:]))  # sm_89 < sm_90 < sm_100
     why = "mode 'offline' does not look for a GPU" if project.mode == "offline" else "no GPU found on this machine"
     raise BuildError(
         f"hatch-autotune: {why} and no `archs` declared; add e.g. "
@@ -91,13 +135,14 @@ def build_payload(
     *,
     cache: CompileCache | None,
     log: Log = print,
-    gpu_arch: str | None = None,
+    gpus: Sequence[Gpu] = (),
     workers: int | None = None,
 ) -> BuildResult:
     """Render, compile and choose for every kernel; raise BuildError when a kernel cannot build."""
-    archs = resolve_archs(project, gpu_arch)
+    archs = resolve_archs(project, gpus)
     ptx = ptx_archs(archs) if project.ptx else {}
     compiler = compile_mod.nvrtc_version()
+    policy = NvrtcPolicy(compiler, project.exact_nvrtc)
     lock = LockFile.load(project.lock_file)
     for w in lock.warnings:
         log(f"warning: {w}")
@@ -110,7 +155,7 @@ def build_payload(
                 for arch in archs:
                     jobs.append(compile_mod.CompileJob(v.source, arch, spec.entry, spec.nvrtc_options, v.label))
     n_unique = len({(j.source, j.arch, j.options) for j in jobs})
-    log(f"hatch-autotune: {len(project.kernels)} kernel(s), {n_unique} compile(s) for {', '.join(archs)} (NVRTC {compiler})")
+    log(f"hatch-autotune: {len(project.kernels)} kernel(s), {n_unique} compile(s) for {', '.join(archs)} (NVRTC {compiler}, build {compile_mod._nvrtc_build()})")
     results = compile_mod.compile_all(jobs, cache, workers=workers, on_result=_progress(n_unique, "compiled", log))
     by_job = {(r.job.source, r.job.arch, r.job.options): r for r in results}
 
@@ -139,8 +184,8 @@ def build_payload(
             default_index = configs.index(dict(spec.default))
             hashes = [v.source_hash for v in variants]
             for arch in archs:
-                for e in entries_for(spec, tkey, hashes, arch, compiler):
-                    choice = choose(lock, e.eid, e.checksum, configs, usable_per_arch[arch], default_index)
+                for e in entries_for(spec, tkey, hashes, arch):
+                    choice = choose(lock, e.eid, e.checksum, configs, usable_per_arch[arch], default_index, policy)
                     kb.choices[(tkey, arch, e.point)] = choice
                     kb.entries[(tkey, arch, e.point)] = (e.eid, e.checksum)
                     if not choice.tuned:
@@ -152,6 +197,14 @@ def build_payload(
             log(f"warning: {msg}")
         kernels.append(kb)
 
+    versions = Counter(tuned_with(c.provenance) for kb in kernels for c in kb.choices.values() if c.tuned)
+    if versions:  # which NVRTC measured the winners in use, next to the one compiling them (above)
+        n = sum(versions.values())
+        named = ", ".join(v if len(versions) == 1 else f"{v} ({k})" for v, k in versions.most_common())
+        log(f"hatch-autotune: {n} entr{'y uses' if n == 1 else 'ies use'} tuned winners from {project.lock_file.name}, tuned with NVRTC {named}")
+    mixed = policy.warning(versions)
+    if mixed:
+        log(f"warning: {mixed}")
     if untuned:
         if project.strict:
             listing = "\n  ".join(f"{eid} ({reason})" for eid, reason in untuned)

@@ -42,20 +42,23 @@ class AutotuneBuildHook(BuildHookInterface):
         from .config import ConfigError, parse_project
         from .package import module_relpath, write_package
         from .errors import BuildError
-        from .pipeline import build_payload, detect_gpu_arch
+        from .pipeline import build_payload, detect_gpus
 
         root = Path(self.root)
         try:
             project = parse_project(self.config, root, path=self._table_path(), env=os.environ)
         except ConfigError as exc:
             raise SystemExit(str(exc)) from None
-        gpu_arch = None if project.mode == "offline" else detect_gpu_arch()
+        gpus = [] if project.mode == "offline" else detect_gpus()
         cache = CompileCache(default_cache_dir())
         try:
-            self._tune_if_asked(project, gpu_arch, cache)
-            result = build_payload(project, cache=cache, log=self._say, gpu_arch=gpu_arch)
-        except BuildError as exc:
-            raise SystemExit(str(exc)) from None
+            if project.mode != "offline":  # tuning.plan_tuning decides what this machine tunes
+                from .tuning import tune
+
+                tune(project, mode=project.mode, log=self._say, cache=cache)
+            result = build_payload(project, cache=cache, log=self._say, gpus=gpus)
+        except BuildError as exc:  # the tuner's errors come without the prefix the build's have
+            raise SystemExit(f"hatch-autotune: {str(exc).removeprefix('hatch-autotune: ')}") from None
 
         relpath = module_relpath(project.module)
         if version == "editable":
@@ -77,25 +80,6 @@ class AutotuneBuildHook(BuildHookInterface):
         # from the interpreter (that would tie a wheel of cubins to one CPython ABI).
         build_data["tag"] = project.wheel_tag or "py3-none-any"
         self._say(f"hatch-autotune: packed {project.module} ({len(result.kernels)} kernel(s), archs {', '.join(result.archs)})")
-
-    def _tune_if_asked(self, project: Any, gpu_arch: str | None, cache: Any) -> None:
-        """Modes: `tune`/`retune` must tune (a GPU is required); `auto` tunes stale entries when
-        the build machine has a GPU of a target arch; `offline` never does."""
-        from .errors import BuildError
-
-        if project.mode == "offline":
-            return
-        if gpu_arch is None:
-            if project.mode in ("tune", "retune"):
-                raise BuildError(f"hatch-autotune: mode {project.mode!r} needs a CUDA GPU on the build machine and none was found")
-            return
-        if project.mode == "auto" and project.archs and gpu_arch not in project.archs:
-            self._say(f"warning: the GPU here is {gpu_arch}, not one of the target archs {', '.join(project.archs)}; not tuning")
-            return
-        from .tuning import tune
-
-        self._say(f"hatch-autotune: tuning on the build GPU ({gpu_arch}), mode {project.mode}")
-        tune(project, mode="tune" if project.mode == "auto" else project.mode, log=self._say, gpu_arch=gpu_arch, cache=cache)
 
     @staticmethod
     def _write_in_tree(target: Path, project: Any, result: Any) -> None:

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import sys
 import threading
 
 try:  # CPython's built-in SHA-256: no OpenSSL to load, so importing stays fast
@@ -254,24 +255,6 @@ def choose_arch(device_cc: tuple[int, int], cubin_archs: Sequence[str], ptx_arch
     )
 
 
-def current_device_cc(device_id: int | None = None) -> tuple[int, int]:
-    """Compute capability of a CUDA device (None: the calling thread's current device, else 0)."""
-    from cuda.bindings import driver  # lazy: importing the generated module touches no GPU
-
-    (err,) = driver.cuInit(0)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuInit failed: {err}")
-    if device_id is None:
-        err, dev = driver.cuCtxGetDevice()
-        device_id = int(dev) if err == driver.CUresult.CUDA_SUCCESS else 0
-    attr = driver.CUdevice_attribute
-    err, major = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device_id)
-    err2, minor = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_id)
-    if err != driver.CUresult.CUDA_SUCCESS or err2 != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cannot read the compute capability of device {device_id}: {err}, {err2}")
-    return int(major), int(minor)
-
-
 def cubin_sm(data: bytes) -> int:
     """The SM number (e.g. 90) a CUDA ELF cubin was built for; ValueError if not a cubin."""
     if len(data) < 52 or data[:4] != b"\x7fELF":
@@ -352,6 +335,9 @@ def _c_contiguous(shape: Sequence[int], strides: Sequence[int] | None, itemsize:
     return True
 
 
+_DLPACK_CPU = 1  # DLPack's kDLCPU device type
+
+
 def array_view(obj: Any, stream_ptr: int = -1) -> ArrayView | None:
     """Read an array through __cuda_array_interface__ (fast) or DLPack; None if it has neither.
 
@@ -366,6 +352,9 @@ def array_view(obj: Any, stream_ptr: int = -1) -> ArrayView | None:
         itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 0
         return ArrayView(ptr, shape, dtype, _c_contiguous(shape, cai.get("strides"), itemsize), bool(readonly), None)
     if hasattr(obj, "__dlpack__"):
+        where = getattr(obj, "__dlpack_device__", None)
+        if where is not None and where()[0] == _DLPACK_CPU:  # NumPy: host memory, and no stream allowed
+            return ArrayView(0, (), None, True, False, -1)
         from cuda.core.utils import StridedMemoryView  # lazy: only DLPack-only arrays need it
 
         view = StridedMemoryView.from_dlpack(obj, stream_ptr=stream_ptr)
@@ -604,6 +593,8 @@ class Kernel:
                     f"{name}(): argument {arg!r} must be a GPU array exposing __cuda_array_interface__ or DLPack "
                     f"(CuPy, PyTorch, Numba, JAX), got {type(obj).__name__}"
                 )
+            if view.device == -1:
+                raise ValueError(f"{name}(): argument {arg!r} is in host memory; expected a GPU array")
             declared = a["dtype"]
             if declared in self.type_params:
                 if view.dtype not in self.type_params[declared]:
@@ -625,8 +616,6 @@ class Kernel:
                 raise ValueError(f"{name}(): argument {arg!r} must be C-contiguous (row-major, dense); pass a contiguous copy")
             if view.readonly and a["intent"] != "in":
                 raise ValueError(f"{name}(): argument {arg!r} is read-only but the kernel writes it (intent {a['intent']})")
-            if view.device == -1:
-                raise ValueError(f"{name}(): argument {arg!r} is in host memory; expected a GPU array")
             align = a.get("align")
             if align and view.ptr % align:
                 raise ValueError(
@@ -668,13 +657,13 @@ class Kernel:
         return PreparedCall(types, key, tuple(c_args), arrays)
 
     # The call path. A first call with a given signature (array dtypes, shapes, layouts, scalar
-    # types, stream) goes through every check in _prepare and records a _FastPlan; later calls
-    # with the same signature only read each array's pointer, check its alignment, convert the
-    # scalars and launch. The fast path is taken on single-GPU machines; with several GPUs every
-    # call asks the driver where its arrays live.
+    # types, stream) goes through every check in _prepare, then starts the driver, and records a
+    # _FastPlan per device; later calls with the same signature only read each array's pointer,
+    # check its alignment, convert the scalars and launch, from any thread. With one GPU the
+    # device is known; with several, each call asks the driver which device its arrays are on.
 
     def __call__(self, *args: Any, stream: Any = None, **kwargs: Any) -> None:
-        if kwargs or len(args) != self._n_user or _MULTI_GPU is not False:
+        if kwargs or len(args) != self._n_user:
             return self._call_checked(self._bind(args, kwargs), stream, None)
         sig: list[Any] = [stream if stream is None or type(stream) is int else id(stream)]
         ptrs = []
@@ -690,10 +679,18 @@ class Kernel:
                 sig.append((type(obj), obj))  # its value picks the bucket
             else:
                 sig.append(type(obj))
-        key = tuple(sig)
-        plan = self._fast.get(key)
+        gpu = _GPU
+        if gpu.driver is None:  # the first call in this process: checks first, then the driver
+            return self._call_checked(list(args), stream, tuple(sig))
+        device = gpu.single_device
+        if device is None:
+            device = self._arrays_device(ptrs)
+            if device is None:  # unknown, mixed or zero-sized: the checked path says which
+                return self._call_checked(list(args), stream, tuple(sig))
+        sig.append(device)
+        plan = self._fast.get(tuple(sig))
         if plan is None or (stream is not None and plan.stream_ref is not stream and type(stream) is not int):
-            return self._call_checked(list(args), stream, key)
+            return self._call_checked(list(args), stream, tuple(sig[:-1]))
         c_args = plan.c_args.copy()
         for slot, ptr, align in zip(plan.ptr_slots, ptrs, plan.aligns):
             if ptr % align:
@@ -701,19 +698,27 @@ class Kernel:
             c_args[slot] = ptr
         for slot, index, convert in plan.scalar_slots:
             c_args[slot] = convert(args[index])
-        if plan.empty:
-            return None
-        try:
-            _CORE["launch"](plan.stream, plan.config, plan.kernel, *c_args)
-        except Exception:  # e.g. no current context in a new thread: the checked path sets one up
-            return self._call_checked(list(args), stream, None)
+        if not plan.empty:
+            gpu.launch(device, plan.stream, plan.config, plan.kernel, c_args)
         return None
 
-    def _call_checked(self, bound: list[Any], stream: Any, fast_key: tuple | None) -> None:
-        """Every check, then the launch; records a fast plan for `fast_key` when it can."""
-        _load_core()
+    @staticmethod
+    def _arrays_device(ptrs: Sequence[int]) -> int | None:
+        """The one device that every non-null pointer is on, else None (several GPUs only)."""
+        found = None
+        for ptr in ptrs:
+            if ptr:
+                device = _GPU.pointer_device(ptr)
+                if device is None or (found is not None and device != found):
+                    return None
+                found = device
+        return found
+
+    def _call_checked(self, bound: list[Any], stream: Any, fast_sig: tuple | None) -> None:
+        """Every check, then the launch; records a fast plan under `fast_sig` + device."""
         handle = stream_handle(stream)
-        call = self._prepare(bound, 1 if handle is None else handle)  # 1: the legacy default stream (DLPack)
+        call = self._prepare(bound, handle or 1)  # DLPack forbids stream 0; 1 is the legacy default stream
+        _GPU.start()  # NoDriverError only now, after every check that needs no driver
         device = self._device_of(call)
         memo_key = (device, tuple(call.types.values()), tuple(call.key.values()))
         plan = self._memo.get(memo_key)
@@ -723,15 +728,13 @@ class Kernel:
                 self._memo.clear()
             self._memo[memo_key] = plan
         kernel, config, empty = plan
-        launch_stream = _launch_stream(stream, handle, device)
-        if fast_key is not None and _MULTI_GPU is False:
+        launch_stream = _GPU.launch_stream(stream, handle, device)
+        if fast_sig is not None:
             if len(self._fast) >= _CACHE_LIMIT:
                 self._fast.clear()
-            self._fast[fast_key] = _FastPlan(self, call, kernel, config, empty, launch_stream, stream)
-        if empty:
-            return  # a zero-sized problem: nothing to launch
-        with _on_device(device):
-            _CORE["launch"](launch_stream, config, kernel, *call.c_args)
+            self._fast[(*fast_sig, device)] = _FastPlan(self, call, kernel, config, empty, launch_stream, stream)
+        if not empty:  # a zero-sized problem launches nothing
+            _GPU.launch(device, launch_stream, config, kernel, call.c_args)
 
     def _device_of(self, call: PreparedCall) -> int:
         """The one device all arrays live on (zero-sized arrays, pointer 0, are anywhere)."""
@@ -739,23 +742,26 @@ class Kernel:
         for arg, view in call.arrays.items():
             if view.ptr == 0 or 0 in view.shape:
                 continue
-            devices[arg] = view.device if view.device is not None else _pointer_device(view.ptr, self.name, arg)
+            device = view.device if view.device is not None else _GPU.pointer_device(view.ptr)
+            if device is None:
+                raise ValueError(f"{self.name}(): argument {arg!r} (pointer {view.ptr:#x}) is not CUDA device memory")
+            devices[arg] = device
         distinct = set(devices.values())
         if len(distinct) > 1:
             listing = ", ".join(f"{a} on device {d}" for a, d in devices.items())
             raise ValueError(f"{self.name}(): arrays are on different devices ({listing})")
         if distinct:
             return distinct.pop()
-        current = _current_device()
+        current = _GPU.current_device()
         return 0 if current is None else current
 
     def _plan(self, device: int, call: PreparedCall) -> tuple[Any, Any, bool]:
         """Kernel handle and LaunchConfig for a (device, types, key): computed once, memoised."""
-        sel = self._selection(_device_cc(device), call.types, call.key)
+        sel = self._selection(_GPU.device_cc(device), call.types, call.key)
         grid, block, shared = self.geometry(sel.config, call.types, call.key)
         if min(grid) == 0:
             return None, None, True
-        return self._kernel_handle(device, sel), _CORE["LaunchConfig"](grid=grid, block=block, shmem_size=shared), False
+        return self._kernel_handle(device, sel), _GPU.core["LaunchConfig"](grid=grid, block=block, shmem_size=shared), False
 
     def geometry(self, config: Mapping[str, Any], types: Mapping[str, str], key: Mapping[str, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
         """(grid, block, dynamic shared bytes) of a config at a key: the declared expressions."""
@@ -774,14 +780,36 @@ class Kernel:
             with self._load_lock:
                 handle = self._kernels.get(cache_key)
                 if handle is None:
-                    from cuda.core import ObjectCode
-
+                    code_type = _GPU.core["ObjectCode"]
                     data = self.binary(sel)
+                    is_ptx = sel.binary.startswith("compute_")
+                    if is_ptx:
+                        self._check_ptx_driver(sel)
                     with _on_device(device):
-                        code = ObjectCode.from_ptx(data) if sel.binary.startswith("compute_") else ObjectCode.from_cubin(data)
+                        code = code_type.from_ptx(data) if is_ptx else code_type.from_cubin(data)
                         handle = code.get_kernel(self.entry)
                     self._kernels[cache_key] = handle
         return handle
+
+    def _check_ptx_driver(self, sel: Selection) -> None:
+        """A clear error, before the driver's bare CUDA_ERROR_UNSUPPORTED_PTX_VERSION, when this
+        driver is older than the PTX it would have to JIT-compile."""
+        info = self.variants[sel.variant]["binaries"][sel.binary]
+        isa = info.get("ptx_isa")
+        if isa is None:
+            return
+        needed = ptx_driver_needed(isa, info.get("nvrtc"))
+        have = _GPU.driver_version
+        if have >= needed:
+            return
+        library = self._library
+        raise RuntimeError(
+            f"{self.name}(): the wheel has no cubin for this device's arch (its cubins: {', '.join(library.cubin_archs)}), "
+            f"so its PTX ({sel.binary}, ISA {isa}, made by NVRTC {info.get('nvrtc', 'unknown')}) must be JIT-compiled, "
+            f"which needs a driver of CUDA {needed[0]}.{needed[1]} or newer; this driver is CUDA {have[0]}.{have[1]}. "
+            f"Fixes: update the NVIDIA driver; or rebuild the wheel with this device's arch in `archs`; or build it "
+            f"with an NVRTC no newer than the driver (pin nvidia-cuda-nvrtc=={have[0]}.{have[1]}.* in build-system.requires)"
+        )
 
 
 _MISSING = object()
@@ -875,57 +903,191 @@ def _scalar(value: Any, dtype: str, kernel: str, arg: str) -> Any:
     return np_type(value)
 
 
-# ---- the few driver calls of the launch path (GPU only) ------------------------------------
+# ---- the driver boundary (GPU only) ---------------------------------------------------------
+# Every driver call of the launch path is below, and all that the runtime learns from the
+# driver lives in one object, `_GPU`, so that tests can swap the driver for a stand-in and
+# start from a clean state.
 
 
-def _driver() -> Any:
-    from cuda.bindings import driver
-
-    return driver
+class NoDriverError(RuntimeError):
+    """No usable CUDA driver or device. Raised only after every check that needs no driver."""
 
 
-def _pointer_device(ptr: int, kernel: str, arg: str) -> int:
-    """Device ordinal of a device pointer; ValueError when it is not GPU memory."""
-    driver = _driver()
-    err, ordinal = driver.cuPointerGetAttribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise ValueError(f"{kernel}(): argument {arg!r} (pointer {ptr:#x}) is not CUDA device memory ({err.name})")
-    return int(ordinal)
+_NO_DRIVER_HINT = (
+    "running a kernel needs an NVIDIA GPU and its driver; `<kernel>.select(arch='sm_90', ...)` "
+    "shows which variant would run, without either"
+)
+
+# cuda-core before 0.5 had its API under `cuda.core.experimental` only.
+MIN_CUDA_CORE = (0, 5)
+_VERSION_RE = re.compile(r"""__version__\s*=\s*(?:version\s*=\s*)?['"](\d+)\.(\d+)""")
 
 
-_DEVICE_CC: dict[int, tuple[int, int]] = {}
-_DEFAULT_STREAMS: dict[int, Any] = {}
-_HANDLE_STREAMS: dict[int, Any] = {}
+def check_cuda_core(path: Sequence[str] | None = None) -> None:
+    """ImportError, at import, when the cuda-core Python would import predates the `cuda.core`
+    API. Reads its _version.py instead of importing it (that takes ~300 ms and may load CUDA);
+    a missing cuda-core is not an error here: `select(arch=...)` needs none."""
+    for entry in sys.path if path is None else path:
+        core = os.path.join(entry or ".", "cuda", "core")
+        if os.path.isdir(core):
+            break
+    else:
+        return
+    try:
+        with open(os.path.join(core, "_version.py"), encoding="utf-8") as f:
+            m = _VERSION_RE.search(f.read())
+    except OSError:
+        m = None
+    version = (int(m.group(1)), int(m.group(2))) if m else None
+    legacy = os.path.isdir(os.path.join(core, "experimental")) and not os.path.isdir(os.path.join(core, "cu13"))
+    if (version is not None and version < MIN_CUDA_CORE) or (version is None and legacy):
+        found = f"{version[0]}.{version[1]}" if version else "an unknown version"
+        raise ImportError(
+            f"hatch-autotune kernels need cuda-core >= {MIN_CUDA_CORE[0]}.{MIN_CUDA_CORE[1]} (the `cuda.core` API); "
+            f"{core} is cuda-core {found}, whose API is only under `cuda.core.experimental`: "
+            "upgrade it with `pip install -U cuda-core`"
+        )
 
 
-def _device_cc(device: int) -> tuple[int, int]:
-    cc = _DEVICE_CC.get(device)
-    if cc is None:
-        cc = _DEVICE_CC.setdefault(device, current_device_cc(device))
-    return cc
+def ptx_driver_needed(isa: str, nvrtc: str | None = None) -> tuple[int, int]:
+    """The oldest CUDA driver (major, minor) that JIT-compiles PTX of ISA `isa` ('9.5').
+
+    ISA 9.x came with CUDA 13.x, 8.0-8.5 with 12.0-12.5, 8.6-8.8 with 12.7-12.9, 7.x with
+    11.x. For an ISA newer than this table, the NVRTC that wrote it is the safe answer."""
+    major, minor = (int(p) for p in isa.split(".")[:2])
+    if major == 9:
+        return 13, minor
+    if major == 8:
+        return 12, minor if minor <= 5 else minor + 1
+    if major == 7:
+        return 11, minor
+    if nvrtc:
+        n_major, n_minor = (int(p) for p in nvrtc.split(".")[:2])
+        return n_major, n_minor
+    return major + 4, minor
 
 
-_CORE: dict[str, Any] = {}
-_MULTI_GPU: bool | None = None  # None until the first call asks the driver
+def _ok(result: tuple, what: str) -> Any:
+    """The one check of a driver result tuple (err, *values): the value(s), or RuntimeError."""
+    err = result[0]
+    if int(err) != 0:  # CUDA_SUCCESS
+        raise RuntimeError(f"{what} failed: {getattr(err, 'name', err)}")
+    return result[1] if len(result) == 2 else result[1:]
 
 
-def _load_core() -> None:
-    """cuda.core's launch pieces, imported once (not per call), and the GPU count."""
-    global _MULTI_GPU
-    if not _CORE:
-        from cuda.core import Device, LaunchConfig, ObjectCode, Stream, launch
+class _GpuState:
+    """What the runtime learns from the driver, once per process: the driver itself, cuda.core's
+    launch pieces, the device count and versions, and per-device facts and objects."""
 
-        _CORE.update(Device=Device, LaunchConfig=LaunchConfig, ObjectCode=ObjectCode, Stream=Stream, launch=launch)
-    if _MULTI_GPU is None:
-        driver = _driver()
-        driver.cuInit(0)
-        err, count = driver.cuDeviceGetCount()
-        _MULTI_GPU = err != driver.CUresult.CUDA_SUCCESS or count != 1
+    def __init__(self) -> None:
+        self.driver: Any = None  # cuda.bindings.driver, after a successful cuInit
+        self.core: dict[str, Any] = {}
+        self.single_device: int | None = None  # the one device's ordinal; None with several
+        self.driver_version = (0, 0)
+        self.cc: dict[int, tuple[int, int]] = {}
+        self.primary: dict[int, Any] = {}
+        self.default_streams: dict[int, Any] = {}
+        self.handle_streams: dict[int, Any] = {}
+        self.lock = threading.Lock()
+
+    def start(self) -> Any:
+        """Initialise the driver and import cuda.core's launch pieces, once; NoDriverError when
+        there is no driver or no device."""
+        with self.lock:
+            if self.driver is not None:
+                return self.driver
+            try:
+                from cuda.bindings import driver
+
+                (err,) = driver.cuInit(0)
+            except Exception as exc:  # cuda.pathfinder's DynamicLibNotFoundError when libcuda is absent
+                raise NoDriverError(f"no CUDA driver found ({type(exc).__name__}: {exc}); {_NO_DRIVER_HINT}") from None
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise NoDriverError(f"the CUDA driver did not initialise ({err.name}); {_NO_DRIVER_HINT}")
+            count = _ok(driver.cuDeviceGetCount(), "cuDeviceGetCount")
+            if count < 1:
+                raise NoDriverError(f"the CUDA driver sees no device; {_NO_DRIVER_HINT}")
+            version = _ok(driver.cuDriverGetVersion(), "cuDriverGetVersion")
+            try:
+                from cuda.core import Device, LaunchConfig, ObjectCode, Stream, launch
+            except ImportError as exc:
+                raise ImportError(f"hatch-autotune kernels need cuda-core >= 0.5 (the `cuda.core` API): {exc}") from None
+            self.core.update(Device=Device, LaunchConfig=LaunchConfig, ObjectCode=ObjectCode, Stream=Stream, launch=launch)
+            self.single_device = 0 if count == 1 else None
+            self.driver_version = (version // 1000, (version % 1000) // 10)
+            self.driver = driver
+            return driver
+
+    def device_cc(self, device: int) -> tuple[int, int]:
+        cc = self.cc.get(device)
+        if cc is None:
+            attr = self.driver.CUdevice_attribute
+            major = _ok(self.driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), f"compute capability of device {device}")
+            minor = _ok(self.driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), f"compute capability of device {device}")
+            cc = self.cc.setdefault(device, (int(major), int(minor)))
+        return cc
+
+    def current_device(self) -> int | None:
+        """The device of the calling thread's current context, None when it has none."""
+        err, dev = self.driver.cuCtxGetDevice()
+        return int(dev) if err == self.driver.CUresult.CUDA_SUCCESS else None
+
+    def pointer_device(self, ptr: int) -> int | None:
+        """Device ordinal of a device pointer; None when it is not device memory."""
+        driver = self.driver
+        err, ordinal = driver.cuPointerGetAttribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+        return int(ordinal) if err == driver.CUresult.CUDA_SUCCESS else None
+
+    def primary_context(self, device: int) -> Any:
+        ctx = self.primary.get(device)
+        if ctx is None:
+            ctx = self.primary.setdefault(device, _ok(self.driver.cuDevicePrimaryCtxRetain(device), f"retaining the primary context of device {device}"))
+        return ctx
+
+    def launch(self, device: int, stream: Any, config: Any, kernel: Any, c_args: Sequence[Any]) -> None:
+        """Launch with `device` current in the calling thread: as it is when the caller's
+        context is already on that device, else its primary context pushed and popped, so that
+        any thread can call and the caller's current device never changes."""
+        if self.current_device() == device:
+            self.core["launch"](stream, config, kernel, *c_args)
+            return
+        with _on_device(device):
+            self.core["launch"](stream, config, kernel, *c_args)
+
+    def launch_stream(self, stream: Any, handle: int | None, device: int) -> Any:
+        """What to launch on: a cuda.core Stream as given; the device's default stream for None;
+        anything else by its handle, wrapped once (Stream.from_handle costs microseconds)."""
+        if isinstance(stream, self.core["Stream"]):
+            return stream
+        if handle is None:
+            found = self.default_streams.get(device)
+            if found is None:
+                with _on_device(device):
+                    found = self.default_streams.setdefault(device, self.core["Device"](device).default_stream)
+            return found
+        found = self.handle_streams.get(handle)
+        if found is None:
+            if len(self.handle_streams) >= _CACHE_LIMIT:
+                self.handle_streams.clear()
+            found = self.handle_streams.setdefault(handle, self.core["Stream"].from_handle(handle))
+        return found
+
+
+_GPU = _GpuState()
+
+
+def current_device_cc(device_id: int | None = None) -> tuple[int, int]:
+    """Compute capability of a CUDA device (None: the calling thread's current device, else 0);
+    NoDriverError without a driver or device."""
+    _GPU.start()
+    if device_id is None:
+        device_id = _GPU.current_device()
+    return _GPU.device_cc(0 if device_id is None else device_id)
 
 
 class _on_device:
     """Run a block with `device`'s primary context current, restoring the caller's afterwards,
-    so that launching never changes which device CuPy or PyTorch consider current."""
+    so that loading or launching never changes which device CuPy or PyTorch consider current."""
 
     __slots__ = ("device", "pushed")
 
@@ -933,52 +1095,14 @@ class _on_device:
         self.device, self.pushed = device, False
 
     def __enter__(self) -> None:
-        if _current_device() == self.device:
+        if _GPU.current_device() == self.device:
             return
-        driver = _driver()
-        ctx = _PRIMARY.get(self.device)
-        if ctx is None:
-            err, ctx = driver.cuDevicePrimaryCtxRetain(self.device)
-            if err != driver.CUresult.CUDA_SUCCESS:
-                raise RuntimeError(f"cannot retain the primary context of device {self.device}: {err}")
-            ctx = _PRIMARY.setdefault(self.device, ctx)
-        (err,) = driver.cuCtxPushCurrent(ctx)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cannot make device {self.device} current: {err}")
+        _ok(_GPU.driver.cuCtxPushCurrent(_GPU.primary_context(self.device)), f"making device {self.device} current")
         self.pushed = True
 
     def __exit__(self, *exc: Any) -> None:
         if self.pushed:
-            _driver().cuCtxPopCurrent()
-
-
-_PRIMARY: dict[int, Any] = {}
-
-
-def _current_device() -> int | None:
-    """The device of the calling thread's current context, None when there is none."""
-    driver = _driver()
-    err, dev = driver.cuCtxGetDevice()
-    return int(dev) if err == driver.CUresult.CUDA_SUCCESS else None
-
-
-def _launch_stream(stream: Any, handle: int | None, device: int) -> Any:
-    """What to launch on: a cuda.core Stream as given; the device's default stream for None;
-    anything else by its handle, wrapped once (Stream.from_handle costs microseconds)."""
-    if isinstance(stream, _CORE["Stream"]):
-        return stream
-    if handle is None:
-        found = _DEFAULT_STREAMS.get(device)
-        if found is None:
-            with _on_device(device):
-                found = _DEFAULT_STREAMS.setdefault(device, _CORE["Device"](device).default_stream)
-        return found
-    found = _HANDLE_STREAMS.get(handle)
-    if found is None:
-        if len(_HANDLE_STREAMS) >= _CACHE_LIMIT:
-            _HANDLE_STREAMS.clear()
-        found = _HANDLE_STREAMS.setdefault(handle, _CORE["Stream"].from_handle(handle))
-    return found
+            _GPU.driver.cuCtxPopCurrent()
 
 
 class Library:
@@ -998,6 +1122,7 @@ class Library:
 
     @classmethod
     def load(cls, directory: str, table_sha256: str | None = None) -> "Library":
+        check_cuda_core()
         path = os.path.join(directory, TABLE_FILE)
         with open(path, "rb") as f:
             raw = f.read()

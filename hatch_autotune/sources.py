@@ -398,8 +398,10 @@ def project_source(root: Path) -> Source:
 
     Renders the templates (no compile) to recompute each entry's checksum, as the build does.
     """
+    from collections import Counter
+
     from . import compile as compile_mod
-    from .lock import LockFile, choose, entries_for
+    from .lock import LockFile, NvrtcPolicy, choose, entries_for, tuned_with
     from .render import TemplateError, render_kernel
 
     project = load_project(root)
@@ -407,10 +409,11 @@ def project_source(root: Path) -> Source:
     raw_lock = read_lock(lock_path) if lock_path.exists() else {}
     notes = [] if lock_path.exists() else [f"no lock file at {lock_path}: every entry uses its default config"]
     try:
-        compiler = compile_mod.nvrtc_version()
-    except Exception:  # no NVRTC here: entries cannot be checked against their checksum
-        compiler = None
-        notes.append("NVRTC is not available: lock entries were not checked against their checksums")
+        policy: NvrtcPolicy | None = NvrtcPolicy(compile_mod.nvrtc_version(), project.exact_nvrtc)
+    except Exception:  # no NVRTC here: only the version rule cannot be applied (not in the checksum)
+        policy = None
+        if project.exact_nvrtc:
+            notes.append("NVRTC is not available here: exact-nvrtc = true was not checked")
     lock_archs = {}
     for eid in raw_lock:
         kernel, _, arch, _ = parse_entry_id(eid, str(lock_path))
@@ -429,13 +432,11 @@ def project_source(root: Path) -> Source:
             default_index = configs.index(dict(spec.default))
             hashes = [v.source_hash for v in variants]
             for arch in archs:
-                for key in entries_for(spec, tkey, hashes, arch, compiler or "unknown"):
+                for key in entries_for(spec, tkey, hashes, arch):
                     eid, bucket, raw = key.eid, key.bucket, raw_lock.get(key.eid)
                     if raw is not None:
                         used.add(eid)
-                    # the build's own rule (lock.choose); without NVRTC the checksum cannot be checked
-                    checksum = key.checksum if compiler or raw is None else raw["checksum"]
-                    choice = choose(lock, eid, checksum, configs, [True] * len(configs), default_index)
+                    choice = choose(lock, eid, key.checksum, configs, [True] * len(configs), default_index, policy)  # the build's rule
                     if choice.tuned:
                         e = lock_entry(eid, raw, str(lock_path))
                         e.default_config = dict(spec.default)
@@ -447,6 +448,9 @@ def project_source(root: Path) -> Source:
                     entries[eid] = e
         if not archs:
             notes.append(f"{name}: no archs declared and none in the lock file: nothing to show")
+    mixed = policy and policy.warning(Counter(tuned_with(e.provenance) for e in entries.values() if e.tuned))
+    if mixed:
+        notes.append(mixed)
     orphans = len(set(raw_lock) - used)
     if orphans:
         notes.append(

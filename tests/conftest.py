@@ -87,6 +87,16 @@ def load_project(project_dir: Path, env: dict | None = None) -> ProjectSpec:
     return parse_project(hook_table(project_dir), project_dir, env=env or {})
 
 
+def device_sync(device_id: int = 0) -> None:
+    """Wait for everything queued on a CUDA device. cuda.core's Device.sync() (like most device
+    calls) raises "not yet initialized" unless the device was made current in this process first."""
+    from cuda.core import Device  # lazy: importing conftest never needs a driver
+
+    device = Device(device_id)
+    device.set_current()
+    device.sync()
+
+
 def build(project_dir: Path, cache_dir: Path | None, logs: list | None = None, env: dict | None = None) -> BuildResult:
     cache = CompileCache(cache_dir) if cache_dir is not None else None
     sink = logs.append if logs is not None else (lambda m: None)

@@ -13,6 +13,8 @@ import pytest
 
 from hatch_autotune.pipeline import detect_gpu_arch
 
+from conftest import device_sync
+
 
 GPU_ARCH = detect_gpu_arch()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPU_ARCH is None, reason="needs a CUDA GPU")]
@@ -105,7 +107,8 @@ def _to_device(lib, host):
     if lib == "jax":
         import jax
 
-        return jax.device_put(host, jax.devices("gpu")[0]), lambda a: np.asarray(a)
+        # JAX copies asynchronously on its own stream: wait, so the test is about the array type
+        return jax.device_put(host, jax.devices("gpu")[0]).block_until_ready(), lambda a: np.asarray(a)
     raise AssertionError(lib)
 
 
@@ -117,9 +120,7 @@ def test_every_installed_array_library(kernels, lib):
     # JAX arrays are immutable: JAX provides the input, CuPy the output
     dy, back = _to_device("cupy" if lib == "jax" else lib, y)
     kernels.saxpy(2.0, dx, dy)
-    from cuda.core import Device
-
-    Device().sync()
+    device_sync()  # cuda.core: Device().sync() alone raises "not yet initialized"
     np.testing.assert_allclose(back(dy), 2 * x + y, rtol=1e-6)
 
 

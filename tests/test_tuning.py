@@ -253,7 +253,7 @@ def test_tune_refuses_without_a_matching_gpu(tmp_path, monkeypatch):
         tune(project, kernels=["nope"], gpu_arch="sm_90", log=lambda m: None)
     import hatch_autotune.tuning.tuner as tuner
 
-    monkeypatch.setattr(tuner, "detect_gpu_arch", lambda: None)
+    monkeypatch.setattr(tuner, "detect_gpus", lambda: [])
     with pytest.raises(TuningError, match="needs a CUDA GPU"):
         tune(project, log=lambda m: None)
 

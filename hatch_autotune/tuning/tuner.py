@@ -23,10 +23,10 @@ from .. import __version__
 from .. import compile as compile_mod
 from ..cache import CompileCache, default_cache_dir
 from ..config import KernelSpec, ProjectSpec, SearchSpec, TuningSpec
-from ..lock import LockFile, entries_for
+from ..lock import LockFile, NvrtcPolicy, entries_for
 from ..package import kernel_json
 from ..errors import BuildError
-from ..pipeline import detect_gpu_arch
+from ..pipeline import Gpu, detect_gpus, resolve_archs
 from ..render import Variant, render_kernel
 from .bench import median, spread
 from .inputs import bucket_inputs, reference_outputs
@@ -129,9 +129,56 @@ def choose_winner(measurements: Sequence[Measurement], default_index: int) -> Me
     return min(tied, key=lambda m: m.index)
 
 
-def needs_tuning(lock: LockFile, eid: str, checksum: str, mode: str) -> bool:
-    """Only missing or stale entries are tuned, except in `retune`, which redoes them all."""
-    return mode == "retune" or lock.valid(eid, checksum) is None
+def needs_tuning(lock: LockFile, eid: str, checksum: str, mode: str, policy: NvrtcPolicy | None = None) -> bool:
+    """Only entries a build could not use (lock.problem: missing, stale, or refused by
+    exact-nvrtc) are tuned, except in `retune`, which redoes them all."""
+    return mode == "retune" or lock.valid(eid, checksum, policy) is None
+
+
+@dataclass(frozen=True)
+class TuningPlan:
+    """The target archs this machine tunes (each has a device here), and what it warns about."""
+
+    archs: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+
+
+def _device(g: Gpu) -> str:
+    return f"{g.ordinal} ({g.name or 'unnamed'}, {g.arch})"
+
+
+def plan_tuning(project: ProjectSpec, gpus: Sequence[Gpu], mode: str) -> TuningPlan:
+    """Every target arch that has a device here is tuned, on those devices only. `offline`
+    tunes nothing; `tune` and `retune` need a device of a target arch (TuningError otherwise);
+    `auto` without one builds from the lock. One warning for target archs without a device, one
+    for devices of other archs."""
+    if mode == "offline":
+        return TuningPlan(())
+    if not gpus:
+        if mode == "auto":
+            return TuningPlan(())
+        raise TuningError(f"tuning (mode {mode!r}) needs a CUDA GPU on this machine and none was found")
+    targets = resolve_archs(project, gpus)
+    here = {g.arch for g in gpus}
+    archs = tuple(a for a in targets if a in here)
+    if not archs:
+        why = f"no GPU here is of a target arch ({', '.join(targets)}); devices: {', '.join(map(_device, gpus))}"
+        if mode == "auto":
+            return TuningPlan((), (f"{why}; not tuning",))
+        raise TuningError(f"{why}; add their arch to `archs` or tune on a builder with such a GPU")
+    warnings = []
+    missing = [a for a in targets if a not in here]
+    if missing:
+        their = "its" if len(missing) == 1 else "their"
+        warnings.append(f"no GPU here is {', '.join(missing)}: {their} entries are not tuned on this machine")
+    others = [g for g in gpus if g.arch not in targets]
+    if others:
+        one = len(others) == 1
+        warnings.append(
+            f"device{'' if one else 's'} {', '.join(map(_device, others))} {'is' if one else 'are'} not of a target arch "
+            f"({', '.join(targets)}): not tuning on {'it' if one else 'them'}"
+        )
+    return TuningPlan(archs, tuple(warnings))
 
 
 # ---- the engine --------------------------------------------------------------------------
@@ -179,6 +226,8 @@ class TuneSummary:
 
 
 def provenance(device: Mapping[str, Any], compiler: str) -> dict[str, Any]:
+    """Where and with what an entry was tuned. `nvrtc` (major.minor) is what NvrtcPolicy
+    compares; `nvrtc_build` (the wheel's full version) says which binaries were measured."""
     try:
         from importlib.metadata import version
 
@@ -190,6 +239,7 @@ def provenance(device: Mapping[str, Any], compiler: str) -> dict[str, Any]:
         "cc": ".".join(str(c) for c in device["cc"]),
         "driver": device["driver"],
         "nvrtc": compiler,
+        "nvrtc_build": compile_mod._nvrtc_build(),
         "cuda_bindings": cuda_python,
         "hatch_autotune": __version__,
         "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
@@ -368,17 +418,6 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
     }
 
 
-def device_count() -> int:
-    try:
-        from cuda.bindings import driver
-
-        (err,) = driver.cuInit(0)
-        err, n = driver.cuDeviceGetCount()
-        return int(n) if err == driver.CUresult.CUDA_SUCCESS else 0
-    except Exception:
-        return 0
-
-
 def tune(
     project: ProjectSpec,
     *,
@@ -389,47 +428,77 @@ def tune(
     client_factory: Callable[[int], WorkerClient] | None = None,
     cache: CompileCache | None = None,
 ) -> TuneSummary:
-    """Tune the stale (or, in `retune`, all) entries of `project` for the build GPU's arch and
+    """Tune the stale (or, in `retune`, all) entries of `project` for every target arch that has
+    a device here (plan_tuning; in `auto`, none is not an error), or only for `gpu_arch`, and
     write them into its lock file as each bucket finishes."""
     if mode == "offline":
         raise TuningError("mode 'offline' never touches a GPU; use mode 'tune' or 'retune' to tune")
-    gpu_arch = gpu_arch or detect_gpu_arch()
-    if gpu_arch is None:
-        raise TuningError("tuning needs a CUDA GPU on this machine and none was found")
-    archs = project.archs or (gpu_arch,)
-    if gpu_arch not in archs:
-        raise TuningError(f"the GPU here is {gpu_arch} but the project's archs are {', '.join(archs)}; add {gpu_arch} to `archs`")
     unknown = sorted(set(kernels or []) - set(project.kernels))
     if unknown:
         raise TuningError(f"no kernel named {', '.join(unknown)}; kernels: {', '.join(project.kernels)}")
+    gpus = detect_gpus()
+    if gpu_arch is None:
+        plan = plan_tuning(project, gpus, mode)
+        for w in plan.warnings:
+            log(f"warning: {w}")
+    else:
+        targets = project.archs or (gpu_arch,)
+        if gpu_arch not in targets:
+            raise TuningError(f"the GPU here is {gpu_arch} but the project's archs are {', '.join(targets)}; add {gpu_arch} to `archs`")
+        plan = TuningPlan((gpu_arch,))
+    summary = TuneSummary()
+    if not plan.archs:
+        return summary
     cache = cache or CompileCache(default_cache_dir())
     compiler = compile_mod.nvrtc_version()
+    policy = NvrtcPolicy(compiler, project.exact_nvrtc)
     lock = LockFile.load(project.lock_file)
     for w in lock.warnings:
         log(f"warning: {w}")
-    summary = TuneSummary()
 
-    groups: list[list[BucketJob]] = []
-    for name, spec in project.kernels.items():
-        if kernels and name not in kernels:
-            continue
-        for tkey, variants in render_kernel(spec).items():
-            types = variants[0].types_dict if variants else {}
-            hashes = [v.source_hash for v in variants]
-            jobs = []
-            for e in entries_for(spec, tkey, hashes, gpu_arch, compiler):
-                if needs_tuning(lock, e.eid, e.checksum, mode):
-                    jobs.append(BucketJob(spec, tkey, types, variants, e.point, e.eid, e.checksum))
-                else:
-                    summary.skipped += 1
-            if jobs:
-                groups.append(jobs)
+    rendered = {name: render_kernel(spec) for name, spec in project.kernels.items() if not kernels or name in kernels}
+    per_arch: list[tuple[str, list[list[BucketJob]]]] = []
+    for arch in plan.archs:
+        groups: list[list[BucketJob]] = []
+        for name, by_types in rendered.items():
+            spec = project.kernels[name]
+            for tkey, variants in by_types.items():
+                types = variants[0].types_dict if variants else {}
+                hashes = [v.source_hash for v in variants]
+                jobs = []
+                for e in entries_for(spec, tkey, hashes, arch):
+                    if needs_tuning(lock, e.eid, e.checksum, mode, policy):
+                        jobs.append(BucketJob(spec, tkey, types, variants, e.point, e.eid, e.checksum))
+                    else:
+                        summary.skipped += 1
+                if jobs:
+                    groups.append(jobs)
+        if groups:
+            per_arch.append((arch, groups))
     if summary.skipped:
         log(f"tuning: {summary.skipped} entr(y/ies) still valid in {project.lock_file.name}; not re-tuned")
-    if not groups:
-        return summary
+    factory = client_factory or (lambda device: WorkerClient())
+    for arch, groups in per_arch:
+        # none detected (a stand-in worker, or a driver that would not say): device 0, whose worker says what it is
+        devices = [g.ordinal for g in gpus if g.arch == arch] or [0]
+        log(f"tuning {arch} on device{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))} (NVRTC {compiler}), mode {mode}")
+        _tune_arch(arch, groups, [_Session(factory(d), d, project.tuning) for d in devices], project, cache, lock, summary, log)
+    if per_arch:
+        log("tuning summary:\n" + summary.table())
+    return summary
 
-    # Producer: compile each group for the GPU's arch, ahead of the consumer's measurements.
+
+def _tune_arch(
+    arch: str,
+    groups: list[list[BucketJob]],
+    sessions: list[_Session],
+    project: ProjectSpec,
+    cache: CompileCache,
+    lock: LockFile,
+    summary: TuneSummary,
+    log: Log,
+) -> None:
+    """Measure one arch's groups on its devices' workers, compiling the next group meanwhile."""
     compiled: queue.Queue = queue.Queue()
 
     def produce() -> None:
@@ -437,7 +506,7 @@ def tune(
             spec = jobs[0].spec
             try:
                 results = compile_mod.compile_all(
-                    [compile_mod.CompileJob(v.source, gpu_arch, spec.entry, spec.nvrtc_options, v.label) for v in jobs[0].variants], cache
+                    [compile_mod.CompileJob(v.source, arch, spec.entry, spec.nvrtc_options, v.label) for v in jobs[0].variants], cache
                 )
             except Exception as exc:  # surfaced by the consumer
                 compiled.put(exc)
@@ -447,12 +516,8 @@ def tune(
             compiled.put(jobs)
 
     threading.Thread(target=produce, daemon=True, name="hatch-autotune-compile").start()
-    n_devices = max(1, device_count())
-    factory = client_factory or (lambda device: WorkerClient())
-    sessions = [_Session(factory(d), d, project.tuning) for d in range(n_devices)]
     try:
-        sessions = _matching_sessions(sessions, gpu_arch, log)
-        n_devices = len(sessions)
+        sessions = _matching_sessions(sessions, arch, log)
         with tempfile.TemporaryDirectory(prefix="hatch-autotune-tune-") as tmpdir:
             for _ in groups:
                 item = compiled.get()
@@ -461,13 +526,11 @@ def tune(
                 jobs: list[BucketJob] = item
                 if not any(r.ok for r in jobs[0].results):
                     raise TuningError(f"every variant of {jobs[0].eid.rsplit('|', 1)[0]} failed to compile: {jobs[0].results[0].log}")
-                log(f"tuning {jobs[0].spec.name} ({jobs[0].tkey}): {len(jobs)} bucket(s) x {len(jobs[0].variants)} configs on {n_devices} GPU(s)")
+                log(f"tuning {jobs[0].spec.name} ({jobs[0].tkey}): {len(jobs)} bucket(s) x {len(jobs[0].variants)} configs on {len(sessions)} GPU(s)")
                 _run_jobs(jobs, sessions, project, Path(tmpdir), lock, summary, log)
     finally:
         for s in sessions:
             s.client.close()
-    log("tuning summary:\n" + summary.table())
-    return summary
 
 
 def _matching_sessions(sessions: list[_Session], gpu_arch: str, log: Log) -> list[_Session]:

@@ -1,0 +1,729 @@
+#!/usr/bin/env python3
+"""One command that turns a GPU machine (no network needed) into committed evidence.
+
+    python3 benchmarks/gpu_check.py OUTDIR [--wheels DIR] [--quick]
+
+In one invocation, each stage a subprocess with its own timeout, its output shown as it comes
+and appended to OUTDIR/logs.txt, going on past a stage that fails:
+
+  wheels                install the carried wheels (DIR, default .whl; see fetch_wheels.py) with
+                        `pip install --no-index --no-deps --target SITE`; SITE goes on PYTHONPATH
+                        for every later stage (skipped when DIR does not exist)
+  env                   nvidia-smi, driver, Python and package versions, GPU name and compute
+                        capability -> OUTDIR/env.txt (FAILED when no CUDA GPU answers)
+  tests                 pytest tests/test_gpu.py tests/test_gpu_tuning.py [tests/test_standin*.py]
+                        (the stand-in tests need no GPU; --no-standin leaves them out)
+                        -> OUTDIR/junit.xml (FAILED unless something passed and nothing failed)
+  tune                  python -m hatch_autotune tune example_pkg, for the GPU's arch
+                        -> OUTDIR/autotune.lock.json (a copy of example_pkg/autotune.lock.json)
+  launch_overhead       benchmarks/launch_overhead.py  \\
+  roofline              benchmarks/roofline.py          > OUTDIR/results.json (all three)
+  tune_vs_kernel_tuner  benchmarks/tune_vs_kernel_tuner.py /
+
+It ends with a table of the stages (name, ok/FAILED/skipped, seconds, one-line result), printed
+last and saved as OUTDIR/summary.md and OUTDIR/summary.json (both also rewritten after every
+stage, so a run cut short still leaves them), and exits 1 if any stage failed. OUTDIR stays flat
+and holds at most 7 files, because the device tool brings back at most 8.
+
+The whole run keeps to --budget-s (default 560 s, inside the device tool's 10 minutes); a stage
+gets the smaller of its own timeout and what is left, and a stage with too little left is
+skipped. --quick uses smaller benchmark sets and leaves out the pytest that duplicates the tune
+stage. --only/--skip pick stages for a second run (wheels and env run unless --skip names them).
+
+After fetching OUTDIR to a development machine, `gpu_check.py --unpack OUTDIR` copies the lock
+file into example_pkg/ and the results into benchmarks/results/, named after the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "example_pkg"
+LOCK = EXAMPLE / "autotune.lock.json"
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+
+OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
+BENCHMARKS = ("launch_overhead", "roofline", "tune_vs_kernel_tuner")
+# (full, --quick) timeouts in seconds; each is also capped by what is left of --budget-s
+TIMEOUTS = {
+    "wheels": (120, 120),
+    "env": (90, 90),
+    "tests": (300, 170),
+    "tune": (300, 220),
+    "launch_overhead": (150, 75),
+    "roofline": (180, 90),
+    "tune_vs_kernel_tuner": (360, 180),
+}
+STAGES = tuple(TIMEOUTS)
+MIN_STAGE_S = 15  # a stage is not started with less time than this left
+RESERVE_S = 5  # kept back from the budget for the summary
+DUPLICATE_TEST = "test_tune_example_pkg_end_to_end"  # what the tune stage does; left out by --quick
+
+# The versions env.txt reports (distribution names; the first found of each group).
+VERSIONS = [
+    ("cuda-core",), ("cuda-bindings",), ("cuda-pathfinder",), ("nvidia-cuda-nvrtc",), ("cuda-toolkit",),
+    ("numpy",), ("cupy-cuda13x", "cupy-cuda12x", "cupy"), ("kernel_tuner",), ("python-constraint2",), ("jsonschema",),
+    ("hatchling",), ("platformdirs",), ("trove-classifiers",), ("tomlkit",), ("jinja2",), ("rich",), ("pytest",),
+    ("scipy",), ("pandas",), ("torch",), ("jax",), ("jaxlib",), ("numba-cuda",),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Running one stage
+
+
+@dataclass
+class Stage:
+    name: str
+    status: str = "pending"
+    seconds: float = 0.0
+    result: str = ""
+    timeout_s: float | None = None
+    rc: int | None = None
+    command: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "seconds": round(self.seconds, 1), "result": self.result,
+                "timeout_s": self.timeout_s, "rc": self.rc, "command": self.command}
+
+
+@dataclass
+class Run:
+    rc: int | None
+    seconds: float
+    timed_out: bool
+    tail: list[str]
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                text = f.read()
+            pid = int(stat.split("/")[2])
+            ppid = int(text.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(pid)
+    return kids
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc; empty elsewhere), including ones in other sessions."""
+    kids, out, todo = _children(), [], [pid]
+    while todo:
+        for child in kids.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """End a stage we started: its process group, then any descendant that left it, by id."""
+    below = _descendants(proc.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in below:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            proc.wait(timeout=5)
+            if sig == signal.SIGTERM:
+                time.sleep(0.5)  # let children that saw SIGTERM go; SIGKILL the rest
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class Log:
+    """OUTDIR/logs.txt and the terminal, line by line."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "a", encoding="utf-8", errors="replace")
+        self.lock = threading.Lock()
+
+    def write(self, text: str) -> None:
+        with self.lock:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            self.file.write(text)
+            self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def run_command(cmd: list[str], env: dict[str, str], timeout: float, log: Log) -> Run:
+    t0 = time.monotonic()
+    tail: deque[str] = deque(maxlen=400)
+    try:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        log.write(f"cannot start {cmd[0]}: {exc}\n")
+        return Run(None, time.monotonic() - t0, False, [f"cannot start {cmd[0]}: {exc}"])
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            if not line.endswith("\n"):
+                line += "\n"
+            tail.append(line.rstrip("\n"))
+            log.write(line)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        log.write(f"[gpu_check] timeout after {timeout:.0f} s: stopping the stage\n")
+        _kill_tree(proc)
+    reader.join(timeout=10)  # a grandchild may still hold the pipe; do not wait on it forever
+    return Run(proc.returncode, time.monotonic() - t0, timed_out, list(tail))
+
+
+def last_line(tail: list[str], default: str = "no output") -> str:
+    """The line that best says why a stage failed: the last error-looking line, else the last."""
+    lines = [t.strip() for t in tail if t.strip() and not t.startswith("[gpu_check]")]
+    for t in reversed(lines):
+        if re.match(r"^(\w+\.)*\w*(Error|Exception|Exit)\b|^(error|fatal|E )|needs a CUDA GPU|^hatch-autotune: ", t):
+            return shorten(t)
+    return shorten(lines[-1]) if lines else default
+
+
+def shorten(text: str, n: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+# --------------------------------------------------------------------------------------------
+# The environment probe (run as its own subprocess: `gpu_check.py --probe-env TXT JSON`)
+
+
+def probe_env(txt: Path, js: Path) -> int:
+    info: dict[str, Any] = {}
+    lines: list[str] = []
+
+    def add(key: str, value: Any) -> None:
+        info[key] = value
+        lines.append(f"{key}: {value}")
+
+    def attempt(what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except BaseException as exc:  # noqa: BLE001 - every failure is information here
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            add(f"{what} error", f"{type(exc).__name__}: {msg}")
+            return None
+
+    add("date", datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat())
+    add("host", platform.node())
+    add("platform", platform.platform())
+    add("python", f"{platform.python_version()} ({sys.executable})")
+    site = os.environ.get("GPU_CHECK_SITE", "")
+    from importlib.metadata import distribution
+
+    versions: dict[str, str] = {}
+    for names in VERSIONS:
+        for name in names:
+            try:
+                dist = distribution(name)
+            except Exception:
+                continue
+            where = str(dist.locate_file(""))
+            carried = " (carried)" if site and where.startswith(site) else ""
+            versions[name] = dist.version
+            lines.append(f"  {name} {dist.version}{carried}")
+            break
+        else:
+            lines.append(f"  {names[0]}: not installed")
+    info["versions"] = versions
+    try:
+        sys.path.insert(0, str(ROOT))
+        from hatch_autotune import __version__
+
+        add("hatch_autotune", __version__)
+    except Exception as exc:
+        add("hatch_autotune error", repr(exc))
+
+    smi = shutil.which("nvidia-smi")
+    smi_text = "nvidia-smi: not found\n"
+    if smi:
+        out = attempt("nvidia-smi", lambda: subprocess.run([smi], capture_output=True, text=True, timeout=30))
+        if out is not None:
+            smi_text = out.stdout + out.stderr
+        q = attempt("nvidia-smi query", lambda: subprocess.run(
+            [smi, "--query-gpu=name,compute_cap,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30))
+        if q is not None and q.returncode == 0 and q.stdout.strip():
+            add("nvidia-smi gpus", q.stdout.strip().replace("\n", " | "))
+            first = [c.strip() for c in q.stdout.strip().splitlines()[0].split(",")]
+            if len(first) >= 3:
+                info["driver"] = first[2]
+
+    def driver_facts() -> None:
+        from cuda.bindings import driver
+
+        err, v = driver.cuDriverGetVersion()
+        add("driver CUDA version", f"{v // 1000}.{(v % 1000) // 10}")
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuInit: {err}")
+        err, n = driver.cuDeviceGetCount()
+        add("cuda devices", int(n))
+
+    attempt("cuda driver", driver_facts)
+
+    def nvrtc() -> None:
+        from hatch_autotune import compile as comp
+
+        build = getattr(comp, "_nvrtc_build", None)
+        add("nvrtc", comp.nvrtc_version() + (f" ({build()})" if build else ""))
+
+    attempt("nvrtc", nvrtc)
+
+    def device() -> None:
+        from cuda.core import Device
+
+        dev = Device(0)
+        dev.set_current()
+        cc = dev.compute_capability
+        add("gpu", dev.name)
+        add("compute capability", f"{cc[0]}.{cc[1]}")
+
+    attempt("cuda.core device", device)
+
+    def arch() -> None:
+        from hatch_autotune.pipeline import detect_gpu_arch
+
+        add("arch", detect_gpu_arch())
+
+    attempt("detect_gpu_arch", arch)
+
+    def cupy() -> None:
+        import cupy as cp
+
+        add("cupy devices", cp.cuda.runtime.getDeviceCount())
+        add("cupy cuda runtime", cp.cuda.runtime.runtimeGetVersion())
+
+    attempt("cupy", cupy)
+    for var in ("CUDA_VISIBLE_DEVICES", "PYTHONPATH", "HATCH_AUTOTUNE_CACHE_DIR", "HATCH_AUTOTUNE_MODE", "HATCH_AUTOTUNE_ARCHS"):
+        if os.environ.get(var):
+            lines.append(f"env {var}={os.environ[var]}")
+    text = "\n".join(lines) + "\n\n--- nvidia-smi ---\n" + smi_text
+    txt.write_text(text)
+    js.write_text(json.dumps(info, indent=1, sort_keys=True, default=str) + "\n")
+    print(text, flush=True)
+    if not info.get("arch"):
+        why = info.get("cuda.core device error") or info.get("cuda driver error") or "no device answered"
+        print(f"no CUDA GPU: {why}", flush=True)
+        return 3
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# The check
+
+
+class Check:
+    def __init__(self, opts: argparse.Namespace):
+        self.opts = opts
+        self.out: Path = opts.outdir.resolve()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+        self.site = self.work / "site"
+        self.bench = self.work / "bench"
+        self.t0 = time.monotonic()
+        self.started = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+        self.stages = [Stage(n) for n in STAGES]
+        self.env_info: dict[str, Any] = {}
+        self.results: dict[str, Any] = {}
+        (self.out / "logs.txt").write_text("")
+        self.log = Log(self.out / "logs.txt")
+        env = dict(os.environ)
+        env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", PIP_NO_INDEX="1", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+        env.setdefault("HATCH_AUTOTUNE_CACHE_DIR", str(self.work / "compile-cache"))
+        env.setdefault("CUPY_CACHE_DIR", str(self.work / "cupy-cache"))
+        self.env = env
+        self._set_pythonpath(site=False)
+
+    def _set_pythonpath(self, site: bool) -> None:
+        parts = ([str(self.site)] if site else []) + [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        self.env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
+        if site:
+            self.env["GPU_CHECK_SITE"] = str(self.site)
+
+    # ---- bookkeeping ----
+
+    def left(self) -> float:
+        return self.opts.budget_s - (time.monotonic() - self.t0) - RESERVE_S
+
+    def selected(self, name: str) -> bool:
+        if self.opts.skip and name in self.opts.skip:
+            return False
+        # wheels and env set up every later stage (PYTHONPATH, the GPU's arch): --only keeps them
+        return not self.opts.only or name in self.opts.only or name in ("wheels", "env")
+
+    def run(self, stage: Stage, cmd: list[str], env: dict[str, str] | None = None) -> Run:
+        full, quick = TIMEOUTS[stage.name]
+        timeout = min(quick if self.opts.quick else full, self.left())
+        if self.opts.stage_timeout:
+            timeout = min(timeout, self.opts.stage_timeout)
+        stage.timeout_s, stage.command = round(timeout), cmd
+        i = STAGES.index(stage.name) + 1
+        self.log.write(f"\n===== [{i}/{len(STAGES)}] {stage.name} (timeout {timeout:.0f} s, {self.left():.0f} s of the budget left)\n$ {' '.join(cmd)}\n")
+        r = run_command(cmd, env or self.env, timeout, self.log)
+        stage.rc, stage.seconds = r.rc, r.seconds
+        return r
+
+    def finish(self, stage: Stage, status: str, result: str) -> None:
+        stage.status, stage.result = status, shorten(result, 200)
+        self.log.write(f"===== {stage.name}: {status} in {stage.seconds:.1f} s: {stage.result}\n")
+        self.write_summary(final=False)
+
+    def failed_run(self, r: Run, what: str = "") -> str:
+        if r.timed_out:
+            return f"timed out after {r.seconds:.0f} s; last output: {last_line(r.tail)}"
+        return (what + ": " if what else "") + f"exit {r.rc}: {last_line(r.tail)}"
+
+    # ---- stages ----
+
+    def stage_wheels(self, st: Stage) -> None:
+        d = self.opts.wheels
+        if not d.is_dir():
+            return self.finish(st, SKIPPED, f"{d} does not exist: nothing installed (hatchling, platformdirs, kernel_tuner must be importable already)")
+        wheels = sorted(d.glob("*.whl"))
+        if not wheels:
+            return self.finish(st, SKIPPED, f"no wheels in {d}")
+        self.site.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+               "--disable-pip-version-check", "--quiet", "--target", str(self.site), *map(str, wheels)]
+        r = self.run(st, cmd)
+        self._set_pythonpath(site=True)  # even after a partial install: what is there may help
+        mib = sum(w.stat().st_size for w in wheels) / 2**20
+        if r.rc == 0 and not r.timed_out:
+            names = ", ".join(w.name.split("-")[0] for w in wheels)
+            return self.finish(st, OK, f"{len(wheels)} wheels ({mib:.1f} MiB) on PYTHONPATH: {names}")
+        self.finish(st, FAILED, self.failed_run(r, "pip install"))
+
+    def stage_env(self, st: Stage) -> None:
+        js = self.work / "env.json"
+        r = self.run(st, [sys.executable, str(Path(__file__).resolve()), "--probe-env", str(self.out / "env.txt"), str(js)])
+        if js.exists():
+            self.env_info = json.loads(js.read_text())
+        i = self.env_info
+        if r.rc == 0 and i.get("arch"):
+            return self.finish(st, OK, f"{i.get('gpu')} ({i.get('arch')}), driver {i.get('driver', '?')} (CUDA {i.get('driver CUDA version', '?')}), "
+                               f"NVRTC {i.get('nvrtc', '?')}, cuda-core {i.get('versions', {}).get('cuda-core', '?')}")
+        if r.rc == 3:
+            return self.finish(st, FAILED, last_line(r.tail))
+        self.finish(st, FAILED, self.failed_run(r))
+
+    def stage_tests(self, st: Stage) -> None:
+        junit = self.out / "junit.xml"
+        junit.unlink(missing_ok=True)
+        standin = [] if self.opts.no_standin else sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_standin*.py"))
+        files = ["tests/test_gpu.py", "tests/test_gpu_tuning.py", *standin]
+        # Every test in the two GPU files carries the `gpu` mark; no -m filter, so that the
+        # stand-in tests (which need no GPU) run too.
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs", "--durations=5", f"--junitxml={junit}", *files]
+        if self.opts.quick:
+            cmd += ["-k", f"not {DUPLICATE_TEST}"]
+        r = self.run(st, cmd)
+        counts = junit_counts(junit)
+        if counts is None:
+            return self.finish(st, FAILED, self.failed_run(r, "no junit.xml"))
+        passed, failed, errors, skipped, first_fail, first_skip = counts
+        line = f"{passed} passed, {failed} failed, {errors} errors, {skipped} skipped"
+        if self.opts.quick:
+            line += f" ({DUPLICATE_TEST} left out: the tune stage does it)"
+        if r.timed_out:
+            return self.finish(st, FAILED, f"timed out after {r.seconds:.0f} s; {line}")
+        if failed or errors or r.rc not in (0,):
+            return self.finish(st, FAILED, line + (f"; first: {first_fail}" if first_fail else f"; pytest exit {r.rc}"))
+        if passed == 0:
+            return self.finish(st, FAILED, line + (f"; nothing ran: {first_skip}" if first_skip else "; nothing ran"))
+        self.finish(st, OK, line)
+
+    def stage_tune(self, st: Stage) -> None:
+        before = _digest(LOCK)
+        env = dict(self.env)
+        arch = self.env_info.get("arch")
+        if arch:
+            env["HATCH_AUTOTUNE_ARCHS"] = arch  # the lock entries are per arch; tune for this GPU's
+        cmd = [sys.executable, "-m", "hatch_autotune", "tune", "example_pkg"] + (["--mode", "retune"] if self.opts.retune else [])
+        r = self.run(st, cmd, env)
+        after = _digest(LOCK)
+        copied = ""
+        (self.out / "autotune.lock.json").unlink(missing_ok=True)
+        if after and (after != before or r.rc == 0):
+            shutil.copyfile(LOCK, self.out / "autotune.lock.json")
+            copied = "; " + lock_summary(LOCK, arch)
+        if r.rc == 0 and not r.timed_out:
+            return self.finish(st, OK, (last_line(r.tail) if not copied else copied[2:]))
+        self.finish(st, FAILED, self.failed_run(r) + (copied + " (partial)" if copied else ""))
+
+    def stage_benchmark(self, st: Stage) -> None:
+        name = st.name
+        self.bench.mkdir(parents=True, exist_ok=True)
+        result = self.bench / f"{name}.json"
+        result.unlink(missing_ok=True)
+        cmd = [sys.executable, f"benchmarks/{name}.py", "--out", str(self.bench)] + (["--quick"] if self.opts.quick else [])
+        r = self.run(st, cmd)
+        payload = None
+        if result.exists():
+            try:
+                payload = json.loads(result.read_text())
+            except ValueError:
+                payload = None
+        if payload is not None:
+            self.results[name] = payload
+            self.write_results()
+        if r.rc == 0 and not r.timed_out and payload is not None:
+            try:
+                line = BENCH_LINES[name](payload)
+            except Exception as exc:  # a summary line must not fail the stage
+                line = f"results written ({type(exc).__name__} while summarising)"
+            return self.finish(st, OK, line)
+        self.finish(st, FAILED, self.failed_run(r))
+
+    # ---- outputs ----
+
+    def write_results(self) -> None:
+        payload = {"schema": 1, "created": self.started, "quick": self.opts.quick, "machine": self.env_info, "benchmarks": self.results}
+        _atomic(self.out / "results.json", json.dumps(payload, indent=1, sort_keys=True, default=str) + "\n")
+
+    def summary_md(self, final: bool) -> str:
+        i = self.env_info
+        gpu = f"{i.get('gpu', 'no GPU')} ({i.get('arch') or 'no arch'})"
+        head = [
+            f"# GPU check: {gpu}",
+            "",
+            f"- host {i.get('host', platform.node())}, driver {i.get('driver', '?')} (CUDA {i.get('driver CUDA version', '?')}), "
+            f"NVRTC {i.get('nvrtc', '?')}, Python {platform.python_version()}",
+            f"- started {self.started}, {time.monotonic() - self.t0:.0f} s of a {self.opts.budget_s:.0f} s budget"
+            + (", --quick" if self.opts.quick else "") + ("" if final else " (still running)"),
+            f"- command: `{' '.join(self.opts.argv)}`",
+            "",
+        ]
+        rows = [("stage", "status", "seconds", "result")] + [(s.name, s.status, f"{s.seconds:.1f}", s.result) for s in self.stages]
+        w = [max(len(r[c]) for r in rows) for c in range(3)]
+        table = [f"| {r[0].ljust(w[0])} | {r[1].ljust(w[1])} | {r[2].rjust(w[2])} | {r[3]} |" for r in rows]
+        table.insert(1, f"|{'-' * (w[0] + 2)}|{'-' * (w[1] + 2)}|{'-' * (w[2] + 1)}:|---|")
+        bad = [s.name for s in self.stages if s.status == FAILED]
+        verdict = f"\n{len(bad)} stage(s) FAILED: {', '.join(bad)}" if bad else "\nall stages ok or skipped"
+        files = ", ".join(sorted(p.name for p in self.out.iterdir() if p.is_file()))
+        return "\n".join(head + table) + "\n" + verdict + f"\n\nfiles in {self.out}: {files}\n"
+
+    def write_summary(self, final: bool) -> None:
+        _atomic(self.out / "summary.json", json.dumps({
+            "schema": 1, "created": self.started, "final": final, "quick": self.opts.quick, "budget_s": self.opts.budget_s,
+            "seconds": round(time.monotonic() - self.t0, 1), "machine": self.env_info,
+            "stages": [s.to_json() for s in self.stages], "failed": [s.name for s in self.stages if s.status == FAILED],
+        }, indent=1, default=str) + "\n")
+        _atomic(self.out / "summary.md", self.summary_md(final))
+
+    # ---- main ----
+
+    def main(self) -> int:
+        self.log.write(f"[gpu_check] {len(STAGES)} stages, budget {self.opts.budget_s:.0f} s, into {self.out}; work dir {self.work}\n")
+        handlers = {"wheels": self.stage_wheels, "env": self.stage_env, "tests": self.stage_tests, "tune": self.stage_tune}
+        try:
+            for st in self.stages:
+                if not self.selected(st.name):
+                    self.finish(st, SKIPPED, "not selected (--only/--skip)")
+                    continue
+                if self.left() < MIN_STAGE_S:
+                    self.finish(st, SKIPPED, f"out of time: {self.left() + RESERVE_S:.0f} s of the {self.opts.budget_s:.0f} s budget left; rerun with --only {st.name}")
+                    continue
+                try:
+                    handlers.get(st.name, self.stage_benchmark)(st)
+                except Exception as exc:  # a bug in this script must not lose the other stages
+                    self.finish(st, FAILED, f"gpu_check error: {type(exc).__name__}: {exc}")
+        finally:
+            self.write_summary(final=True)
+            self.log.close()
+            shutil.rmtree(self.work, ignore_errors=True)
+        text = (self.out / "summary.md").read_text()
+        print("\n" + text, flush=True)
+        return 1 if any(s.status == FAILED for s in self.stages) else 0
+
+
+def junit_counts(path: Path) -> tuple[int, int, int, int, str, str] | None:
+    """(passed, failed, errors, skipped, first failure, first skip reason) from a junit XML."""
+    if not path.exists():
+        return None
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError:
+        return None
+    passed = failed = errors = skipped = 0
+    first_fail = first_skip = ""
+    for case in root.iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}".strip(":")
+        kinds = {child.tag: child for child in case}
+        if "failure" in kinds or "error" in kinds:
+            tag = "failure" if "failure" in kinds else "error"
+            failed += tag == "failure"
+            errors += tag == "error"
+            first_fail = first_fail or f"{name}: {shorten(kinds[tag].get('message', ''), 100)}"
+        elif "skipped" in kinds:
+            skipped += 1
+            first_skip = first_skip or shorten(kinds["skipped"].get("message", ""), 100)
+        else:
+            passed += 1
+    return passed, failed, errors, skipped, first_fail, first_skip
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def lock_summary(path: Path, arch: str | None) -> str:
+    try:
+        entries = json.loads(path.read_text()).get("entries", {})
+    except (OSError, ValueError):
+        return "lock file unreadable"
+    mine = {k: e for k, e in entries.items() if not arch or f"|{arch}|" in k}
+    tuned = sum(bool(e.get("tuned")) for e in mine.values())
+    return f"lock: {len(mine)} entries for {arch or 'any arch'}, {tuned} tuned ({len(entries)} in all)"
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _line_launch(p: dict[str, Any]) -> str:
+    r = p["results"]
+    return (f"generated {r['generated_callable_us']:.2f} µs/call, raw cuda.core {r['raw_cuda_core_launch_us']:.2f}, "
+            f"CuPy {r['cupy_rawkernel_us']:.2f}: {r['ratio_generated_vs_raw']:.2f}x raw" + (" (GPU-bound loop)" if r.get("gpu_bound") else ""))
+
+
+def _line_roofline(p: dict[str, Any]) -> str:
+    rows = p["rows"]
+    parts = [f"copy {p['copy_GB_per_s']:.0f} GB/s"]
+    for k in ("saxpy", "row_softmax"):
+        fr = [r["fraction_of_copy"] for r in rows if r["kernel"] == k]
+        if fr:
+            parts.append(f"{k} up to {max(fr):.0%} of copy")
+    sg = [r for r in rows if r["kernel"] == "sgemm"]
+    if sg:
+        big = max(sg, key=lambda r: r["m=n=k"])
+        parts.append(f"sgemm {big['m=n=k']}: {big['TFLOP/s']:.1f} TFLOP/s, {big['fraction_of_cublas']:.0%} of cuBLAS")
+    return "; ".join(parts)
+
+
+def _line_kt(p: dict[str, Any]) -> str:
+    parts = []
+    for k in p["kernels"]:
+        ratios = [r["winner_time_ratio"] for r in p["rows"] if r["kernel"] == k["kernel"]]
+        worst = max(ratios) if ratios else float("nan")
+        parts.append(f"{k['kernel']}: time {k['tuning_time_ratio']:.2f}x, winner {worst:.3f}x")
+    return "ours/Kernel Tuner " + "; ".join(parts) if parts else "no kernels compared"
+
+
+BENCH_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "launch_overhead": _line_launch, "roofline": _line_roofline, "tune_vs_kernel_tuner": _line_kt,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# --unpack: the fetched OUTDIR -> files to commit
+
+
+def slug(gpu: str) -> str:
+    s = re.sub(r"^nvidia\s+", "", gpu.strip(), flags=re.I).lower()
+    return re.sub(r"[^a-z0-9]+", "-", s).strip("-") or "unknown-gpu"
+
+
+def unpack(src: Path) -> int:
+    summary = json.loads((src / "summary.json").read_text())
+    machine = summary.get("machine") or {}
+    name = slug(str(machine.get("gpu") or "unknown-gpu"))
+    stages = {s["name"]: s for s in summary.get("stages", [])}
+    written = []
+    lock = src / "autotune.lock.json"
+    if lock.exists():
+        if stages.get("tune", {}).get("status") == OK:
+            shutil.copyfile(lock, LOCK)
+            written.append(LOCK)
+        else:
+            print(f"not copying {lock}: the tune stage was {stages.get('tune', {}).get('status')} (a partial lock)", file=sys.stderr)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    if (src / "results.json").exists():
+        for bench, payload in json.loads((src / "results.json").read_text()).get("benchmarks", {}).items():
+            path = RESULTS_DIR / f"{bench}_{name}.json"
+            path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+            written.append(path)
+    md = RESULTS_DIR / f"gpu_check_{name}.md"
+    env = (src / "env.txt").read_text() if (src / "env.txt").exists() else "(no env.txt)\n"
+    md.write_text((src / "summary.md").read_text() + "\n## Environment\n\n```\n" + env + "```\n")
+    written.append(md)
+    for p in written:
+        print(p.relative_to(ROOT))
+    print(f"commit them: git add {' '.join(str(p.relative_to(ROOT)) for p in written)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--probe-env"] and len(argv) == 3:
+        return probe_env(Path(argv[1]), Path(argv[2]))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
+    ap.add_argument("outdir", type=Path, nargs="?", help="where the evidence goes (flat, at most 7 files); $OUT on the device machine")
+    ap.add_argument("--wheels", type=Path, default=ROOT / ".whl", help="carried wheels to install first (default: .whl in the repo)")
+    ap.add_argument("--quick", action="store_true", help="smaller benchmark sets; leave out the pytest that the tune stage duplicates")
+    ap.add_argument("--retune", action="store_true", help="tune every lock entry again, not only missing or stale ones")
+    ap.add_argument("--no-standin", action="store_true", help="leave tests/test_standin*.py (CPU tests of the launch path) out of the tests stage")
+    ap.add_argument("--budget-s", type=float, default=560.0, help="the whole run's time limit (default 560)")
+    ap.add_argument("--stage-timeout", type=float, default=None, help="cap every stage's timeout at this many seconds")
+    ap.add_argument("--only", type=lambda s: s.split(","), default=None, help=f"comma-separated stages to run ({','.join(STAGES)}); wheels and env always run unless --skip names them")
+    ap.add_argument("--skip", type=lambda s: s.split(","), default=None, help="comma-separated stages to leave out")
+    ap.add_argument("--unpack", type=Path, metavar="FETCHED_OUTDIR", help="copy a fetched OUTDIR's lock file and results into the repo, then exit")
+    opts = ap.parse_args(argv)
+    if opts.unpack:
+        return unpack(opts.unpack)
+    if opts.outdir is None:
+        ap.error("OUTDIR is required (or --unpack FETCHED_OUTDIR)")
+    for picked in (opts.only or []) + (opts.skip or []):
+        if picked not in STAGES:
+            ap.error(f"no stage named {picked!r}; stages: {', '.join(STAGES)}")
+    opts.argv = ["python3", "benchmarks/gpu_check.py", *argv]
+    return Check(opts).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,653 @@
+"""A stand-in for the CUDA driver, for tests on machines without a GPU.
+
+Only the lowest layer is replaced: the functions of the real `cuda.bindings.driver` module that
+hatch-autotune calls, and cuda.core's `Device`, `Stream`, `Event`, `ObjectCode` and `launch`.
+cuda.core's real `LaunchConfig` and its real kernel-argument packing (`ParamHolder`) stay: every
+launch is packed by cuda.core exactly as on a GPU, then the packed parameter buffer is decoded and
+checked against the parameters that the cubin itself declares in its `.nv.info.<entry>` section
+(for PTX: its `.entry` parameter list). What a real driver would refuse, the stand-in refuses with
+the driver's error name: no current context, a stream or module of another device, a block or
+shared-memory size over the device's limits, PTX newer than the driver, a cubin of another arch.
+
+Device memory is emulated (host buffers at fake device addresses), and kernels can be emulated
+in Python (see `EMULATORS`), so that the real tuning worker can run whole buckets: an emulated
+kernel may write its outputs, fault with an illegal address (sticky, as on a GPU), or hang.
+Event timings come from a virtual clock that emulated kernels advance: they are SYNTHETIC.
+
+Usage: `standin = install(monkeypatch, ccs=[(9, 0)])` in a test, or `install_globally(...)` in a
+child process (tests/standin_worker.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+from cuda.bindings import driver
+from cuda.core import LaunchConfig
+from cuda.core._kernel_arg_handler import ParamHolder
+from cuda.core._utils.cuda_utils import CUDAError
+
+R = driver.CUresult
+ATTR = driver.CUdevice_attribute
+BASE_ADDRESS = 0x7F00_0000_0000  # device d's allocations start at BASE_ADDRESS + d << 36
+LEGACY_STREAMS = (0, 1, 2)  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: the current context's
+
+
+# ---- what a cubin or PTX declares -----------------------------------------------------------
+
+
+def elf_sections(data: bytes) -> dict[str, bytes]:
+    """Section name -> bytes of a 64-bit little-endian ELF file (a cubin)."""
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        raise ValueError("not a 64-bit ELF file")
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = headers[shstrndx][4]
+    out = {}
+    for h in headers:
+        name = data[names + h[0] : data.index(b"\0", names + h[0])].decode()
+        out[name] = data[h[4] : h[4] + h[5]]
+    return out
+
+
+def cubin_params(cubin: bytes, entry: str) -> list[int]:
+    """The byte size of each parameter of `entry`, in order, from EIATTR_KPARAM_INFO records.
+
+    .nv.info records are 4-byte (format, attribute, 2 value bytes) except EIFMT_SVAL (format 4),
+    which carries a 2-byte length and that many bytes; KPARAM_INFO (0x17) holds index (u32),
+    ordinal (u16), offset (u16) and a word whose top 14 bits are the size."""
+    info = elf_sections(cubin).get(f".nv.info.{entry}")
+    if info is None:
+        raise KeyError(entry)
+    params: dict[int, int] = {}
+    i = 0
+    while i + 4 <= len(info):
+        fmt, attr = info[i], info[i + 1]
+        if fmt == 4:
+            size = struct.unpack_from("<H", info, i + 2)[0]
+            value = info[i + 4 : i + 4 + size]
+            i += 4 + size
+            if attr == 0x17:
+                _, ordinal, _, word = struct.unpack("<IHHI", value)
+                params[ordinal] = word >> 18
+        else:
+            i += 4
+    return [params[k] for k in sorted(params)]
+
+
+def cubin_cc(cubin: bytes) -> tuple[int, int]:
+    flags = int.from_bytes(cubin[48:52], "little")
+    sm = (flags >> 8) & 0xFF if cubin[8] >= 8 else flags & 0xFF
+    return sm // 10, sm % 10
+
+
+_PTX_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.([usfb])(\d+)\s+[\w$]+(?:\[(\d+)\])?")
+
+
+def ptx_params(ptx: str, entry: str) -> list[int]:
+    """The byte size of each parameter of `.entry <entry>(...)` in PTX text."""
+    m = re.search(rf"\.entry\s+{re.escape(entry)}\s*\((.*?)\)", ptx, re.S)
+    if m is None:
+        raise KeyError(entry)
+    return [int(bits) // 8 * int(count or 1) for _, bits, count in _PTX_PARAM.findall(m.group(1))]
+
+
+def ptx_isa(ptx: str) -> tuple[int, int]:
+    major, minor = re.search(r"^\s*\.version\s+(\d+)\.(\d+)", ptx, re.M).groups()
+    return int(major), int(minor)
+
+
+def packed_size(value: Any) -> int:
+    """How many bytes cuda.core packs for a Python argument (its documented rules: int -> intptr_t,
+    float -> double, bool -> bool, NumPy scalars their itemsize)."""
+    if isinstance(value, np.generic):
+        return value.dtype.itemsize
+    if isinstance(value, bool):
+        return 1
+    if isinstance(value, (int, float)):
+        return 8
+    raise TypeError(f"the stand-in does not know how cuda.core packs {type(value).__name__}")
+
+
+# ---- the recorded launch ---------------------------------------------------------------------
+
+
+@dataclass
+class Launch:
+    """One launch as the driver would have received it."""
+
+    entry: str
+    binary: str  # 'sm_90' (cubin) or 'compute_90' (PTX)
+    device: int  # the device of the context current at launch
+    stream: "FakeStream"
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shmem: int
+    params: list[bytes]  # each parameter's bytes, as the kernel reads them
+    thread: int
+    context_depth: int  # contexts on the calling thread's stack during the launch
+
+    def param(self, i: int, dtype: str) -> Any:
+        return np.frombuffer(self.params[i], dtype=dtype)[0]
+
+
+def driver_error(name: str, what: str = "") -> CUDAError:
+    return CUDAError(f"{name}: {what}" if what else name)
+
+
+# ---- the driver ------------------------------------------------------------------------------
+
+
+@dataclass
+class _DeviceState:
+    ordinal: int
+    cc: tuple[int, int]
+    name: str
+    total_memory: int = 80 << 30
+    sticky_error: str | None = None  # an illegal address poisons the context for good
+    next_address: int = 0
+
+
+class _Allocation:
+    """Device memory: its bytes are made on first use, so a test may hand kernels large arrays
+    that nothing reads."""
+
+    def __init__(self, device: int, size: int):
+        self.device, self.size, self._data = device, size, None
+
+    @property
+    def data(self) -> bytearray:
+        if self._data is None:
+            self._data = bytearray(self.size)
+        return self._data
+
+
+class StandIn:
+    """The emulated driver: devices, per-thread context stacks, memory, streams and launches."""
+
+    def __init__(self, ccs=((9, 0),), driver_version: int = 13000, present: bool = True):
+        self.devices = [_DeviceState(i, tuple(cc), f"Stand-in GPU {i} (sm_{cc[0]}{cc[1]})") for i, cc in enumerate(ccs)]
+        for d in self.devices:
+            d.next_address = BASE_ADDRESS + (d.ordinal << 36)
+        self.version = driver_version
+        self.present = present
+        self.initialised = False
+        self.tls = threading.local()
+        self.memory: dict[int, _Allocation] = {}
+        self.streams: dict[int, FakeStream] = {}
+        self.launches: list[Launch] = []
+        self.refused: list[str] = []  # what the driver refused, in order
+        self.calls: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self._next_stream = 0x5000
+
+    # per-thread context stack: a list of device ordinals (primary contexts)
+    @property
+    def stack(self) -> list[int]:
+        if not hasattr(self.tls, "stack"):
+            self.tls.stack = []
+        return self.tls.stack
+
+    def current(self) -> int | None:
+        return self.stack[-1] if self.stack else None
+
+    def refuse(self, name: str, what: str) -> CUDAError:
+        self.refused.append(f"{name}: {what}")
+        return driver_error(name, what)
+
+    # -- the cuda.bindings.driver functions ----------------------------------------------------
+
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        names = [n for n in dir(self) if re.match(r"cu[A-Z]", n)]  # the driver API names
+        return {n: self._counted(n, getattr(self, n)) for n in names}
+
+    _NO_VALUE = {"cuInit", "cuCtxPushCurrent", "cuCtxSetCurrent", "cuCtxSynchronize", "cuMemFree", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemsetD8Async"}
+
+    def _counted(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            if not self.present:
+                from cuda.pathfinder import DynamicLibNotFoundError
+
+                raise DynamicLibNotFoundError('"cuda" is an NVIDIA driver library and can only be found via system search (stand-in)')
+            with self.lock:
+                self.calls[name] = self.calls.get(name, 0) + 1
+            if name != "cuInit" and not self.initialised:
+                return (R.CUDA_ERROR_NOT_INITIALIZED,) if name in self._NO_VALUE else (R.CUDA_ERROR_NOT_INITIALIZED, None)
+            return fn(*args)
+
+        return call
+
+    def cuInit(self, flags: int) -> tuple:
+        self.initialised = True
+        return (R.CUDA_SUCCESS,)
+
+    def cuDriverGetVersion(self) -> tuple:
+        return R.CUDA_SUCCESS, self.version
+
+    def cuDeviceGetCount(self) -> tuple:
+        return R.CUDA_SUCCESS, len(self.devices)
+
+    def cuDeviceGetAttribute(self, attr: Any, device: int) -> tuple:
+        if not 0 <= int(device) < len(self.devices):
+            return R.CUDA_ERROR_INVALID_DEVICE, 0
+        cc = self.devices[int(device)].cc
+        values = {
+            ATTR.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: cc[0],
+            ATTR.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: cc[1],
+        }
+        if attr not in values:
+            return R.CUDA_ERROR_INVALID_VALUE, 0
+        return R.CUDA_SUCCESS, values[attr]
+
+    def cuCtxGetDevice(self) -> tuple:
+        cur = self.current()
+        return (R.CUDA_ERROR_INVALID_CONTEXT, 0) if cur is None else (R.CUDA_SUCCESS, cur)
+
+    def cuCtxGetCurrent(self) -> tuple:
+        cur = self.current()
+        return R.CUDA_SUCCESS, 0 if cur is None else 0xC000 + cur
+
+    def cuDevicePrimaryCtxRetain(self, device: int) -> tuple:
+        if not 0 <= int(device) < len(self.devices):
+            return R.CUDA_ERROR_INVALID_DEVICE, None
+        return R.CUDA_SUCCESS, 0xC000 + int(device)
+
+    def cuCtxPushCurrent(self, ctx: Any) -> tuple:
+        self.stack.append(int(ctx) - 0xC000)
+        return (R.CUDA_SUCCESS,)
+
+    def cuCtxPopCurrent(self) -> tuple:
+        if not self.stack:
+            return R.CUDA_ERROR_INVALID_CONTEXT, None
+        return R.CUDA_SUCCESS, 0xC000 + self.stack.pop()
+
+    def cuCtxSetCurrent(self, ctx: Any) -> tuple:
+        if self.stack:
+            self.stack.pop()
+        if int(ctx):
+            self.stack.append(int(ctx) - 0xC000)
+        return (R.CUDA_SUCCESS,)
+
+    def cuCtxSynchronize(self) -> tuple:
+        cur = self.current()
+        if cur is None:
+            return (R.CUDA_ERROR_INVALID_CONTEXT,)
+        return (self._sticky(cur),)
+
+    def cuPointerGetAttribute(self, attr: Any, ptr: int) -> tuple:
+        alloc = self.find(int(ptr))
+        if alloc is None:
+            return R.CUDA_ERROR_INVALID_VALUE, None
+        return R.CUDA_SUCCESS, alloc[0].device
+
+    def cuMemAlloc(self, nbytes: int) -> tuple:
+        cur = self.current()
+        if cur is None:
+            return R.CUDA_ERROR_INVALID_CONTEXT, None
+        return R.CUDA_SUCCESS, self.alloc(cur, int(nbytes))
+
+    def cuMemFree(self, ptr: int) -> tuple:
+        return (R.CUDA_SUCCESS,) if self.memory.pop(int(ptr), None) is not None else (R.CUDA_ERROR_INVALID_VALUE,)
+
+    def cuMemcpyHtoD(self, dst: int, src: int, nbytes: int) -> tuple:
+        alloc, offset = self.find(int(dst)) or (None, 0)
+        if alloc is None or offset + nbytes > alloc.size:
+            return (R.CUDA_ERROR_INVALID_VALUE,)
+        alloc.data[offset : offset + nbytes] = ctypes.string_at(int(src), int(nbytes))
+        return (self._sticky(alloc.device),)
+
+    def cuMemcpyDtoH(self, dst: int, src: int, nbytes: int) -> tuple:
+        alloc, offset = self.find(int(src)) or (None, 0)
+        if alloc is None or offset + nbytes > alloc.size:
+            return (R.CUDA_ERROR_INVALID_VALUE,)
+        err = self._sticky(alloc.device)
+        if err == R.CUDA_SUCCESS:
+            ctypes.memmove(int(dst), bytes(alloc.data[offset : offset + nbytes]), int(nbytes))
+        return (err,)
+
+    def cuMemsetD8Async(self, ptr: int, value: int, nbytes: int, stream: Any) -> tuple:
+        alloc, offset = self.find(int(ptr)) or (None, 0)
+        if alloc is None or offset + nbytes > alloc.size:
+            return (R.CUDA_ERROR_INVALID_VALUE,)
+        alloc.data[offset : offset + nbytes] = bytes([value]) * nbytes
+        return (R.CUDA_SUCCESS,)
+
+    def _sticky(self, device: int) -> Any:
+        err = self.devices[device].sticky_error
+        return getattr(R, err) if err else R.CUDA_SUCCESS
+
+    # -- memory ---------------------------------------------------------------------------------
+
+    def alloc(self, device: int, nbytes: int) -> int:
+        with self.lock:
+            d = self.devices[device]
+            ptr = d.next_address
+            d.next_address += (max(nbytes, 1) + 255) // 256 * 256 + 256  # a gap: off-by-one reads fault
+            self.memory[ptr] = _Allocation(device, max(nbytes, 1))
+        return ptr
+
+    def find(self, ptr: int) -> tuple[_Allocation, int] | None:
+        for base, alloc in self.memory.items():
+            if base <= ptr < base + alloc.size:
+                return alloc, ptr - base
+        return None
+
+    def view(self, ptr: int, dtype: str, count: int) -> np.ndarray:
+        """`count` elements at device address `ptr`; an illegal address raises IllegalAddress."""
+        found = self.find(ptr)
+        nbytes = count * np.dtype(dtype).itemsize
+        if found is None or found[1] + nbytes > found[0].size:
+            raise IllegalAddress(f"{count} x {dtype} at {ptr:#x}")
+        alloc, offset = found
+        return np.frombuffer(alloc.data, dtype=dtype, count=count, offset=offset)
+
+    # -- cuda.core's launch ---------------------------------------------------------------------
+
+    def launch(self, stream: Any, config: Any, kernel: Any, *args: Any) -> None:
+        if not isinstance(config, LaunchConfig):
+            raise TypeError(f"launch(): config must be a cuda.core LaunchConfig, got {type(config).__name__}")
+        if not isinstance(kernel, FakeKernel):
+            raise TypeError(f"launch(): kernel must be a cuda.core Kernel, got {type(kernel).__name__}")
+        if not isinstance(stream, FakeStream):
+            raise TypeError(f"launch(): stream must be a cuda.core Stream, got {type(stream).__name__}")
+        device = self.current()
+        if device is None:
+            raise self.refuse("CUDA_ERROR_INVALID_CONTEXT", f"{kernel.entry}: no current context in this thread")
+        if stream.ordinal is not None and stream.ordinal != device:
+            raise self.refuse("CUDA_ERROR_INVALID_HANDLE", f"{kernel.entry}: stream of device {stream.ordinal} in a context of device {device}")
+        kernel.check_runs_on(self, device)
+        block, grid = tuple(config.block), tuple(config.grid)
+        if block[0] * block[1] * block[2] > 1024 or block[2] > 64 or min(block) < 1:
+            raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: block {block}")
+        if grid[0] >= 2**31 or grid[1] > 65535 or grid[2] > 65535 or min(grid) < 1:
+            raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: grid {grid}")
+        if config.shmem_size > 48 * 1024:
+            raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: {config.shmem_size} B dynamic shared memory without opt-in")
+        sizes = kernel.params
+        if len(args) != len(sizes):
+            raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: {len(args)} arguments for {len(sizes)} parameters")
+        for i, (value, size) in enumerate(zip(args, sizes)):
+            if packed_size(value) != size:
+                raise self.refuse(
+                    "CUDA_ERROR_INVALID_VALUE",
+                    f"{kernel.entry}: argument {i} is packed as {packed_size(value)} bytes ({type(value).__name__}); the kernel's parameter is {size} bytes",
+                )
+        holder = ParamHolder(args)  # cuda.core's own packing, as launch() does it
+        addresses = (ctypes.c_void_p * len(args)).from_address(holder.ptr)
+        params = [ctypes.string_at(addresses[i], size) for i, size in enumerate(sizes)]
+        record = Launch(kernel.entry, kernel.binary, device, stream, grid, block, config.shmem_size, params, threading.get_ident(), len(self.stack))
+        with self.lock:
+            self.launches.append(record)
+        emulate = EMULATORS.get(kernel.entry)
+        if emulate is not None and self.devices[device].sticky_error is None:
+            try:
+                stream.clock_ms += emulate(self, kernel, record)
+            except IllegalAddress:
+                self.devices[device].sticky_error = "CUDA_ERROR_ILLEGAL_ADDRESS"
+            except Hang:
+                stream.hung = True
+
+
+class IllegalAddress(Exception):
+    """An emulated kernel touched memory outside every allocation."""
+
+
+class Hang(Exception):
+    """An emulated kernel never finishes."""
+
+
+# Emulated kernels, by entry name: fn(standin, kernel, launch) -> synthetic milliseconds. An
+# emulator reads and writes device memory through standin.view().
+EMULATORS: dict[str, Callable[[StandIn, "FakeKernel", Launch], float]] = {}
+
+
+# ---- cuda.core's objects ---------------------------------------------------------------------
+
+
+class FakeKernel:
+    """A kernel of a loaded cubin or PTX: its entry and what its binary declares."""
+
+    def __init__(self, code: "FakeObjectCode", entry: str):
+        self.code, self.entry = code, entry
+        try:
+            if code.kind == "ptx":
+                self.params = ptx_params(code.data.decode(), entry)
+                self.binary = "compute_" + re.search(r"^\s*\.target\s+sm_(\d+)", code.data.decode(), re.M).group(1)
+            else:
+                self.params = cubin_params(code.data, entry)
+                major, minor = cubin_cc(code.data)
+                self.binary = f"sm_{major}{minor}"
+        except KeyError:
+            raise driver_error("CUDA_ERROR_NOT_FOUND", f"no kernel named {entry!r} in the module") from None
+        self.tag = code.tag
+
+    def check_runs_on(self, standin: StandIn, device: int) -> None:
+        cc = standin.devices[device].cc
+        if self.code.kind == "ptx":
+            isa = ptx_isa(self.code.data.decode())
+            supported = (9, standin.version % 1000 // 10) if standin.version >= 13000 else (8, 8)
+            if isa > supported:
+                raise standin.refuse("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", f"PTX ISA {isa[0]}.{isa[1]} on driver {standin.version}")
+            if int(self.binary.split("_")[1]) > cc[0] * 10 + cc[1]:
+                raise standin.refuse("CUDA_ERROR_NO_BINARY_FOR_GPU", f"{self.binary} PTX on sm_{cc[0]}{cc[1]}")
+        else:
+            major, minor = cubin_cc(self.code.data)
+            if major != cc[0] or minor > cc[1]:
+                raise standin.refuse("CUDA_ERROR_NO_BINARY_FOR_GPU", f"{self.binary} cubin on sm_{cc[0]}{cc[1]}")
+
+
+_TAG = re.compile(rb"EMU:([A-Za-z0-9_=;.\-]+)")
+
+
+class FakeObjectCode:
+    STANDIN_ONLY = {"data", "kind", "tag"}
+
+    def __init__(self, data: bytes, kind: str):
+        self.data, self.kind = bytes(data), kind
+        m = _TAG.search(self.data)  # an emulated kernel's config, from a string its template embeds
+        self.tag = dict(item.split("=", 1) for item in m.group(1).decode().split(";")) if m else {}
+
+    @classmethod
+    def from_cubin(cls, data: bytes) -> "FakeObjectCode":
+        return cls(data, "cubin")
+
+    @classmethod
+    def from_ptx(cls, data: bytes) -> "FakeObjectCode":
+        return cls(data, "ptx")
+
+    def get_kernel(self, name: str) -> FakeKernel:
+        return FakeKernel(self, name)
+
+
+class FakeEvent:
+    STANDIN_ONLY = {"stream", "ms"}
+
+    def __init__(self, stream: "FakeStream"):
+        self.stream, self.ms = stream, stream.clock_ms
+
+    def sync(self) -> None:
+        self.stream.sync()
+
+    def __sub__(self, other: "FakeEvent") -> float:
+        return self.ms - other.ms
+
+
+class FakeStream:
+    """A stream of one device (None: a legacy/per-thread default handle, any current context)."""
+
+    STANDIN_ONLY = {"standin", "ordinal", "clock_ms", "hung"}  # not part of cuda.core's Stream
+
+    def __init__(self, standin: StandIn, handle: int, device: int | None):
+        self.standin, self._handle, self.ordinal = standin, handle, device
+        self.clock_ms = 0.0
+        self.hung = False
+
+    @property
+    def handle(self) -> int:
+        return self._handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return 0, self._handle
+
+    @classmethod
+    def from_handle(cls, handle: int) -> "FakeStream":
+        standin = _ACTIVE[0]
+        found = standin.streams.get(int(handle))
+        if found is None:
+            if int(handle) not in LEGACY_STREAMS:
+                raise standin.refuse("CUDA_ERROR_INVALID_HANDLE", f"no stream {int(handle):#x}")
+            found = cls(standin, int(handle), None)
+        return found
+
+    def record(self, event: Any = None, options: Any = None) -> FakeEvent:
+        return FakeEvent(self)
+
+    def sync(self) -> None:
+        if self.hung:
+            time.sleep(3600)
+        device = self.ordinal if self.ordinal is not None else self.standin.current()
+        if device is not None and self.standin.devices[device].sticky_error:
+            raise driver_error(self.standin.devices[device].sticky_error, "an earlier kernel failed")
+
+
+class _Properties:
+    def __init__(self, standin: StandIn, device: int):
+        self.max_threads_per_block = 1024
+        self.max_registers_per_block = 65536
+        self.max_shared_memory_per_block = 49152
+        self.max_shared_memory_per_block_optin = 232448 if standin.devices[device].cc >= (9, 0) else 101376
+        self.l2_cache_size = 1 << 20  # small, so that the tuner's L2 flush stays cheap to emulate
+        self.multiprocessor_count = 132
+
+
+class FakeDevice:
+    """cuda.core's Device: per-thread `set_current()` before most calls, as cuda.core requires."""
+
+    STANDIN_ONLY = {"standin"}
+
+    def __init__(self, device_id: int | None = None):
+        standin = _ACTIVE[0]
+        if device_id is None:
+            device_id = standin.current() or 0
+        if not 0 <= device_id < len(standin.devices):
+            raise ValueError(f"device_id must be within [0, {len(standin.devices)}), got {device_id}")
+        self.standin, self.device_id = standin, device_id
+        standin.initialised = True  # cuda.core's Device() calls cuInit
+
+    def _ready(self, what: str) -> None:
+        if self.device_id not in getattr(self.standin.tls, "inited", set()):
+            raise CUDAError(f"Device {self.device_id} is not yet initialized, perhaps you forgot to call .set_current() first? ({what})")
+
+    def set_current(self) -> None:
+        self.standin.cuCtxSetCurrent(0xC000 + self.device_id)
+        if not hasattr(self.standin.tls, "inited"):
+            self.standin.tls.inited = set()
+        self.standin.tls.inited.add(self.device_id)
+
+    @property
+    def name(self) -> str:
+        return self.standin.devices[self.device_id].name
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        return self.standin.devices[self.device_id].cc
+
+    @property
+    def properties(self) -> _Properties:
+        return _Properties(self.standin, self.device_id)
+
+    @property
+    def default_stream(self) -> FakeStream:
+        return FakeStream(self.standin, 1, None)  # CU_STREAM_LEGACY: the current context's
+
+    def create_stream(self) -> FakeStream:
+        self._ready("create_stream")
+        with self.standin.lock:
+            self.standin._next_stream += 0x10
+            stream = FakeStream(self.standin, self.standin._next_stream, self.device_id)
+            self.standin.streams[stream.handle] = stream
+        return stream
+
+    def sync(self) -> None:
+        self._ready("sync")
+        err = self.standin._sticky(self.device_id)
+        if err != R.CUDA_SUCCESS:
+            raise driver_error(err.name)
+
+
+_ACTIVE: list[StandIn] = []
+
+
+def _targets(standin: StandIn) -> list[tuple[Any, str, Any]]:
+    import cuda.core
+
+    targets = [(driver, name, fn) for name, fn in standin.functions().items()]
+    targets += [
+        (cuda.core, "Device", FakeDevice),
+        (cuda.core, "Stream", FakeStream),
+        (cuda.core, "Event", FakeEvent),
+        (cuda.core, "ObjectCode", FakeObjectCode),
+        (cuda.core, "launch", standin.launch),
+    ]
+    return targets
+
+
+def install(monkeypatch: Any, ccs=((9, 0),), driver_version: int = 13000, present: bool = True) -> StandIn:
+    """Swap the driver and cuda.core's entry points for a stand-in, for one test."""
+    import sys
+
+    standin = StandIn(ccs, driver_version, present)
+    for module, name, value in _targets(standin):
+        monkeypatch.setattr(module, name, value)
+    monkeypatch.setattr(sys.modules[__name__], "_ACTIVE", [standin])
+    return standin
+
+
+def install_globally(ccs=((9, 0),), driver_version: int = 13000) -> StandIn:
+    """For a child process (the tuning worker): patch for the life of the process."""
+    global _ACTIVE
+    standin = StandIn(ccs, driver_version)
+    for module, name, value in _targets(standin):
+        setattr(module, name, value)
+    _ACTIVE = [standin]
+    return standin
+
+
+# ---- arrays a test hands to kernels ----------------------------------------------------------
+
+
+class DeviceArray:
+    """An array in the stand-in's device memory, exposing __cuda_array_interface__ like CuPy."""
+
+    def __init__(self, standin: StandIn, host: np.ndarray, device: int = 0):
+        self.standin, self.device = standin, device
+        self.shape, self.dtype = host.shape, host.dtype
+        self.ptr = standin.alloc(device, host.nbytes) if host.size else 0
+        if host.size and host.any():
+            standin.view(self.ptr, host.dtype.str, host.size)[...] = host.ravel()
+        self.__cuda_array_interface__ = {"shape": tuple(host.shape), "typestr": host.dtype.str, "data": (self.ptr, False), "strides": None, "version": 3}
+
+    @classmethod
+    def empty(cls, standin: StandIn, shape: tuple[int, ...], dtype: str = "float32", device: int = 0) -> "DeviceArray":
+        """Unread memory (made lazily), for launches whose data nothing looks at."""
+        return cls(standin, np.zeros((0,), dtype), device)._as(shape)
+
+    def _as(self, shape: tuple[int, ...]) -> "DeviceArray":
+        n = int(np.prod(shape))
+        self.shape = tuple(shape)
+        self.ptr = self.standin.alloc(self.device, n * self.dtype.itemsize) if n else 0
+        self.__cuda_array_interface__ = {**self.__cuda_array_interface__, "shape": tuple(shape), "data": (self.ptr, False)}
+        return self
+
+    def get(self) -> np.ndarray:
+        if not self.ptr:
+            return np.zeros(self.shape, self.dtype)
+        return self.standin.view(self.ptr, self.dtype.str, int(np.prod(self.shape))).reshape(self.shape).copy()

@@ -1,0 +1,37 @@
+"""The real tuning worker (hatch_autotune.tuning.worker) over the driver stand-in, with emulated
+kernels: what tests/test_standin_tuning.py runs as the worker process on a machine without a GPU.
+
+STANDIN_CCS (e.g. "9.0" or "9.0,8.6") sets the devices. The emulated kernel is the test's `scale`
+kernel: its template embeds its config as "EMU:MODE=...;FACTOR=...;BLOCK=..." and the emulator
+does what that config's CUDA code does (MODE=ok: y = FACTOR * x; wrong: y = FACTOR * x + 1; oob:
+writes 2^40 elements past y, an illegal address; hang: never finishes). Its times are SYNTHETIC.
+"""
+
+import os
+
+import numpy as np
+
+import cuda_standin
+
+
+def scale(standin, kernel, launch):
+    x_ptr, y_ptr = (int.from_bytes(p, "little") for p in launch.params[:2])
+    n = int(np.frombuffer(launch.params[2], np.int32)[0])
+    mode, factor, block = kernel.tag["MODE"], float(kernel.tag["FACTOR"]), int(kernel.tag["BLOCK"])
+    if mode == "hang":
+        raise cuda_standin.Hang()
+    if mode == "oob":
+        standin.view(y_ptr + (1 << 40) * 4, "float32", n)  # raises IllegalAddress
+    covered = min(n, launch.grid[0] * launch.block[0])  # the threads the grid really has
+    x, y = standin.view(x_ptr, "float32", n), standin.view(y_ptr, "float32", n)
+    y[:covered] = factor * x[:covered] + (1.0 if mode == "wrong" else 0.0)
+    return 0.010 + 0.002 * 256 / block  # SYNTHETIC milliseconds: larger blocks are "faster"
+
+
+if __name__ == "__main__":
+    ccs = [tuple(int(p) for p in cc.split(".")) for cc in os.environ.get("STANDIN_CCS", "9.0").split(",")]
+    cuda_standin.install_globally(ccs)
+    cuda_standin.EMULATORS["scale"] = scale
+    from hatch_autotune.tuning.worker import main
+
+    main()

@@ -1,0 +1,91 @@
+"""benchmarks/gpu_check.py on a machine without a GPU (CI), and fetch_wheels.py's pins (no network).
+
+gpu_check is meant for GPU machines: without one, every stage that needs the GPU must say FAILED
+with its own reason, the run must go on past the first failure, write its environment file,
+summary and logs into a flat OUTDIR, and exit non-zero."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hatch_autotune.pipeline import detect_gpu_arch
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(detect_gpu_arch() is not None, reason="checks gpu_check's behaviour without a GPU")
+def test_gpu_check_without_a_gpu_fails_every_gpu_stage_and_goes_on(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(BENCH / "gpu_check.py"), str(out), "--quick", "--no-standin",
+           "--wheels", str(tmp_path / "no-wheels-here"), "--stage-timeout", "45", "--budget-s", "240"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    files = sorted(p.name for p in out.iterdir())
+    assert all((out / f).is_file() for f in files), files  # flat
+    assert len(files) <= 8, files  # the device tool brings back at most 8 files
+    assert {"env.txt", "summary.md", "summary.json", "logs.txt"} <= set(files), files
+
+    env = (out / "env.txt").read_text()
+    assert "python:" in env and "cuda-core" in env and "nvidia-smi" in env
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final"] is True
+    stages = {s["name"]: s for s in summary["stages"]}
+    assert list(stages) == ["wheels", "env", "tests", "tune", "launch_overhead", "roofline", "tune_vs_kernel_tuner"]
+    assert stages["wheels"]["status"] == "skipped" and "does not exist" in stages["wheels"]["result"]
+    assert stages["env"]["status"] == "FAILED" and "no CUDA GPU" in stages["env"]["result"]
+    # every later stage still ran, and failed with its own reason (not skipped for want of time)
+    for name in ("tests", "tune", "launch_overhead", "roofline", "tune_vs_kernel_tuner"):
+        st = stages[name]
+        assert st["status"] == "FAILED", st
+        assert st["result"] and st["command"], st
+    assert "nothing ran" in stages["tests"]["result"] and "needs a CUDA GPU" in stages["tests"]["result"]
+    assert "GPU" in stages["tune"]["result"]  # hatch-autotune's own message
+    for name in ("launch_overhead", "roofline", "tune_vs_kernel_tuner"):
+        assert "needs a CUDA GPU" in stages[name]["result"], stages[name]
+    assert summary["failed"] == ["env", "tests", "tune", "launch_overhead", "roofline", "tune_vs_kernel_tuner"]
+
+    # the table comes last on stdout, and is the same as summary.md
+    md = (out / "summary.md").read_text()
+    assert proc.stdout.rstrip().endswith(md.rstrip())
+    table = [line for line in md.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + len(stages)
+    assert re.search(r"\| tune_vs_kernel_tuner +\| FAILED +\| +[0-9.]+ \| ", md)
+    logs = (out / "logs.txt").read_text()
+    assert "===== [7/7] tune_vs_kernel_tuner" in logs and "===== tune: FAILED" in logs
+
+
+def test_gpu_check_rejects_an_unknown_stage(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), str(tmp_path), "--only", "tunes"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no stage named 'tunes'" in proc.stderr
+
+
+def test_fetch_wheels_pins_are_exact_and_unique():
+    fw = _module("fetch_wheels")
+    pins = fw.parse_pins()
+    assert len(pins) == len(fw.PINS) >= 4
+    for pin in fw.PINS:
+        assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][A-Za-z0-9.+!-]*", pin), pin
+    names = [fw.normalize(n) for n, _ in pins]
+    assert len(set(names)) == len(names)
+    assert {"hatchling", "trove-classifiers", "platformdirs", "kernel-tuner"} <= set(names)
+    assert not set(names) & set(fw.ON_GPU_MACHINE), "a package the GPU machine has is carried again"
+    for bad in (["hatchling>=1.26"], ["hatchling"], ["hatchling==1.33.0", "Hatchling==1.32.0"]):
+        with pytest.raises(ValueError):
+            fw.parse_pins(bad)

@@ -1,0 +1,374 @@
+"""The launch path down to the driver boundary, on the CPU, through the driver stand-in
+(tests/cuda_standin.py): cuda.core's real LaunchConfig and argument packing, a fake driver below.
+
+Every launch's packed parameters are decoded and compared, in order and size, with what the cubin
+(or PTX) of the selected variant declares; grid, block and shared memory with the selection's
+geometry; the context with the arrays' device, restored afterwards; the stream with the one asked
+for. Covered: every example_pkg kernel and type at sizes on, between and around its buckets, on
+devices of compute capability 8.0, 8.6, 9.0, 10.0 and 12.0, one and two GPUs, threads with and
+without a current context, every kind of stream, no driver at all, and an old cuda-core.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cuda_standin
+from cuda_standin import DeviceArray, install
+
+SAXPY_SIZES = [1, 7, 4095, 4096, 4097, 100_000, 262_144, 1_000_003, 3_000_001]
+SOFTMAX_SHAPES = [(1, 1), (3, 129), (256, 128), (300, 1000), (20_000, 1024), (5, 9000)]
+SGEMM_SHAPES = [(1, 1, 1), (37, 29, 19), (256, 256, 256), (300, 1500, 5000), (4096, 100, 4096)]
+DEVICES = [(8, 0), (8, 6), (9, 0), (10, 0), (12, 0)]
+
+
+@pytest.fixture
+def rt(example_kernels, monkeypatch):
+    """The generated package's runtime, with a fresh driver state for this test."""
+    runtime = example_kernels._runtime
+    monkeypatch.setattr(runtime, "_GPU", runtime._GpuState())
+    return runtime
+
+
+@pytest.fixture
+def fresh(rt, example_kernels):
+    """A new Library (empty plans and module caches) over example_pkg's generated files."""
+    return lambda: rt.Library.load(example_kernels._LIBRARY.directory).kernels
+
+
+def expected_params(kernel, values: dict) -> list[bytes]:
+    """What the kernel must receive: each argument in C order, as the bytes of its C type."""
+    types = values.pop("_types")
+    out = []
+    for a in kernel.args:
+        v = values[a["name"]]
+        if a["kind"] == "array":
+            out.append(int(v.ptr).to_bytes(8, "little"))
+        else:
+            dtype = types.get(a["dtype"], a["dtype"])
+            out.append(np.array(v, dtype=dtype).tobytes())
+    return out
+
+
+def check_launch(launch, kernel, cc, types: dict, key: dict, values: dict, standin):
+    sel = kernel.select(arch=cc, **types, **key)
+    grid, block, shared = kernel.geometry(sel.config, types, key)
+    assert launch.entry == kernel.entry and launch.binary == sel.binary
+    assert launch.grid == tuple(grid) + (1,) * (3 - len(grid))
+    assert launch.block == tuple(block) + (1,) * (3 - len(block))
+    assert launch.shmem == shared
+    assert launch.params == expected_params(kernel, {**values, "_types": types})
+    binary = kernel.binary(sel)
+    declared = cuda_standin.ptx_params(binary.decode(), kernel.entry) if sel.binary.startswith("compute_") else cuda_standin.cubin_params(binary, kernel.entry)
+    assert [len(p) for p in launch.params] == declared  # in order and size, as the binary declares
+
+
+@pytest.mark.parametrize("cc", DEVICES, ids=lambda cc: f"sm_{cc[0]}{cc[1]}")
+def test_every_kernel_and_type_launches_as_its_binary_declares(fresh, monkeypatch, cc):
+    standin = install(monkeypatch, ccs=[cc], driver_version=13050)  # 13.5: PTX of NVRTC 13.5 JITs
+    kernels = fresh()
+    launches = 0
+    for dtype in ("float32", "float16"):
+        for n in SAXPY_SIZES:
+            x, y = DeviceArray.empty(standin, (n,), dtype), DeviceArray.empty(standin, (n,), dtype)
+            kernels["saxpy"](1.25, x, y)
+            launches += 1
+            check_launch(standin.launches[-1], kernels["saxpy"], cc, {"T": dtype}, {"n": n}, {"a": 1.25, "x": x, "y": y, "n": n}, standin)
+    for rows, cols in SOFTMAX_SHAPES:
+        x, y = DeviceArray.empty(standin, (rows, cols)), DeviceArray.empty(standin, (rows, cols))
+        kernels["row_softmax"](x, y)
+        launches += 1
+        check_launch(standin.launches[-1], kernels["row_softmax"], cc, {}, {"rows": rows, "cols": cols}, {"x": x, "y": y, "rows": rows, "cols": cols}, standin)
+    for m, n, k in SGEMM_SHAPES:
+        a, b, c = (DeviceArray.empty(standin, s) for s in ((m, k), (k, n), (m, n)))
+        kernels["sgemm"](a, b, c)
+        launches += 1
+        check_launch(standin.launches[-1], kernels["sgemm"], cc, {}, {"m": m, "n": n, "k": k}, {"A": a, "B": b, "C": c, "m": m, "n": n, "k": k}, standin)
+    assert len(standin.launches) == launches and standin.refused == []
+    assert all(launch.device == 0 and launch.context_depth == 1 for launch in standin.launches)
+    assert standin.stack == []  # this thread had no context; the launches pushed one and popped it
+
+
+def test_repeated_calls_take_the_fast_path_with_fresh_pointers_and_scalars(fresh, monkeypatch, rt):
+    standin = install(monkeypatch)
+    saxpy = fresh()["saxpy"]
+    prepared = spy(monkeypatch, rt.Kernel, "_prepare")
+    for i in range(5):
+        x, y = DeviceArray.empty(standin, (5000,)), DeviceArray.empty(standin, (5000,))
+        saxpy(0.5 + i, x, y)
+        check_launch(standin.launches[-1], saxpy, (9, 0), {"T": "float32"}, {"n": 5000}, {"a": 0.5 + i, "x": x, "y": y, "n": 5000}, standin)
+    assert len(prepared) == 1  # only the first call: it recorded the plan once the driver had started
+    assert standin.calls.get("cuPointerGetAttribute", 0) <= 2  # one GPU: the fast path asks nothing per array
+
+
+def spy(monkeypatch, cls, name):
+    calls = []
+    real = getattr(cls, name)
+
+    def wrapper(self, *args, **kwargs):
+        calls.append(args)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, wrapper)
+    return calls
+
+
+def test_a_thread_with_the_device_current_launches_without_pushing(fresh, monkeypatch):
+    standin = install(monkeypatch)
+    cuda_standin.FakeDevice(0).set_current()
+    kernels = fresh()
+    x, y = DeviceArray.empty(standin, (100,)), DeviceArray.empty(standin, (100,))
+    for _ in range(3):
+        kernels["saxpy"](2.0, x, y)
+    assert standin.stack == [0] and standin.calls.get("cuCtxPushCurrent", 0) == 0
+    assert [launch.context_depth for launch in standin.launches] == [1, 1, 1]
+
+
+def test_threads_without_a_context_use_the_fast_path_and_leave_no_context(fresh, monkeypatch, rt):
+    standin = install(monkeypatch)
+    saxpy = fresh()["saxpy"]
+    x, y = DeviceArray.empty(standin, (4096,)), DeviceArray.empty(standin, (4096,))
+    saxpy(1.0, x, y)  # plans recorded in the main thread
+    saxpy(1.0, x, y)
+    prepared = spy(monkeypatch, rt.Kernel, "_prepare")
+    errors, stacks = [], []
+    together = threading.Barrier(4)
+
+    def work():
+        try:
+            together.wait(timeout=30)  # all four alive at once, so their idents differ
+            for _ in range(20):
+                saxpy(3.0, x, y)
+            stacks.append(list(standin.stack))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and stacks == [[], [], [], []]
+    assert prepared == []  # no thread fell back to the checked path
+    assert standin.refused == []  # and none launched without a context first
+    launched = standin.launches[2:]
+    assert len(launched) == 80 and len({launch.thread for launch in launched}) == 4
+    assert all(launch.context_depth == 1 and launch.param(0, "float32") == 3.0 for launch in launched)
+
+
+def test_two_gpus_each_call_runs_on_the_arrays_device_and_restores_the_callers(fresh, monkeypatch, rt):
+    standin = install(monkeypatch, ccs=[(9, 0), (8, 6)])
+    cuda_standin.FakeDevice(0).set_current()  # the caller works on device 0
+    saxpy = fresh()["saxpy"]
+    on0 = [DeviceArray.empty(standin, (70_000,), device=0) for _ in range(2)]
+    on1 = [DeviceArray.empty(standin, (70_000,), device=1) for _ in range(2)]
+    saxpy(1.0, *on1)
+    saxpy(1.0, *on1)
+    prepared = spy(monkeypatch, rt.Kernel, "_prepare")
+    for _ in range(3):
+        saxpy(2.0, *on1)
+        saxpy(2.0, *on0)
+    assert len(prepared) == 1  # device 0's plan is recorded once; after that both devices take the fast path
+    runs = standin.launches[2:]
+    assert [launch.device for launch in runs] == [1, 0] * 3
+    assert [launch.binary for launch in runs] == ["sm_80", "sm_90"] * 3  # sm_86 runs the sm_80 cubin
+    assert standin.stack == [0]
+    with pytest.raises(ValueError, match=r"saxpy\(\): arrays are on different devices \(x on device 0, y on device 1\)"):
+        saxpy(1.0, on0[0], on1[1])
+    assert len(standin.launches) == 8
+
+
+@pytest.mark.parametrize("kind", ["none", "cuda.core Stream", "__cuda_stream__", "raw handle"])
+def test_every_kind_of_stream_reaches_the_launch(fresh, monkeypatch, kind):
+    standin = install(monkeypatch)
+    kernels = fresh()
+    device = cuda_standin.FakeDevice(0)
+    device.set_current()
+    created = device.create_stream()
+
+    class CuPyLike:
+        def __cuda_stream__(self):
+            return (0, created.handle)
+
+    stream = {"none": None, "cuda.core Stream": created, "__cuda_stream__": CuPyLike(), "raw handle": created.handle}[kind]
+    x, y = DeviceArray.empty(standin, (10,)), DeviceArray.empty(standin, (10,))
+    for _ in range(2):  # the checked path, then the fast path
+        kernels["saxpy"](1.0, x, y, stream=stream)
+    for launch in standin.launches:
+        if kind == "none":
+            assert launch.stream.handle == 1 and launch.stream.ordinal is None  # the legacy default stream
+        else:
+            assert launch.stream is created
+    assert len(standin.launches) == 2
+
+
+def test_a_stream_of_another_device_is_refused_by_the_driver(fresh, monkeypatch):
+    standin = install(monkeypatch, ccs=[(9, 0), (9, 0)])
+    kernels = fresh()
+    other = cuda_standin.FakeDevice(1)
+    other.set_current()
+    stream = other.create_stream()
+    x, y = DeviceArray.empty(standin, (10,)), DeviceArray.empty(standin, (10,))
+    with pytest.raises(Exception, match="CUDA_ERROR_INVALID_HANDLE"):
+        kernels["saxpy"](1.0, x, y, stream=stream)
+    assert standin.stack == [1]
+
+
+def test_ptx_newer_than_the_driver_is_a_clear_error_before_the_driver_sees_it(fresh, monkeypatch):
+    standin = install(monkeypatch, ccs=[(10, 0)], driver_version=13000)  # R580: JITs PTX up to ISA 9.0
+    kernels = fresh()
+    sel = kernels["saxpy"].select(arch="sm_100", n=4096, T="float32")
+    info = kernels["saxpy"].variants[sel.variant]["binaries"][sel.binary]
+    assert sel.binary == "compute_90" and info["ptx_isa"] == "9.5"
+    x, y = DeviceArray.empty(standin, (4096,)), DeviceArray.empty(standin, (4096,))
+    with pytest.raises(RuntimeError) as err:
+        kernels["saxpy"](1.0, x, y)
+    msg = str(err.value)
+    assert "ISA 9.5" in msg and "CUDA 13.5 or newer; this driver is CUDA 13.0" in msg
+    assert "`archs`" in msg and "nvidia-cuda-nvrtc==13.0.*" in msg
+    assert standin.launches == [] and standin.refused == []
+
+
+def test_the_driver_stand_in_refuses_what_a_driver_would(monkeypatch, example_kernels):
+    """The checks the launch tests rely on really fire."""
+    from cuda.core import LaunchConfig
+
+    standin = install(monkeypatch, ccs=[(9, 0)])
+    saxpy = example_kernels.saxpy
+    sel = saxpy.select(arch="sm_90", n=64, T="float32")
+    kernel = cuda_standin.FakeObjectCode.from_cubin(saxpy.binary(sel)).get_kernel("saxpy")
+    stream = cuda_standin.FakeStream(standin, 1, None)
+    good = (np.float32(1), 0x10, 0x20, np.int32(64))
+    with pytest.raises(Exception, match="CUDA_ERROR_INVALID_CONTEXT"):
+        standin.launch(stream, LaunchConfig(grid=1, block=64), kernel, *good)
+    cuda_standin.FakeDevice(0).set_current()
+    standin.launch(stream, LaunchConfig(grid=1, block=64), kernel, *good)
+    with pytest.raises(Exception, match="packed as 8 bytes .float.; the kernel's parameter is 4 bytes"):
+        standin.launch(stream, LaunchConfig(grid=1, block=64), kernel, 1.0, 0x10, 0x20, np.int32(64))
+    with pytest.raises(Exception, match="3 arguments for 4 parameters"):
+        standin.launch(stream, LaunchConfig(grid=1, block=64), kernel, *good[:3])
+    with pytest.raises(Exception, match="block"):
+        standin.launch(stream, LaunchConfig(grid=1, block=2048), kernel, *good)
+    sm80 = cuda_standin.FakeObjectCode.from_cubin(saxpy.binary(saxpy.select(arch="sm_80", n=64, T="float32"))).get_kernel("saxpy")
+    with pytest.raises(Exception, match="CUDA_ERROR_NO_BINARY_FOR_GPU"):
+        standin.launch(stream, LaunchConfig(grid=1, block=64), sm80, *good)  # another major: no SASS for it
+    assert len(standin.launches) == 1
+
+
+def test_a_numpy_array_is_a_host_memory_error_on_the_launch_path(fresh, monkeypatch):
+    standin = install(monkeypatch)
+    kernels = fresh()
+    y = DeviceArray.empty(standin, (8,))
+    with pytest.raises(ValueError, match=r"saxpy\(\): argument 'x' is in host memory; expected a GPU array"):
+        kernels["saxpy"](1.0, np.zeros(8, np.float32), y)
+    with pytest.raises(ValueError, match="argument 'x' is in host memory"):
+        kernels["saxpy"](1.0, np.zeros(8, np.float64), y, stream=0)  # host memory says more than the dtype
+    assert standin.launches == []
+
+
+def test_without_a_driver_every_argument_check_runs_then_one_clear_error(fresh, monkeypatch, rt):
+    standin = install(monkeypatch, present=False)
+    kernels = fresh()
+    x, y = DeviceArray.empty(standin, (8,)), DeviceArray.empty(standin, (8,))
+    with pytest.raises(ValueError, match="argument 'y' has shape"):
+        kernels["saxpy"](1.0, x, DeviceArray.empty(standin, (9,)))
+    with pytest.raises(TypeError, match="argument 'a' must be a number"):
+        kernels["saxpy"]("one", x, y)
+    with pytest.raises(rt.NoDriverError) as err:
+        kernels["saxpy"](1.0, x, y)
+    assert "no CUDA driver found" in str(err.value) and "select(arch=" in str(err.value)
+    with pytest.raises(rt.NoDriverError, match="no CUDA driver found"):
+        kernels["saxpy"].select(n=8, T="float32")
+    assert kernels["saxpy"].select(arch="sm_90", n=8, T="float32").binary == "sm_90"
+
+
+def test_without_a_device_the_error_says_so(fresh, monkeypatch, rt):
+    install(monkeypatch, ccs=[])
+    with pytest.raises(rt.NoDriverError, match="sees no device"):
+        fresh()["saxpy"](1.0, HostlessArray(8), HostlessArray(8))
+
+
+def test_without_a_driver_for_real(example_kernels, monkeypatch, rt):
+    """This machine's own state when it has no driver (CI): the real cuda-bindings, no stand-in."""
+    try:
+        from cuda.bindings import driver
+
+        driver.cuInit(0)
+        pytest.skip("this machine has a CUDA driver")
+    except RuntimeError:
+        pass
+    kernels = rt.Library.load(example_kernels._LIBRARY.directory).kernels
+    with pytest.raises(ValueError, match="argument 'y' has shape"):
+        kernels["saxpy"](1.0, HostlessArray(8), HostlessArray(9))
+    with pytest.raises(rt.NoDriverError, match="no CUDA driver found"):
+        kernels["saxpy"](1.0, HostlessArray(8), HostlessArray(8))
+
+
+class HostlessArray:
+    """A __cuda_array_interface__ with a made-up pointer, for paths that never reach memory."""
+
+    def __init__(self, n):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (0x7F0000100000, False), "strides": None, "version": 3}
+
+
+def write_fake_cuda_core(root: Path, version: str | None, experimental: bool) -> Path:
+    core = root / "cuda" / "core"
+    core.mkdir(parents=True)
+    (core / "__init__.py").write_text("")
+    if version:
+        (core / "_version.py").write_text(f"__version__ = version = '{version}'\n")
+    if experimental:
+        (core / "experimental").mkdir()
+        (core / "experimental" / "__init__.py").write_text("")
+    return root
+
+
+def test_an_old_cuda_core_is_named_at_import(tmp_path, rt):
+    old = write_fake_cuda_core(tmp_path / "old", "0.3.2", experimental=True)
+    with pytest.raises(ImportError, match=r"need cuda-core >= 0\.5 .*cuda-core 0\.3, whose API is only under `cuda\.core\.experimental`"):
+        rt.check_cuda_core([str(old)])
+    with pytest.raises(ImportError, match="unknown version"):
+        rt.check_cuda_core([str(write_fake_cuda_core(tmp_path / "nover", None, experimental=True))])
+    rt.check_cuda_core([str(write_fake_cuda_core(tmp_path / "new", "1.2.2", experimental=False))])
+    rt.check_cuda_core([str(tmp_path / "nothing")])  # none installed: fine until a launch needs it
+
+
+def test_importing_a_generated_package_with_an_old_cuda_core_fails_clearly(tmp_path, example_kernels):
+    old = write_fake_cuda_core(tmp_path / "old", "0.3.2", experimental=True)
+    site = Path(example_kernels._LIBRARY.directory).parents[1]
+    script = f"import sys; sys.path[:0] = [{str(old)!r}, {str(site)!r}]; import example_pkg.kernels"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "ImportError: hatch-autotune kernels need cuda-core >= 0.5" in proc.stderr
+
+
+def test_device_sync_helper_sets_the_device_current_first(monkeypatch):
+    """tests/test_gpu.py synchronises through conftest.device_sync: cuda.core refuses sync()
+    on a device that was never made current in the thread."""
+    import conftest
+
+    install(monkeypatch)
+    from cuda.core import Device
+
+    with pytest.raises(Exception, match="not yet initialized"):
+        Device().sync()
+    conftest.device_sync()
+
+
+def test_the_stand_in_offers_only_what_cuda_core_and_the_driver_have(monkeypatch):
+    """Code that passes here must not lean on an API the real cuda.core or driver lacks (each
+    driver function the stand-in replaces exists: monkeypatch.setattr refuses a missing one)."""
+    import cuda.core
+
+    install(monkeypatch)
+    real = {"FakeDevice": cuda.core.Device, "FakeStream": cuda.core.Stream, "FakeEvent": cuda.core.Event, "FakeObjectCode": cuda.core.ObjectCode}
+    for fake_name, real_cls in real.items():
+        fake = getattr(cuda_standin, fake_name)
+        public = {n for n in dir(fake) if not n.startswith("_")} - fake.STANDIN_ONLY - {"STANDIN_ONLY"}
+        assert public <= set(dir(real_cls)), (fake_name, public - set(dir(real_cls)))

@@ -1,0 +1,72 @@
+"""The real tuning worker process, driven by the real `tune()`, over the driver stand-in with
+emulated kernels (tests/standin_worker.py): an out-of-bounds variant ends failed with the
+driver's illegal-address error, a wrong one is rejected by verification, a hanging one is killed
+at its timeout, and the bucket still gets a verified winner in the lock file.
+
+The worker's code runs unchanged: device setup, uploads and downloads, poisoned outputs, CUDA
+event timing with the L2 flush, and its JSON protocol. Timings are SYNTHETIC (the emulator's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from hatch_autotune.cache import CompileCache
+from hatch_autotune.tuning import tune
+from hatch_autotune.tuning.worker import WorkerClient
+
+from conftest import load_project, write_tiny_project
+
+WORKER = [sys.executable, str(Path(__file__).with_name("standin_worker.py"))]
+
+EMULATED_TEMPLATE = """\
+__device__ const char emu_tag[] = "EMU:MODE={{ MODE }};FACTOR={{ FACTOR }};BLOCK={{ BLOCK }}";
+extern "C" __global__ void {{ entry }}(const float* __restrict__ x, float* __restrict__ y, int n)
+{
+    long long i = (long long)blockIdx.x * {{ BLOCK }} + threadIdx.x;
+{% if MODE == "oob" %}
+    if (i < n) y[i + (1LL << 40)] = x[i];
+{% elif MODE == "wrong" %}
+    if (i < n) y[i] = {{ FACTOR }}.0f * x[i] + 1.0f;
+{% elif MODE == "hang" %}
+    while (i < n) { }
+{% else %}
+    if (i < n) y[i] = {{ FACTOR }}.0f * x[i];
+{% endif %}
+}
+"""
+
+
+def test_tune_through_the_real_worker_fails_rejects_kills_and_still_picks_a_verified_winner(tmp_path):
+    root = write_tiny_project(tmp_path / "p", template=EMULATED_TEMPLATE, extra="tuning = { timeout-s = 4 }")
+    text = (root / "pyproject.toml").read_text()
+    text = text.replace("buckets = [1024, 65536, 1048576]", "buckets = [5000]")
+    text = text.replace("FACTOR = [2, 3], BAD = [false] }", 'FACTOR = [2], MODE = ["ok", "oob", "wrong", "hang"] }')
+    text = text.replace("BAD = false }", 'MODE = "ok" }')
+    (root / "pyproject.toml").write_text(text)
+    logs: list[str] = []
+    env = {**os.environ, "STANDIN_CCS": "9.0", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    summary = tune(
+        load_project(root),
+        log=logs.append,
+        gpu_arch="sm_90",
+        cache=CompileCache(tmp_path / "cache"),
+        client_factory=lambda device: WorkerClient(WORKER, env=env),
+    )
+    assert len(summary.tuned) == 1
+    eid, entry = summary.tuned[0]
+    statuses = {(m["config"]["MODE"], m["config"]["BLOCK"]): m for m in entry["measurements"]}
+    for block in (64, 128, 256):
+        oob, wrong, hang, ok = (statuses[(mode, block)] for mode in ("oob", "wrong", "hang", "ok"))
+        assert oob["status"] == "failed" and "CUDA_ERROR_ILLEGAL_ADDRESS" in oob["reason"], oob
+        assert wrong["status"] == "rejected" and "wrong result" in wrong["reason"], wrong
+        assert hang["status"] == "failed" and "timed out after 4 s" in hang["reason"], hang
+        assert ok["status"] in ("ok", "eliminated") and ok["samples"] >= 5, ok
+    assert entry["config"] == {"BLOCK": 256, "FACTOR": 2, "MODE": "ok"}  # the fastest that verified
+    lock = json.loads((root / "autotune.lock.json").read_text())
+    assert lock["entries"][eid]["config"] == entry["config"] and lock["entries"][eid]["tuned"] is True
+    assert lock["entries"][eid]["provenance"]["gpu"] == "Stand-in GPU 0 (sm_90)"
+    print("\n".join(logs))
+    print(json.dumps(entry["measurements"], indent=None))
