@@ -38,19 +38,14 @@ def options(doc: str | None) -> argparse.ArgumentParser:
 
 def require_gpu(script: str) -> str:
     """The GPU's arch (`sm_90`), or exit with one line that says why there is none."""
-    from hatch_autotune.pipeline import detect_gpu_arch
+    from hatch_autotune.runtime import current_device_cc
 
-    arch = detect_gpu_arch()
-    if arch:
-        return arch
-    why = "no usable CUDA device"
     try:
-        from hatch_autotune.runtime import current_device_cc
-
-        current_device_cc(0)
+        major, minor = current_device_cc(0)
     except Exception as exc:  # the real reason: no driver, no device, ...
         why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
-    raise SystemExit(f"{script}: needs a CUDA GPU and found none ({why})")
+        raise SystemExit(f"{script}: needs a CUDA GPU and found none ({why})") from None
+    return f"sm_{major}{minor}"
 
 
 def example_project(root: Path = EXAMPLE, env: dict[str, str] | None = None) -> Any:

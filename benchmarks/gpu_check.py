@@ -303,8 +303,7 @@ def probe_env(txt: Path, js: Path) -> int:
     def nvrtc() -> None:
         from hatch_autotune import compile as comp
 
-        build = getattr(comp, "_nvrtc_build", None)
-        add("nvrtc", comp.nvrtc_version() + (f" ({build()})" if build else ""))
+        add("nvrtc", f"{comp.nvrtc_version()} ({comp.nvrtc_build()})")
 
     attempt("nvrtc", nvrtc)
 

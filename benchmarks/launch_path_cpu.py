@@ -8,37 +8,35 @@ second device), and the fully checked path that every call took on several GPUs 
 not a GPU measurement: the real driver queries add their own cost (benchmarks/launch_overhead.py
 measures the whole call against a raw cuda.core launch on a GPU).
 
-    python benchmarks/launch_path_cpu.py [--out DIR]   # writes launch_path_cpu.json
+    python benchmarks/launch_path_cpu.py [--out DIR]   # writes launch_path_cpu.json (--quick: fewer calls)
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _common import RESULTS, ROOT, example_project, import_generated, machine, write_result
+from _common import ROOT, example_project, import_generated, machine, options, write_result
 
 CALLS, REPEATS = 20_000, 7
 
 
-def per_call_us(fn) -> float:
+def per_call_us(fn, calls: int = CALLS) -> float:
     samples = []
     for _ in range(REPEATS):
         t0 = time.perf_counter()
-        for _ in range(CALLS):
+        for _ in range(calls):
             fn()
-        samples.append((time.perf_counter() - t0) / CALLS * 1e6)
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
     return statistics.median(samples)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    opts = ap.parse_args()
+    opts = options(__doc__).parse_args()
+    calls = CALLS // 10 if opts.quick else CALLS
     sys.path.insert(0, str(ROOT / "tests"))
     import cuda_standin
     from cuda.bindings import driver
@@ -59,11 +57,11 @@ def main() -> None:
         saxpy = rt.Library.load(kernels._LIBRARY.directory).kernels["saxpy"]
         x, y = (cuda_standin.DeviceArray.empty(standin, (1024,), device=device) for _ in range(2))
         saxpy(2.0, x, y)
-        results[label] = per_call_us(lambda: saxpy(2.0, x, y))
+        results[label] = per_call_us(lambda: saxpy(2.0, x, y), calls)
         if device == 1:
-            results["checked_path_us"] = per_call_us(lambda: saxpy._call_checked([2.0, x, y], None, None))
+            results["checked_path_us"] = per_call_us(lambda: saxpy._call_checked([2.0, x, y], None, None), calls)
     results["two_gpus_vs_one"] = results["two_gpus_fast_path_us"] / results["one_gpu_fast_path_us"]
-    payload = {"what": __doc__.strip().splitlines()[0], "calls": CALLS, "repeats": REPEATS, "results": results, "machine": host}
+    payload = {"what": __doc__.strip().splitlines()[0], "calls": calls, "repeats": REPEATS, "results": results, "machine": host}
     print(write_result("launch_path_cpu.json", payload, opts.out).read_text())
 
 

@@ -116,7 +116,7 @@ def ensure_nvrtc() -> None:
     _nvrtc_ready = True
 
 
-def _nvrtc_build() -> str:
+def nvrtc_build() -> str:
     """The installed NVRTC wheel's full version (nvrtcVersion() gives only major.minor)."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -215,7 +215,7 @@ def compile_all(
     on_result: Callable[[CompileResult], None] | None = None,
 ) -> list[CompileResult]:
     """Compile every job (identical jobs once), taking what the cache has; results in job order."""
-    compiler = f"{nvrtc_version()} {_nvrtc_build()}"  # the patch release too: its binaries may differ
+    compiler = f"{nvrtc_version()} {nvrtc_build()}"  # the patch release too: its binaries may differ
     keys = [j.cache_key(compiler) for j in jobs]
     unique: dict[str, CompileJob] = {}
     for key, job in zip(keys, jobs):

@@ -155,7 +155,7 @@ def build_payload(
                 for arch in archs:
                     jobs.append(compile_mod.CompileJob(v.source, arch, spec.entry, spec.nvrtc_options, v.label))
     n_unique = len({(j.source, j.arch, j.options) for j in jobs})
-    log(f"hatch-autotune: {len(project.kernels)} kernel(s), {n_unique} compile(s) for {', '.join(archs)} (NVRTC {compiler}, build {compile_mod._nvrtc_build()})")
+    log(f"hatch-autotune: {len(project.kernels)} kernel(s), {n_unique} compile(s) for {', '.join(archs)} (NVRTC {compiler}, build {compile_mod.nvrtc_build()})")
     results = compile_mod.compile_all(jobs, cache, workers=workers, on_result=_progress(n_unique, "compiled", log))
     by_job = {(r.job.source, r.job.arch, r.job.options): r for r in results}
 

@@ -55,7 +55,7 @@ class AutotuneBuildHook(BuildHookInterface):
             if project.mode != "offline":  # tuning.plan_tuning decides what this machine tunes
                 from .tuning import tune
 
-                tune(project, mode=project.mode, log=self._say, cache=cache)
+                tune(project, mode=project.mode, log=self._say, cache=cache, gpus=gpus)
             result = build_payload(project, cache=cache, log=self._say, gpus=gpus)
         except BuildError as exc:  # the tuner's errors come without the prefix the build's have
             raise SystemExit(f"hatch-autotune: {str(exc).removeprefix('hatch-autotune: ')}") from None

@@ -1011,7 +1011,8 @@ class _GpuState:
             try:
                 from cuda.core import Device, LaunchConfig, ObjectCode, Stream, launch
             except ImportError as exc:
-                raise ImportError(f"hatch-autotune kernels need cuda-core >= 0.5 (the `cuda.core` API): {exc}") from None
+                need = ".".join(map(str, MIN_CUDA_CORE))
+                raise ImportError(f"hatch-autotune kernels need cuda-core >= {need} (the `cuda.core` API): {exc}") from None
             self.core.update(Device=Device, LaunchConfig=LaunchConfig, ObjectCode=ObjectCode, Stream=Stream, launch=launch)
             self.single_device = 0 if count == 1 else None
             self.driver_version = (version // 1000, (version % 1000) // 10)

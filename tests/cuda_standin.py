@@ -25,7 +25,7 @@ import re
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -33,6 +33,8 @@ from cuda.bindings import driver
 from cuda.core import LaunchConfig
 from cuda.core._kernel_arg_handler import ParamHolder
 from cuda.core._utils.cuda_utils import CUDAError
+
+from hatch_autotune.runtime import cubin_sm
 
 R = driver.CUresult
 ATTR = driver.CUdevice_attribute
@@ -84,8 +86,8 @@ def cubin_params(cubin: bytes, entry: str) -> list[int]:
 
 
 def cubin_cc(cubin: bytes) -> tuple[int, int]:
-    flags = int.from_bytes(cubin[48:52], "little")
-    sm = (flags >> 8) & 0xFF if cubin[8] >= 8 else flags & 0xFF
+    """(major, minor) a cubin was built for, read by the runtime's own ELF-header rule."""
+    sm = cubin_sm(cubin)
     return sm // 10, sm % 10
 
 

@@ -60,7 +60,7 @@ def old_lock(tmp_path, monkeypatch) -> Path:
     assert len(summary.tuned) == 3
     entries = json.loads((root / "autotune.lock.json").read_text())["entries"]
     assert {e["provenance"]["nvrtc"] for e in entries.values()} == {OLD}
-    assert {e["provenance"]["nvrtc_build"] for e in entries.values()} == {compile_mod._nvrtc_build()}
+    assert {e["provenance"]["nvrtc_build"] for e in entries.values()} == {compile_mod.nvrtc_build()}
     return root
 
 
@@ -70,7 +70,7 @@ def test_a_lock_tuned_with_another_nvrtc_keeps_its_winners_with_one_warning(old_
     choices = result.kernels[0].choices
     assert len(choices) == 3 and all(c.tuned for c in choices.values())
     assert all(c.provenance["nvrtc"] == OLD for c in choices.values())
-    assert logs[0].endswith(f"(NVRTC {NOW}, build {compile_mod._nvrtc_build()})")  # what this build used
+    assert logs[0].endswith(f"(NVRTC {NOW}, build {compile_mod.nvrtc_build()})")  # what this build used
     assert f"hatch-autotune: 3 entries use tuned winners from autotune.lock.json, tuned with NVRTC {OLD}" in logs
     assert [m for m in logs if m.startswith("warning:")] == [
         f"warning: 3 lock entries were tuned with NVRTC {OLD} and this build uses NVRTC {NOW}: their winners are used "

@@ -239,7 +239,7 @@ def provenance(device: Mapping[str, Any], compiler: str) -> dict[str, Any]:
         "cc": ".".join(str(c) for c in device["cc"]),
         "driver": device["driver"],
         "nvrtc": compiler,
-        "nvrtc_build": compile_mod._nvrtc_build(),
+        "nvrtc_build": compile_mod.nvrtc_build(),
         "cuda_bindings": cuda_python,
         "hatch_autotune": __version__,
         "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
@@ -427,16 +427,18 @@ def tune(
     gpu_arch: str | None = None,
     client_factory: Callable[[int], WorkerClient] | None = None,
     cache: CompileCache | None = None,
+    gpus: Sequence[Gpu] | None = None,
 ) -> TuneSummary:
     """Tune the stale (or, in `retune`, all) entries of `project` for every target arch that has
     a device here (plan_tuning; in `auto`, none is not an error), or only for `gpu_arch`, and
-    write them into its lock file as each bucket finishes."""
+    write them into its lock file as each bucket finishes. `gpus`: this machine's devices when
+    the caller has detected them already (the build hook), else detected here."""
     if mode == "offline":
         raise TuningError("mode 'offline' never touches a GPU; use mode 'tune' or 'retune' to tune")
     unknown = sorted(set(kernels or []) - set(project.kernels))
     if unknown:
         raise TuningError(f"no kernel named {', '.join(unknown)}; kernels: {', '.join(project.kernels)}")
-    gpus = detect_gpus()
+    gpus = detect_gpus() if gpus is None else gpus
     if gpu_arch is None:
         plan = plan_tuning(project, gpus, mode)
         for w in plan.warnings:
