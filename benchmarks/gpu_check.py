@@ -301,7 +301,7 @@ def probe_env(txt: Path, js: Path) -> int:
     attempt("cuda driver", driver_facts)
 
     def nvrtc() -> None:
-        from hatch_autotune import compile as comp
+        from hatch_autotune.build import compile as comp
 
         add("nvrtc", f"{comp.nvrtc_version()} ({comp.nvrtc_build()})")
 
@@ -319,7 +319,7 @@ def probe_env(txt: Path, js: Path) -> int:
     attempt("cuda.core device", device)
 
     def arch() -> None:
-        from hatch_autotune.pipeline import detect_gpu_arch
+        from hatch_autotune.build.devices import detect_gpu_arch
 
         add("arch", detect_gpu_arch())
 
@@ -610,13 +610,15 @@ def _digest(path: Path) -> str | None:
 
 
 def lock_summary(path: Path, arch: str | None) -> str:
+    from hatch_autotune.build.lock import EntryId, LockFile, LockFormatError
+
     try:
-        entries = json.loads(path.read_text()).get("entries", {})
-    except (OSError, ValueError):
-        return "lock file unreadable"
-    mine = {k: e for k, e in entries.items() if not arch or f"|{arch}|" in k}
-    tuned = sum(bool(e.get("tuned")) for e in mine.values())
-    return f"lock: {len(mine)} entries for {arch or 'any arch'}, {tuned} tuned ({len(entries)} in all)"
+        lock = LockFile.read(path)
+    except LockFormatError as exc:
+        return f"lock file unreadable: {exc}"
+    mine = {k: e for k, e in lock.entries.items() if not arch or EntryId.parse(k).arch == arch}
+    tuned = sum(e.tuned for e in mine.values())
+    return f"lock: {len(mine)} entries for {arch or 'any arch'}, {tuned} tuned ({len(lock.entries)} in all)"
 
 
 def _atomic(path: Path, text: str) -> None:

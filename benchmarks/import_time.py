@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hatch_autotune.cache import CompileCache, default_cache_dir  # noqa: E402
-from hatch_autotune.config import parse_project  # noqa: E402
-from hatch_autotune.package import write_package  # noqa: E402
-from hatch_autotune.pipeline import build_payload  # noqa: E402
+from hatch_autotune.build.cache import CompileCache, default_cache_dir  # noqa: E402
+from hatch_autotune.spec.config import parse_project  # noqa: E402
+from hatch_autotune.build.payload import write_package  # noqa: E402
+from hatch_autotune.build.pipeline import build_payload  # noqa: E402
 
 PROBE = """
 import sys, time

@@ -47,13 +47,12 @@ def main() -> None:
     ok = driver.CUresult.CUDA_SUCCESS
     results = {}
     for label, ccs, device in [("one_gpu_fast_path_us", [(9, 0)], 0), ("two_gpus_fast_path_us", [(9, 0), (9, 0)], 1)]:
-        standin = cuda_standin.install_globally(ccs)
+        standin = cuda_standin.install_globally(ccs, runtime=rt)
         cuda_standin.FakeDevice(device).set_current()
-        rt._GPU = rt._GpuState()
-        rt._GPU.start()
-        rt._GPU.core["launch"] = lambda *args: None
-        driver.cuCtxGetDevice = lambda: (ok, device)
-        driver.cuPointerGetAttribute = lambda attr, ptr: (ok, device)
+        api = standin.api()
+        api.driver.cuCtxGetDevice = lambda: (ok, device)
+        api.driver.cuPointerGetAttribute = lambda attr, ptr: (ok, device)
+        rt.use_gpu(api.replace(launch=lambda *args: None))  # the runtime's seam: no patching
         saxpy = rt.Library.load(kernels._LIBRARY.directory).kernels["saxpy"]
         x, y = (cuda_standin.DeviceArray.empty(standin, (1024,), device=device) for _ in range(2))
         saxpy(2.0, x, y)

@@ -143,7 +143,7 @@ class Retimer:
     def __init__(self, arch: str, cache: Any):
         from cuda.core import Device
 
-        from hatch_autotune.config import TuningSpec
+        from hatch_autotune.spec.config import TuningSpec
         from hatch_autotune.tuning.bench import GpuTimer
 
         self.arch, self.cache = arch, cache
@@ -154,7 +154,7 @@ class Retimer:
     def kernel(self, spec: Any, variant: Any) -> Any:
         from cuda.core import ObjectCode
 
-        from hatch_autotune.compile import CompileJob, compile_all
+        from hatch_autotune.build.compile import CompileJob, compile_all
 
         (result,) = compile_all([CompileJob(variant.source, self.arch, spec.entry, spec.nvrtc_options, variant.label)], self.cache)
         if not result.ok:
@@ -202,9 +202,10 @@ def main() -> None:
         raise SystemExit(f"tune_vs_kernel_tuner.py: needs kernel_tuner ({exc}); carry it with benchmarks/fetch_wheels.py") from None
     import cupy as cp
 
-    from hatch_autotune.cache import CompileCache
-    from hatch_autotune.render import render_kernel
-    from hatch_autotune.space import bucket_points
+    from hatch_autotune.build.cache import CompileCache
+    from hatch_autotune.build.lock import EntryId
+    from hatch_autotune.build.render import render_kernel
+    from hatch_autotune.spec.space import bucket_points
     from hatch_autotune.tuning import tune
     from hatch_autotune.tuning.inputs import bucket_inputs
 
@@ -250,12 +251,11 @@ def main() -> None:
         theirs_wall_total = 0.0
         for point in points:
             key = dict(zip((k.name for k in spec.key), point))
-            suffix = ",".join(f"{k}={v}" for k, v in key.items())
-            eid = next(e for e in tuned if e.startswith(f"{name}|{tkey}|") and e.endswith(suffix))
+            eid = str(EntryId.of(name, tkey, arch, key))
             inputs = bucket_inputs(spec, types, key, work, seed=zlib.crc32(eid.encode()))  # the data our tuner used
             theirs_wall, theirs_best, kt = kernel_tuner_brute_force(spec, variants, types, key, inputs, opts.kt_lang)
             theirs_wall_total += theirs_wall
-            ours_cfg = tuned[eid]["config"]
+            ours_cfg = dict(tuned[eid].config)
             by_cfg = {tuple(sorted(v.config_dict.items())): v for v in variants}
             same = ours_cfg == theirs_best
             pairs = [(by_cfg[tuple(sorted(ours_cfg.items()))], ours_cfg)]
@@ -263,7 +263,7 @@ def main() -> None:
                 pairs.append((by_cfg[tuple(sorted(theirs_best.items()))], theirs_best))
             ms = retimer.time(spec, types, key, inputs, pairs)
             ours_ms, theirs_ms = ms[0], ms[-1]
-            ours_own = next((m.get("median_ms") for m in tuned[eid]["measurements"] if m["config"] == ours_cfg), None)
+            ours_own = tuned[eid].winner_ms
             rows.append({
                 "kernel": name, "types": tkey, "bucket": key, "configs": len(variants),
                 "ours_tuning_s_per_bucket": ours_wall / len(points), "theirs_tuning_s": theirs_wall,

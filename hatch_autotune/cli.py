@@ -1,7 +1,9 @@
 """The `hatch-autotune` command: tune, show, report, diff, merge, cache.
 
 Every subcommand takes what the user has at hand (project, lock file, wheel, installed package),
-read by sources.py into one model. Bad input is one line on stderr and exit code 2, never a
+read by inspection.readers into one model (inspection.model). This module only parses arguments
+and prints; the rules it applies live with the stages that own them (inspection.diff, build.lock's
+merge, build.cache's store layout). Bad input is one line on stderr and exit code 2, never a
 traceback.
 """
 
@@ -10,29 +12,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
-import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from . import __version__
-from .sources import (
-    CliError,
-    Entry,
-    Source,
-    combine,
-    fmt_bucket,
-    fmt_bytes,
-    fmt_config,
-    fmt_ms,
-    load_project,
-    load_source,
-    provenance_lines,
-    read_lock,
-    time_of,
-)
+from .build.cache import CompileCache, atomic_write, default_cache_dir
+from .build.lock import MERGE_PREFERENCES, LockFormatError, merge
+from .inspection.diff import KINDS, diff_sources
+from .inspection.errors import CliError
+from .inspection.fmt import fmt_bucket, fmt_bytes, fmt_config, fmt_delta, fmt_ms, fmt_speedup
+from .inspection.model import combine, provenance_lines
+from .inspection.readers import load_project, load_source, read_lock
 
 PROG = "hatch-autotune"
 EXIT_OK, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2
@@ -113,6 +104,7 @@ class UI:
 
 
 def cmd_tune(args: argparse.Namespace, ui: UI) -> int:
+    from . import tuning  # here, not at the top: the other subcommands need no tuning engine
     from .errors import BuildError
 
     root = Path(args.project)
@@ -121,12 +113,6 @@ def cmd_tune(args: argparse.Namespace, ui: UI) -> int:
     if unknown:
         raise CliError(f"no kernel named {', '.join(unknown)} in {root}; its kernels: {', '.join(project.kernels)}")
     mode = args.mode or {"auto": "tune"}.get(project.mode, project.mode)
-    try:
-        from . import tuning
-    except ImportError as exc:
-        if (exc.name or "").startswith("hatch_autotune.tuning"):
-            raise CliError("this hatch-autotune has no tuning engine (hatch_autotune.tuning is missing)") from None
-        raise
     with ui.progress(None, f"tuning {root}") as log:
         try:
             result = tuning.tune(project, kernels=args.kernel or None, mode=mode, log=log)
@@ -134,14 +120,9 @@ def cmd_tune(args: argparse.Namespace, ui: UI) -> int:
             lines = str(exc).strip().splitlines() or ["tuning failed"]
             raise CliError(lines[0].removeprefix(f"{PROG}: "), lines[1:]) from None
     # The engine logs its own summary table and writes the lock file as each bucket finishes.
-    tuned = len(getattr(result, "tuned", []) or [])
-    skipped = getattr(result, "skipped", 0)
+    tuned, skipped = len(result.tuned), result.skipped
     ui.print(f"{project.lock_file}: {tuned} entr{'y' if tuned == 1 else 'ies'} tuned, {skipped} still valid; `{PROG} show {root}` lists them")
     return EXIT_OK
-
-
-def _fmt_speedup(s: float | None) -> str:
-    return "-" if s is None else f"{s:.2f}x"
 
 
 def cmd_show(args: argparse.Namespace, ui: UI) -> int:
@@ -150,88 +131,33 @@ def cmd_show(args: argparse.Namespace, ui: UI) -> int:
     if args.kernel and not groups:
         raise CliError(f"no kernel named {', '.join(args.kernel)} in {src.label}; its kernels: {', '.join(src.kernels)}")
     for kernel, rows in groups:
-        has_types = any(e.types != "-" for e in rows)
-        has_notes = any(e.note for e in rows)
+        has_types = any(r.types != "-" for r in rows)
+        has_notes = any(r.note for r in rows)
         columns = ["arch", *(["types"] if has_types else []), "bucket", "config", "time (ms)", "speedup", "status", *(["note"] if has_notes else [])]
         t = ui.table(kernel, columns, right=("time (ms)", "speedup"))
-        for e in rows:
-            cells = [e.arch, *([e.types] if has_types else []), fmt_bucket(e.bucket), fmt_config(e.config), fmt_ms(e.time_ms), _fmt_speedup(e.speedup)]
-            cells.append("tuned" if e.tuned else "default")
+        for r in rows:
+            cells = [r.arch, *([r.types] if has_types else []), fmt_bucket(r.bucket), fmt_config(r.config), fmt_ms(r.time_ms), fmt_speedup(r.speedup)]
+            cells.append("tuned" if r.tuned else "default")
             if has_notes:
-                cells.append(e.note)
-            t.add_row(*cells, style=None if e.tuned or not ui.tty else "yellow")
+                cells.append(r.note)
+            t.add_row(*cells, style=None if r.tuned or not ui.tty else "yellow")
         ui.print(t)
-    entries = [e for _, rows in groups for e in rows]
-    n_tuned = sum(e.tuned for e in entries)
-    ui.print(f"{src.label} ({src.kind}): {len(entries)} entries, {n_tuned} tuned, {len(entries) - n_tuned} default")
-    for line in provenance_lines(entries) + src.notes:
+    shown = [r for _, rows in groups for r in rows]
+    n_tuned = sum(r.tuned for r in shown)
+    ui.print(f"{src.label} ({src.kind}): {len(shown)} entries, {n_tuned} tuned, {len(shown) - n_tuned} default")
+    for line in provenance_lines(shown) + src.notes:
         ui.print(f"  {line}")
     return EXIT_OK
-
-
-@dataclass
-class Change:
-    eid: str
-    kind: str  # added | removed | changed
-    what: list[str]
-    old: Entry | None
-    new: Entry | None
-    delta: float | None = None  # relative time change of the chosen config
-    regression: bool = False
-
-
-def diff_sources(a: Source, b: Source, threshold: float) -> tuple[list[Change], int]:
-    """Per entry id, what changed from a to b; and how many entries did not change."""
-    changes: list[Change] = []
-    same = 0
-    for eid in sorted(set(a.entries) | set(b.entries), key=lambda i: _diff_order(a, b, i)):
-        old, new = a.entries.get(eid), b.entries.get(eid)
-        if old is None:
-            changes.append(Change(eid, "added", [f"new entry ({'tuned' if new.tuned else 'default'})"], None, new))
-            continue
-        if new is None:
-            changes.append(Change(eid, "removed", ["entry removed"], old, None))
-            continue
-        what = []
-        if old.config != new.config:
-            what.append("config")
-        if old.tuned != new.tuned:
-            what.append("now tuned" if new.tuned else "lost its tuning")
-        if old.checksum and new.checksum and old.checksum != new.checksum:
-            what.append("checksum (sources or settings changed)")
-        for field, label in (("gpu", "GPU"), ("nvrtc", "NVRTC")):  # not in the checksum, still worth a line
-            was, now = old.provenance.get(field), new.provenance.get(field)
-            if was and now and was != now:
-                what.append(f"{label} {was} -> {now}")
-        delta = None
-        if old.time_ms and new.time_ms:
-            delta = new.time_ms / old.time_ms - 1
-            if abs(delta) > threshold:
-                what.append("slower" if delta > 0 else "faster")
-        if not what:
-            same += 1
-            continue
-        c = Change(eid, "changed", what, old, new, delta, regression=delta is not None and delta > threshold)
-        changes.append(c)
-    return changes, same
-
-
-def _diff_order(a: Source, b: Source, eid: str) -> tuple:
-    e = a.entries.get(eid) or b.entries.get(eid)
-    return (e.kernel, *e.sort_key())
 
 
 def cmd_diff(args: argparse.Namespace, ui: UI) -> int:
     if args.threshold < 0:
         raise CliError(f"--threshold must be >= 0, got {args.threshold}")
     a, b = load_source(args.a), load_source(args.b)
-    threshold = args.threshold / 100
-    changes, same = diff_sources(a, b, threshold)
-    if changes:
+    diff = diff_sources(a, b, args.threshold / 100)
+    if diff.changes:
         t = ui.table(f"{a.label} -> {b.label}", ["entry", "change", "old config", "new config", "old ms", "new ms", "delta", "flag"], right=("old ms", "new ms", "delta"))
-        for c in changes:
-            delta = "-" if c.delta is None else f"{c.delta * 100:+.1f}%"
-            flag = "REGRESSION" if c.regression else ""
+        for c in diff.changes:
             t.add_row(
                 c.eid,
                 f"{c.kind}: {', '.join(c.what)}" if c.kind == "changed" else c.kind,
@@ -239,26 +165,20 @@ def cmd_diff(args: argparse.Namespace, ui: UI) -> int:
                 fmt_config(c.new.config) if c.new else "-",
                 fmt_ms(c.old.time_ms if c.old else None),
                 fmt_ms(c.new.time_ms if c.new else None),
-                delta,
-                flag,
+                fmt_delta(c.delta),
+                "REGRESSION" if c.regression else "",
                 style="bold red" if c.regression and ui.tty else None,
             )
         ui.print(t)
-    counts = {k: sum(c.kind == k for c in changes) for k in ("added", "removed", "changed")}
-    regressions = [c for c in changes if c.regression]
-    ui.print(
-        f"{counts['added']} added, {counts['removed']} removed, {counts['changed']} changed, {same} unchanged; "
-        f"{len(regressions)} regression(s) over {args.threshold:g}%"
-    )
-    if regressions and args.fail_on_regression:
+    counts = ", ".join(f"{diff.count(kind)} {kind}" for kind in KINDS)
+    ui.print(f"{counts}, {diff.unchanged} unchanged; {len(diff.regressions)} regression(s) over {args.threshold:g}%")
+    if diff.regressions and args.fail_on_regression:
         return EXIT_REGRESSION
     return EXIT_OK
 
 
 def write_output(path: Path, data: bytes) -> None:
     """Atomically, and readable as any file the user creates (atomic_write's temp file is 0600)."""
-    from .cache import atomic_write
-
     try:
         atomic_write(path, data)
     except OSError as exc:
@@ -268,64 +188,28 @@ def write_output(path: Path, data: bytes) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
-def _same_entry(x: dict[str, Any], y: dict[str, Any]) -> bool:
-    return x["checksum"] == y["checksum"] and x["config"] == y["config"]
-
-
-def _chosen_ms(raw: dict[str, Any]) -> float:
-    t = time_of(list(raw.get("measurements", [])), raw["config"])
-    return float("inf") if t is None else t
-
-
 def cmd_merge(args: argparse.Namespace, ui: UI) -> int:
     out = Path(args.output)
     if out.is_dir():
         raise CliError(f"{out}: is a directory, expected the output lock file's path")
     inputs = [(p, read_lock(Path(p))) for p in args.inputs]
-    merged: dict[str, dict[str, Any]] = {}
-    origin: dict[str, str] = {}
-    conflicts: dict[str, str] = {}
-    resolved = 0
-    for label, entries in inputs:
-        for eid, raw in entries.items():
-            have = merged.get(eid)
-            if have is None:
-                merged[eid], origin[eid] = raw, label
-                continue
-            if _same_entry(have, raw):
-                if (raw["tuned"] and not have["tuned"]) or args.prefer == "last":
-                    merged[eid], origin[eid] = raw, label
-                continue
-            why = "different checksums" if have["checksum"] != raw["checksum"] else "different configs"
-            if args.prefer is None:
-                conflicts.setdefault(eid, f"{eid} ({why}: {origin[eid]} vs {label})")
-                continue
-            resolved += 1
-            take_new = args.prefer == "last" or (args.prefer == "faster" and _chosen_ms(raw) < _chosen_ms(have))
-            if take_new:
-                merged[eid], origin[eid] = raw, label
-    if conflicts:
-        ids = sorted(conflicts)
-        listing = "; ".join(conflicts[k] for k in ids[:10]) + (f"; and {len(ids) - 10} more" if len(ids) > 10 else "")
-        raise CliError(
-            f"{len(conflicts)} conflicting entr{'y' if len(conflicts) == 1 else 'ies'}: {listing}; "
-            "choose a side with --prefer first|last|faster"
-        )
-    from .lock import LockFile
-
-    write_output(out, LockFile(entries=merged).to_json())
+    try:
+        merged, resolved = merge(inputs, args.prefer)
+    except LockFormatError as exc:
+        raise CliError(str(exc)) from None
+    write_output(out, merged.to_json())
     how = f", {resolved} conflict(s) resolved by --prefer {args.prefer}" if resolved else ""
-    ui.print(f"{out}: {len(merged)} entries merged from {len(inputs)} lock file(s){how}")
+    ui.print(f"{out}: {len(merged.entries)} entries merged from {len(inputs)} lock file(s){how}")
     return EXIT_OK
 
 
 def cmd_report(args: argparse.Namespace, ui: UI) -> int:
     if not args.output and not args.png:
         raise CliError("nothing to write: give -o report.html and/or --png DIR")
-    from . import report
+    from .inspection import report
 
     src = combine([load_source(s) for s in args.sources])
-    if not src.entries:
+    if not src.rows:
         raise CliError(f"{src.label}: no entries to report")
     charts = report.build_charts(src)
     if args.output:
@@ -335,7 +219,7 @@ def cmd_report(args: argparse.Namespace, ui: UI) -> int:
         with ui.progress(len(charts), "drawing charts") as step:
             html = report.render_html(src, charts, title=args.title, progress=step)
         write_output(out, html.encode())
-        ui.print(f"{out}: {len(charts)} chart(s), {len(src.entries)} entries")
+        ui.print(f"{out}: {len(charts)} chart(s), {len(src.rows)} entries")
     if args.png:
         try:
             import matplotlib  # noqa: F401
@@ -351,24 +235,7 @@ def cmd_report(args: argparse.Namespace, ui: UI) -> int:
     return EXIT_OK
 
 
-# Files a compile store holds: <2 hex>/<64 hex>.json|.bin, plus atomic_write's temp files.
-_STORE_FILE = re.compile(r"^([0-9a-f]{64}\.(json|bin)|\.[0-9a-f]{64}\.(json|bin)\.[^/]*\.tmp)$")
-
-
-def _foreign_in_store(store: Path) -> str | None:
-    """A path in the store that hatch-autotune did not write, or None: never delete someone's files."""
-    for d in store.iterdir():
-        if d.is_symlink() or not d.is_dir() or not re.fullmatch(r"[0-9a-f]{2}", d.name):
-            return str(d)
-        for f in d.iterdir():
-            if f.is_symlink() or not f.is_file() or not _STORE_FILE.match(f.name):
-                return str(f)
-    return None
-
-
 def cmd_cache(args: argparse.Namespace, ui: UI) -> int:
-    from .cache import CompileCache, default_cache_dir
-
     root = default_cache_dir()
     cache = CompileCache(root)
     store = cache.root  # <root>/v1: the only thing `clear` may delete
@@ -389,9 +256,10 @@ def cmd_cache(args: argparse.Namespace, ui: UI) -> int:
         return EXIT_OK
     if not store.is_dir():
         raise CliError(f"{store} is not a directory; not a store hatch-autotune created, leaving it alone")
-    foreign = _foreign_in_store(store)
-    if foreign:
-        raise CliError(f"{store} holds {foreign}, which hatch-autotune did not write; not deleting anything")
+    not_ours = "{} holds {}, which hatch-autotune did not write; not deleting anything"
+    foreign = cache.foreign_path()
+    if foreign is not None:
+        raise CliError(not_ours.format(store, foreign))
     if not args.yes and sys.stdin.isatty():
         try:
             answer = input(f"delete {entries} cached binaries ({fmt_bytes(size)}) in {store}? [y/N] ")
@@ -400,7 +268,9 @@ def cmd_cache(args: argparse.Namespace, ui: UI) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             ui.print("nothing deleted")
             return EXIT_DECLINED
-    shutil.rmtree(store)
+    foreign = cache.clear()  # looks again: something may have been written while we asked
+    if foreign is not None:
+        raise CliError(not_ours.format(store, foreign))
     ui.print(f"{store}: removed {entries} entries ({fmt_bytes(size)})")
     return EXIT_OK
 
@@ -422,7 +292,7 @@ def make_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("tune", help="tune a project on this machine's GPU and write its lock file (no wheel)")
     s.add_argument("project", nargs="?", default=".", help="project directory (default: .)")
     s.add_argument("--kernel", "-k", action="append", metavar="K", help="tune only this kernel (repeatable)")
-    from .config import MODES
+    from .spec.config import MODES
 
     s.add_argument("--mode", choices=MODES, help="tune: missing and stale entries; retune: all (default: the project's mode, else tune)")
     s.set_defaults(func=cmd_tune)
@@ -449,7 +319,7 @@ def make_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("merge", help="one lock file from the lock files of several builders")
     s.add_argument("inputs", nargs="+", metavar="LOCK")
     s.add_argument("-o", "--output", required=True, metavar="OUT")
-    s.add_argument("--prefer", choices=("first", "last", "faster"), help="resolve conflicting entries: first/last input, or the faster winner")
+    s.add_argument("--prefer", choices=MERGE_PREFERENCES, help="resolve conflicting entries: first/last input, or the faster winner")
     s.set_defaults(func=cmd_merge)
 
     s = sub.add_parser("cache", help="location and size of the compile cache, or clear it")

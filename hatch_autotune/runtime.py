@@ -1,9 +1,11 @@
 """Run-time loader, copied verbatim into every wheel that hatch-autotune builds.
 
-It must work with the standard library alone at import time (cuda-python is imported lazily,
-only to ask the current device for its arch), and it must never import ``hatch_autotune``:
-a built wheel carries this file as ``<module>/_runtime.py``. Logic that the build side needs
-too (expression trees, key -> bucket mapping, arch fallback) lives here, so there is one copy.
+It must work with the standard library alone at import time (cuda-python is imported at the
+first launch or device query), and it must never import ``hatch_autotune``: a built wheel
+carries this file as ``<module>/_runtime.py``. Logic that the build side needs too (expression
+trees, key -> bucket mapping, arch fallback, dtype sizes, the CUDA error funnel `check_cuda`)
+lives here, so there is one copy. Every CUDA call goes through one `CudaApi`, and all the
+runtime learns from CUDA lives in one `GpuState`; `use_gpu(api)` is the seam for tests.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ import os
 import re
 import sys
 import threading
+
+try:  # weakref.WeakSet itself, from the module that threading has imported already
+    from _weakrefset import WeakSet
+except ImportError:  # pragma: no cover - depends on the interpreter
+    from weakref import WeakSet
 
 try:  # CPython's built-in SHA-256: no OpenSSL to load, so importing stays fast
     from _sha256 import sha256 as _sha256  # Python <= 3.11
@@ -53,14 +60,57 @@ class _Record:
         fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
         return f"{type(self).__name__}({fields})"
 
+# --------------------------------------------------------------------------------------------
+# The selection table (table.json): the one definition of the wheel's data file. The build
+# writes it with `table_bytes` (hatch_autotune.build.table fills it), and the runtime, the
+# tuning worker and the command read it with `parse_table`. Shape (schema 1):
+#   {"schema": 1, "module": str, "archs": [table arch], "ptx": {table arch: PTX arch},
+#    "provenance": {...}, "kernels": {name: {entry, doc, args, key, type_params, launch,
+#      "variants": {variant id: {config, types, index, binaries: {arch: {file, sha256, ...}},
+#                                resources: {arch: {...}}}},
+#      "select": {types key: {table arch: [{bucket: [int], variant, tuned, provenance}]}}}}}
+
 TABLE_SCHEMA = 1
 TABLE_FILE = "table.json"
+
+
+class TableError(ValueError):
+    """A selection table that cannot be read: not JSON, not a table, or another schema."""
+
+
+def table_bytes(table: Mapping[str, Any]) -> bytes:
+    """The one writer of table.json: sorted keys and a fixed layout, so equal tables give equal
+    bytes (the wheel is reproducible, and the generated module pins the table's sha256)."""
+    return (json.dumps(table, sort_keys=True, indent=1) + "\n").encode()
+
+
+def parse_table(data: Any, where: str) -> dict[str, Any]:
+    """The one reader of table.json (bytes, or already-decoded JSON): the table, or TableError
+    naming `where` and what is wrong (a newer schema says to upgrade)."""
+    if isinstance(data, (bytes, bytearray, str)):
+        try:
+            data = json.loads(data)
+        except ValueError as exc:
+            raise TableError(f"{where}: corrupt selection table: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("kernels"), dict) or "schema" not in data:
+        raise TableError(f"{where}: not a hatch-autotune selection table (expected a JSON object with \"schema\" and \"kernels\")")
+    schema = data["schema"]
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise TableError(f"{where}: selection table has no valid schema version (got {schema!r})")
+    if schema > TABLE_SCHEMA:
+        raise TableError(
+            f"{where}: selection table schema {schema} is newer than this reader understands "
+            f"(schema {TABLE_SCHEMA}); upgrade hatch-autotune, or rebuild the wheel with this one"
+        )
+    if schema != TABLE_SCHEMA:
+        raise TableError(f"{where}: selection table schema {schema} is not supported (this reader understands schema {TABLE_SCHEMA})")
+    return data
 
 # --------------------------------------------------------------------------------------------
 # Expression trees.
 #
 # Config expressions (constraints, shapes, grid/block) are parsed and whitelisted at build time
-# by hatch_autotune.expr and shipped as JSON trees: a number or bool is a literal; a list is
+# by hatch_autotune.spec.expr and shipped as JSON trees: a number or bool is a literal; a list is
 # [op, *operands] with op one of the keys of _OPS, "n" (a name), "neg", "not", "and", "or",
 # "cmp" (chained comparison: [cmp, a, [op, b], [op, c], ...]), "if" (ternary) and "call".
 # Nothing read from a data file is ever passed to eval().
@@ -255,21 +305,8 @@ def choose_arch(device_cc: tuple[int, int], cubin_archs: Sequence[str], ptx_arch
     )
 
 
-def cubin_sm(data: bytes) -> int:
-    """The SM number (e.g. 90) a CUDA ELF cubin was built for; ValueError if not a cubin."""
-    if len(data) < 52 or data[:4] != b"\x7fELF":
-        raise ValueError("not an ELF file")
-    if data[4] != 2 or data[5] != 1:
-        raise ValueError("not a 64-bit little-endian ELF file")
-    if int.from_bytes(data[18:20], "little") != 190:  # EM_CUDA
-        raise ValueError("ELF machine is not EM_CUDA (190)")
-    flags = int.from_bytes(data[48:52], "little")
-    abi_version = data[8]
-    return (flags >> 8) & 0xFF if abi_version >= 8 else flags & 0xFF
-
-
 # --------------------------------------------------------------------------------------------
-# The table shipped in the wheel and the kernel objects built from it.
+# Selections, dtypes, arrays, scalars and streams: everything a call checks before any GPU call.
 
 
 class IntegrityError(RuntimeError):
@@ -309,6 +346,13 @@ TYPESTRS = {
     "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8",
 }  # fmt: skip
 _DTYPE_OF_TYPESTR = {v: k for k, v in TYPESTRS.items()}
+DTYPE_SIZES = {name: int(typestr[1:]) for name, typestr in TYPESTRS.items()}  # bytes
+
+
+def type_sizes(types: Mapping[str, str]) -> dict[str, int]:
+    """`<T>_size` in bytes per type parameter: the names that config expressions may use (the
+    build side's spec imports this, so the wheel and the build agree)."""
+    return {f"{tp}_size": DTYPE_SIZES[dtype] for tp, dtype in types.items()}
 
 
 class ArrayView(_Record):
@@ -405,13 +449,434 @@ class PreparedCall(_Record):
     arrays: dict[str, ArrayView]
 
 
+def _integral_types() -> tuple[type, ...]:
+    try:
+        import numpy
+
+        return (int, numpy.integer)
+    except ImportError:  # pragma: no cover - numpy is a dependency of every generated wheel
+        return (int,)
+
+
+def _converter(dtype: str, kernel: str, arg: str) -> Callable[[Any], Any]:
+    """A fast scalar converter for the repeated-call path (its type was checked on the first
+    call); numpy raises OverflowError for an integer out of range, which is re-raised as
+    _scalar's ValueError by the checked path."""
+    def convert(value: Any) -> Any:
+        try:
+            return fast(value)
+        except (OverflowError, ValueError, TypeError):
+            return _scalar(value, dtype, kernel, arg)
+
+    import numpy
+
+    if dtype == "float16":
+        fast = lambda v: numpy.float16(v).view(numpy.uint16)  # noqa: E731
+    else:
+        fast = numpy.dtype(dtype).type
+        if dtype.startswith(("int", "uint")):
+            info = numpy.iinfo(fast)
+            lo, hi, np_type = info.min, info.max, fast
+
+            def fast(v: Any) -> Any:  # noqa: F811 - bounds checked explicitly (numpy casts numpy ints silently)
+                if not lo <= v <= hi:
+                    raise OverflowError
+                return np_type(v)
+
+    return convert
+
+
+def _scalar(value: Any, dtype: str, kernel: str, arg: str) -> Any:
+    """A Python or numpy number as the exact C type (float32 stays float32), range-checked."""
+    import numpy
+
+    if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, (int, float, numpy.number)):
+        raise TypeError(f"{kernel}(): argument {arg!r} must be a number ({dtype}), got {type(value).__name__}")
+    np_type = numpy.dtype(dtype).type
+    if dtype.startswith(("int", "uint")):
+        if not isinstance(value, (int, numpy.integer)):
+            raise TypeError(f"{kernel}(): argument {arg!r} must be an integer ({dtype}), got {value!r}")
+        info = numpy.iinfo(np_type)
+        if not info.min <= int(value) <= info.max:
+            raise ValueError(f"{kernel}(): argument {arg!r}={value} does not fit in {dtype} [{info.min}, {info.max}]")
+        return np_type(int(value))
+    if dtype == "float16":
+        return numpy.float16(value).view(numpy.uint16)  # the kernel sees at_half: 16 raw bits
+    return np_type(value)
+
+
+# --------------------------------------------------------------------------------------------
+# The CUDA boundary (GPU only). Every CUDA call of the runtime, and of the tuning worker, goes
+# through one `CudaApi`; every driver result goes through `check_cuda`; all that the runtime
+# learns from the driver lives in one `GpuState`. The seam for tests is `use_gpu(api)`: it puts
+# a stand-in driver under the real call path, from a clean state.
+
+
+class NoDriverError(RuntimeError):
+    """No usable CUDA driver or device. Raised only after every check that needs no driver."""
+
+
+class CudaCallError(RuntimeError):
+    """A CUDA driver or NVRTC call returned an error: `call` names the call, `error` the code."""
+
+    def __init__(self, call: str, error: str):
+        super().__init__(f"{call} failed: {error}")
+        self.call, self.error = call, error
+
+
+def check_cuda(result: Sequence[Any], call: str) -> Any:
+    """The one funnel for cuda-bindings results, driver (CUresult) and NVRTC (nvrtcResult)
+    alike: `result` is (err, *values). Returns None, the one value or a tuple of the values;
+    CudaCallError naming `call` and the error (e.g. CUDA_ERROR_OUT_OF_MEMORY) otherwise."""
+    err = result[0]
+    if int(err):  # CUDA_SUCCESS and NVRTC_SUCCESS are both 0
+        raise CudaCallError(call, getattr(err, "name", str(err)))
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else tuple(result[1:])
+
+
+_NO_DRIVER_HINT = (
+    "running a kernel needs an NVIDIA GPU and its driver; `<kernel>.select(arch='sm_90', ...)` "
+    "shows which variant would run, without either"
+)
+
+# cuda-core before 0.5 had its API under `cuda.core.experimental` only.
+MIN_CUDA_CORE = (0, 5)
+_VERSION_RE = re.compile(r"""__version__\s*=\s*(?:version\s*=\s*)?['"](\d+)\.(\d+)""")
+
+
+def check_cuda_core(path: Sequence[str] | None = None) -> None:
+    """ImportError, at import, when the cuda-core Python would import predates the `cuda.core`
+    API. Reads its _version.py instead of importing it (that takes ~300 ms and may load CUDA);
+    a missing cuda-core is not an error here: `select(arch=...)` needs none."""
+    for entry in sys.path if path is None else path:
+        core = os.path.join(entry or ".", "cuda", "core")
+        if os.path.isdir(core):
+            break
+    else:
+        return
+    try:
+        with open(os.path.join(core, "_version.py"), encoding="utf-8") as f:
+            m = _VERSION_RE.search(f.read())
+    except OSError:
+        m = None
+    version = (int(m.group(1)), int(m.group(2))) if m else None
+    legacy = os.path.isdir(os.path.join(core, "experimental")) and not os.path.isdir(os.path.join(core, "cu13"))
+    if (version is not None and version < MIN_CUDA_CORE) or (version is None and legacy):
+        found = f"{version[0]}.{version[1]}" if version else "an unknown version"
+        raise ImportError(
+            f"hatch-autotune kernels need cuda-core >= {MIN_CUDA_CORE[0]}.{MIN_CUDA_CORE[1]} (the `cuda.core` API); "
+            f"{core} is cuda-core {found}, whose API is only under `cuda.core.experimental`: "
+            "upgrade it with `pip install -U cuda-core`"
+        )
+
+
+def ptx_driver_needed(isa: str, nvrtc: str | None = None) -> tuple[int, int]:
+    """The oldest CUDA driver (major, minor) that JIT-compiles PTX of ISA `isa` ('9.5').
+
+    ISA 9.x came with CUDA 13.x, 8.0-8.5 with 12.0-12.5, 8.6-8.8 with 12.7-12.9, 7.x with
+    11.x. For an ISA newer than this table, the NVRTC that wrote it is the safe answer."""
+    major, minor = (int(p) for p in isa.split(".")[:2])
+    if major == 9:
+        return 13, minor
+    if major == 8:
+        return 12, minor if minor <= 5 else minor + 1
+    if major == 7:
+        return 11, minor
+    if nvrtc:
+        n_major, n_minor = (int(p) for p in nvrtc.split(".")[:2])
+        return n_major, n_minor
+    return major + 4, minor
+
+
+class CudaApi(_Record):
+    """Every CUDA name that the runtime and the tuning worker call, in one object, so that a
+    test can hand them a stand-in: cuda.bindings' `driver` module (its cu* functions and the
+    CUresult, CUdevice_attribute and CUpointer_attribute enums) and six names of cuda.core."""
+
+    __slots__ = ("driver", "Device", "Stream", "LaunchConfig", "ObjectCode", "EventOptions", "launch")
+    driver: Any
+    Device: Any
+    Stream: Any
+    LaunchConfig: Any
+    ObjectCode: Any
+    EventOptions: Any
+    launch: Callable[..., None]
+
+    @classmethod
+    def load(cls, driver: Any = None) -> CudaApi:
+        """The real ones, from cuda-bindings and cuda-core; ImportError for a cuda-core too old."""
+        if driver is None:
+            from cuda.bindings import driver
+        try:
+            from cuda.core import Device, EventOptions, LaunchConfig, ObjectCode, Stream, launch
+        except ImportError as exc:
+            need = ".".join(map(str, MIN_CUDA_CORE))
+            raise ImportError(f"hatch-autotune kernels need cuda-core >= {need} (the `cuda.core` API): {exc}") from None
+        return cls(driver, Device, Stream, LaunchConfig, ObjectCode, EventOptions, launch)
+
+    def replace(self, **changes: Any) -> CudaApi:
+        """A copy with some names replaced (e.g. a counting `launch`)."""
+        return type(self)(**{**{n: getattr(self, n) for n in self.__slots__}, **changes})
+
+
+class GpuState:
+    """What the runtime learns from CUDA, once per process: the API it calls, the device count
+    and driver version, per-device facts and objects, and which kernels hold plans over it."""
+
+    def __init__(self, api: CudaApi | None = None):
+        self._given = api  # None: the real cuda-bindings and cuda-core, imported at the first launch
+        self.api: CudaApi | None = None  # set once the driver has started
+        self.single_device: int | None = None  # the one device's ordinal; None with several
+        self.driver_version = (0, 0)
+        self.cc: dict[int, tuple[int, int]] = {}
+        self.primary: dict[int, Any] = {}
+        self.default_streams: dict[int, Any] = {}
+        self.handle_streams: dict[int, Any] = {}
+        self.planners: WeakSet[Kernel] = WeakSet()  # kernels whose plans hold this API's objects
+        self.lock = threading.Lock()
+
+    def start(self) -> CudaApi:
+        """Initialise the driver and the API, once; NoDriverError without a driver or device."""
+        api = self.api
+        if api is not None:
+            return api
+        with self.lock:
+            if self.api is not None:
+                return self.api
+            try:
+                if self._given is not None:
+                    driver = self._given.driver
+                else:
+                    from cuda.bindings import driver
+                (err,) = driver.cuInit(0)
+            except Exception as exc:  # cuda.pathfinder's DynamicLibNotFoundError when libcuda is absent
+                raise NoDriverError(f"no CUDA driver found ({type(exc).__name__}: {exc}); {_NO_DRIVER_HINT}") from None
+            if int(err):  # not check_cuda: a driver that does not start means "no GPU", said as NoDriverError
+                raise NoDriverError(f"the CUDA driver did not initialise ({getattr(err, 'name', err)}); {_NO_DRIVER_HINT}")
+            count = check_cuda(driver.cuDeviceGetCount(), "cuDeviceGetCount")
+            if count < 1:
+                raise NoDriverError(f"the CUDA driver sees no device; {_NO_DRIVER_HINT}")
+            version = check_cuda(driver.cuDriverGetVersion(), "cuDriverGetVersion")
+            api = self._given if self._given is not None else CudaApi.load(driver)
+            self.single_device = 0 if count == 1 else None
+            self.driver_version = (version // 1000, (version % 1000) // 10)
+            self.api = api
+            return api
+
+    def forget(self) -> None:
+        """Drop the plans that kernels made over this state (loaded code, streams, configs)."""
+        for kernel in list(self.planners):
+            kernel._drop_plans()
+        self.planners.clear()
+
+    def device_cc(self, device: int) -> tuple[int, int]:
+        cc = self.cc.get(device)
+        if cc is None:
+            driver = self.api.driver
+            attr = driver.CUdevice_attribute
+            what = f"cuDeviceGetAttribute (compute capability of device {device})"
+            major = check_cuda(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), what)
+            minor = check_cuda(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), what)
+            cc = self.cc.setdefault(device, (int(major), int(minor)))
+        return cc
+
+    def current_device(self) -> int | None:
+        """The device of the calling thread's current context, None when it has none (the
+        driver's error here is that answer, not a failure: no check_cuda)."""
+        err, dev = self.api.driver.cuCtxGetDevice()
+        return None if err else int(dev)
+
+    def pointer_device(self, ptr: int) -> int | None:
+        """Device ordinal of a device pointer; None when it is not device memory (the driver's
+        error here is that answer, not a failure: no check_cuda)."""
+        driver = self.api.driver
+        err, ordinal = driver.cuPointerGetAttribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+        return None if err else int(ordinal)
+
+    def primary_context(self, device: int) -> Any:
+        ctx = self.primary.get(device)
+        if ctx is None:
+            found = check_cuda(self.api.driver.cuDevicePrimaryCtxRetain(device), f"cuDevicePrimaryCtxRetain (device {device})")
+            ctx = self.primary.setdefault(device, found)
+        return ctx
+
+    def on_device(self, device: int) -> _OnDevice:
+        """A block with `device` current in the calling thread (see _OnDevice)."""
+        return _OnDevice(self, device)
+
+    def launch(self, device: int, stream: Any, config: Any, kernel: Any, c_args: Sequence[Any]) -> None:
+        """Launch with `device` current in the calling thread: as it is when the caller's
+        context is already on that device, else its primary context pushed and popped, so that
+        any thread can call and the caller's current device never changes."""
+        if self.current_device() == device:
+            self.api.launch(stream, config, kernel, *c_args)
+            return
+        with _OnDevice(self, device):
+            self.api.launch(stream, config, kernel, *c_args)
+
+    def launch_stream(self, stream: Any, handle: int | None, device: int) -> Any:
+        """What to launch on: a cuda.core Stream as given; the device's default stream for None;
+        anything else by its handle, wrapped once (Stream.from_handle costs microseconds)."""
+        api = self.api
+        if isinstance(stream, api.Stream):
+            return stream
+        if handle is None:
+            found = self.default_streams.get(device)
+            if found is None:
+                with _OnDevice(self, device):
+                    found = self.default_streams.setdefault(device, api.Device(device).default_stream)
+            return found
+        found = self.handle_streams.get(handle)
+        if found is None:
+            if len(self.handle_streams) >= _CACHE_LIMIT:
+                self.handle_streams.clear()
+            found = self.handle_streams.setdefault(handle, api.Stream.from_handle(handle))
+        return found
+
+
+class _OnDevice:
+    """Run a block with `device`'s primary context current, restoring the caller's afterwards,
+    so that loading or launching never changes which device CuPy or PyTorch consider current."""
+
+    __slots__ = ("gpu", "device", "pushed")
+
+    def __init__(self, gpu: GpuState, device: int):
+        self.gpu, self.device, self.pushed = gpu, device, False
+
+    def __enter__(self) -> None:
+        gpu = self.gpu
+        if gpu.current_device() == self.device:
+            return
+        check_cuda(gpu.api.driver.cuCtxPushCurrent(gpu.primary_context(self.device)), f"cuCtxPushCurrent (device {self.device})")
+        self.pushed = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.pushed:
+            check_cuda(self.gpu.api.driver.cuCtxPopCurrent(), f"cuCtxPopCurrent (device {self.device})")
+
+
+_GPU = GpuState()  # the process's one state; replaced only by use_gpu
+
+
+def use_gpu(api: CudaApi | None = None) -> GpuState:
+    """Run this process's kernels over `api` (None: the real cuda-bindings and cuda-core), from
+    a fresh state; kernels drop their plans made over the previous one. The seam that tests use
+    to put a stand-in driver under the real call path. Not while other threads launch."""
+    global _GPU
+    old, _GPU = _GPU, GpuState(api)
+    old.forget()
+    return _GPU
+
+
+def cuda_api() -> CudaApi:
+    """The started CUDA API of this process (the one `use_gpu` set), for code outside the
+    runtime that calls CUDA, such as the tuning worker; NoDriverError without a driver."""
+    return _GPU.start()
+
+
+def current_device_cc(device_id: int | None = None) -> tuple[int, int]:
+    """Compute capability of a CUDA device (None: the calling thread's current device, else 0);
+    NoDriverError without a driver or device."""
+    gpu = _GPU
+    gpu.start()
+    if device_id is None:
+        device_id = gpu.current_device()
+    return gpu.device_cc(0 if device_id is None else device_id)
+
+
+# --------------------------------------------------------------------------------------------
+# Binaries: where a kernel's compiled code comes from.
+
+
+class Binaries:
+    """What a Kernel needs to find its compiled code: which binary serves a device, and the
+    bytes of a binary. `Library` is the wheel's; the tuning worker brings its own."""
+
+    cubin_archs: Sequence[str] = ()  # the archs that have cubins (for error messages)
+
+    def binary_for(self, cc: tuple[int, int]) -> tuple[str, str]:
+        """(table arch, binary arch) for a compute capability: ('sm_80', 'sm_80') runs a cubin,
+        ('sm_90', 'compute_90') JIT-compiles the PTX made from sm_90's winners."""
+        raise NotImplementedError
+
+    def read(self, kernel: Kernel, variant: str, binary: str) -> bytes:
+        """The bytes of `variant`'s binary for arch `binary` (e.g. 'sm_90' or 'compute_90')."""
+        raise NotImplementedError
+
+
+class Library(Binaries):
+    """The table of a generated module plus the files next to it."""
+
+    def __init__(self, directory: str, table: Mapping[str, Any]):
+        self.directory = directory
+        self.table = table
+        self.module: str = table["module"]
+        self.cubin_archs: list[str] = list(table["archs"])
+        # table arch -> the PTX arch compiled from that arch's winners
+        self.ptx_for: dict[str, str] = dict(table.get("ptx", {}))
+        self.provenance: dict[str, Any] = dict(table.get("provenance", {}))
+        self._arch_cache: dict[tuple[int, int], tuple[str, str]] = {}
+        self.kernels = {name: Kernel(name, spec, self) for name, spec in sorted(table["kernels"].items())}
+
+    @classmethod
+    def load(cls, directory: str, table_sha256: str | None = None) -> Library:
+        check_cuda_core()
+        path = os.path.join(directory, TABLE_FILE)
+        with open(path, "rb") as f:
+            raw = f.read()
+        if table_sha256 is not None and sha256_hex(raw) != table_sha256:
+            raise IntegrityError(
+                f"{path} does not match the sha256 recorded in the generated module "
+                f"(expected {table_sha256}, got {sha256_hex(raw)}); reinstall the package"
+            )
+        try:
+            table = parse_table(raw, path)
+        except TableError as exc:
+            raise IntegrityError(str(exc)) from None
+        return cls(directory, table)
+
+    def binary_for(self, cc: tuple[int, int]) -> tuple[str, str]:
+        """(table arch, binary arch) for a compute capability, memoised per device."""
+        hit = self._arch_cache.get(cc)
+        if hit is None:
+            arch, how = choose_arch(cc, self.cubin_archs, sorted(self.ptx_for.values()))
+            if how == "ptx":
+                hit = (next(t for t, p in self.ptx_for.items() if p == arch), arch)
+            else:
+                hit = (arch, arch)
+            hit = self._arch_cache.setdefault(cc, hit)
+        return hit
+
+    def read(self, kernel: Kernel, variant: str, binary: str) -> bytes:
+        info = kernel.variants[variant]["binaries"][binary]
+        return self.read_checked(info["file"], info["sha256"])
+
+    def read_checked(self, relpath: str, expected_sha256: str) -> bytes:
+        path = os.path.join(self.directory, relpath)
+        with open(path, "rb") as f:
+            data = f.read()
+        if sha256_hex(data) != expected_sha256:
+            raise IntegrityError(
+                f"{path} does not match its sha256 in {TABLE_FILE} "
+                f"(expected {expected_sha256}, got {sha256_hex(data)}); reinstall the package"
+            )
+        return data
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels: selection, and the call path from Python arguments to a launch.
+
 _CACHE_LIMIT = 4096  # per-kernel memo entries (distinct sizes) before the memo is cleared
 
 
 class Kernel:
-    """One kernel of a generated module: `select()` to see the choice, call it to launch."""
+    """One kernel of a generated module: `select()` to see the choice, call it to launch.
 
-    def __init__(self, name: str, spec: Mapping[str, Any], library: "Library"):
+    `binaries` finds its compiled code: the wheel's Library, or the tuning worker's own."""
+
+    def __init__(self, name: str, spec: Mapping[str, Any], binaries: Binaries):
         self.name = name
         self.entry: str = spec["entry"]
         self.doc: str = spec.get("doc", "")
@@ -420,7 +885,7 @@ class Kernel:
         self.type_params: dict[str, list[str]] = spec["type_params"]
         self.launch_trees: dict[str, Any] = spec["launch"]
         self.variants: dict[str, dict[str, Any]] = spec["variants"]
-        self._library = library
+        self._binaries = binaries
         self._key_names = [k["name"] for k in self.key]
         # (types_key, arch) -> {bucket tuple -> entry}
         self._select: dict[tuple[str, str], dict[tuple[int, ...], dict[str, Any]]] = {}
@@ -431,7 +896,6 @@ class Kernel:
         self._block = [compile_expr(t) for t in self.launch_trees["block"]]
         self._shared = compile_expr(self.launch_trees["shared"])
         self.user_args = [a["name"] for a in self.args if "value" not in a]
-        self._arg_index = {a["name"]: i for i, a in enumerate(self.args)}
         self._shape_fns = {a["name"]: [compile_expr(t) for t in a["shape"]] for a in self.args if a["kind"] == "array"}
         self._value_fns = {a["name"]: compile_expr(a["value"]) for a in self.args if "value" in a}
         self._memo: dict[Any, Any] = {}
@@ -534,7 +998,7 @@ class Kernel:
 
     def _selection(self, cc: tuple[int, int], types: Mapping[str, str], key: Mapping[str, int]) -> Selection:
         bucket = tuple(map_to_bucket(key[k["name"]], k["buckets"], k["mapping"], k["name"]) for k in self.key)
-        table_arch, how = self._library.binary_for(cc)
+        table_arch, binary = self._binaries.binary_for(cc)
         entry = self._select[(types_key(types), table_arch)][bucket]
         variant = self.variants[entry["variant"]]
         return Selection(
@@ -545,13 +1009,12 @@ class Kernel:
             bucket=dict(zip(self._key_names, bucket)),
             tuned=bool(entry["tuned"]),
             arch=table_arch,
-            binary=table_arch if how == "cubin" else self._library.ptx_for[table_arch],
+            binary=binary,
         )
 
     def binary(self, selection: Selection) -> bytes:
-        """The cubin (or PTX) bytes of a selection, checked against their sha256."""
-        info = self.variants[selection.variant]["binaries"][selection.binary]
-        return self._library.read_checked(info["file"], info["sha256"])
+        """The cubin (or PTX) bytes of a selection (a Library checks them against their sha256)."""
+        return self._binaries.read(self, selection.variant, selection.binary)
 
     # ---- calling ----------------------------------------------------------------------------
 
@@ -680,11 +1143,11 @@ class Kernel:
             else:
                 sig.append(type(obj))
         gpu = _GPU
-        if gpu.driver is None:  # the first call in this process: checks first, then the driver
+        if gpu.api is None:  # the first call in this process: checks first, then the driver
             return self._call_checked(list(args), stream, tuple(sig))
         device = gpu.single_device
         if device is None:
-            device = self._arrays_device(ptrs)
+            device = self._arrays_device(gpu, ptrs)
             if device is None:  # unknown, mixed or zero-sized: the checked path says which
                 return self._call_checked(list(args), stream, tuple(sig))
         sig.append(device)
@@ -703,12 +1166,12 @@ class Kernel:
         return None
 
     @staticmethod
-    def _arrays_device(ptrs: Sequence[int]) -> int | None:
+    def _arrays_device(gpu: GpuState, ptrs: Sequence[int]) -> int | None:
         """The one device that every non-null pointer is on, else None (several GPUs only)."""
         found = None
         for ptr in ptrs:
             if ptr:
-                device = _GPU.pointer_device(ptr)
+                device = gpu.pointer_device(ptr)
                 if device is None or (found is not None and device != found):
                     return None
                 found = device
@@ -718,31 +1181,37 @@ class Kernel:
         """Every check, then the launch; records a fast plan under `fast_sig` + device."""
         handle = stream_handle(stream)
         call = self._prepare(bound, handle or 1)  # DLPack forbids stream 0; 1 is the legacy default stream
-        _GPU.start()  # NoDriverError only now, after every check that needs no driver
-        device = self._device_of(call)
+        gpu = _GPU
+        gpu.start()  # NoDriverError only now, after every check that needs no driver
+        gpu.planners.add(self)  # so that use_gpu() drops the plans made below
+        device = self._device_of(gpu, call)
         memo_key = (device, tuple(call.types.values()), tuple(call.key.values()))
         plan = self._memo.get(memo_key)
         if plan is None:
-            plan = self._plan(device, call)
+            plan = self._plan(gpu, device, call)
             if len(self._memo) >= _CACHE_LIMIT:
                 self._memo.clear()
             self._memo[memo_key] = plan
         kernel, config, empty = plan
-        launch_stream = _GPU.launch_stream(stream, handle, device)
+        launch_stream = gpu.launch_stream(stream, handle, device)
         if fast_sig is not None:
             if len(self._fast) >= _CACHE_LIMIT:
                 self._fast.clear()
             self._fast[(*fast_sig, device)] = _FastPlan(self, call, kernel, config, empty, launch_stream, stream)
         if not empty:  # a zero-sized problem launches nothing
-            _GPU.launch(device, launch_stream, config, kernel, call.c_args)
+            gpu.launch(device, launch_stream, config, kernel, call.c_args)
 
-    def _device_of(self, call: PreparedCall) -> int:
+    def _drop_plans(self) -> None:
+        """Forget everything made over a GpuState (see use_gpu): plans, loaded code."""
+        self._memo, self._fast, self._kernels = {}, {}, {}
+
+    def _device_of(self, gpu: GpuState, call: PreparedCall) -> int:
         """The one device all arrays live on (zero-sized arrays, pointer 0, are anywhere)."""
         devices = {}
         for arg, view in call.arrays.items():
             if view.ptr == 0 or 0 in view.shape:
                 continue
-            device = view.device if view.device is not None else _GPU.pointer_device(view.ptr)
+            device = view.device if view.device is not None else gpu.pointer_device(view.ptr)
             if device is None:
                 raise ValueError(f"{self.name}(): argument {arg!r} (pointer {view.ptr:#x}) is not CUDA device memory")
             devices[arg] = device
@@ -752,20 +1221,20 @@ class Kernel:
             raise ValueError(f"{self.name}(): arrays are on different devices ({listing})")
         if distinct:
             return distinct.pop()
-        current = _GPU.current_device()
+        current = gpu.current_device()
         return 0 if current is None else current
 
-    def _plan(self, device: int, call: PreparedCall) -> tuple[Any, Any, bool]:
+    def _plan(self, gpu: GpuState, device: int, call: PreparedCall) -> tuple[Any, Any, bool]:
         """Kernel handle and LaunchConfig for a (device, types, key): computed once, memoised."""
-        sel = self._selection(_GPU.device_cc(device), call.types, call.key)
+        sel = self._selection(gpu.device_cc(device), call.types, call.key)
         grid, block, shared = self.geometry(sel.config, call.types, call.key)
         if min(grid) == 0:
             return None, None, True
-        return self._kernel_handle(device, sel), _GPU.core["LaunchConfig"](grid=grid, block=block, shmem_size=shared), False
+        return self._kernel_handle(gpu, device, sel), gpu.api.LaunchConfig(grid=grid, block=block, shmem_size=shared), False
 
     def geometry(self, config: Mapping[str, Any], types: Mapping[str, str], key: Mapping[str, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
         """(grid, block, dynamic shared bytes) of a config at a key: the declared expressions."""
-        env = {**key, **config, **{f"{tp}_size": int(TYPESTRS[dt][1]) for tp, dt in types.items()}}
+        env = {**key, **config, **type_sizes(types)}
         grid = tuple(int(f(env)) for f in self._grid)
         block = tuple(int(f(env)) for f in self._block)
         shared = int(self._shared(env))
@@ -773,25 +1242,25 @@ class Kernel:
             raise ValueError(f"{self.name}: launch geometry grid={grid} block={block} shared={shared} is invalid for {dict(key)}")
         return grid, block, shared
 
-    def _kernel_handle(self, device: int, sel: Selection) -> Any:
+    def _kernel_handle(self, gpu: GpuState, device: int, sel: Selection) -> Any:
         cache_key = (device, sel.variant, sel.binary)
         handle = self._kernels.get(cache_key)
         if handle is None:
             with self._load_lock:
                 handle = self._kernels.get(cache_key)
                 if handle is None:
-                    code_type = _GPU.core["ObjectCode"]
+                    code_type = gpu.api.ObjectCode
                     data = self.binary(sel)
                     is_ptx = sel.binary.startswith("compute_")
                     if is_ptx:
-                        self._check_ptx_driver(sel)
-                    with _on_device(device):
+                        self._check_ptx_driver(gpu, sel)
+                    with gpu.on_device(device):
                         code = code_type.from_ptx(data) if is_ptx else code_type.from_cubin(data)
                         handle = code.get_kernel(self.entry)
                     self._kernels[cache_key] = handle
         return handle
 
-    def _check_ptx_driver(self, sel: Selection) -> None:
+    def _check_ptx_driver(self, gpu: GpuState, sel: Selection) -> None:
         """A clear error, before the driver's bare CUDA_ERROR_UNSUPPORTED_PTX_VERSION, when this
         driver is older than the PTX it would have to JIT-compile."""
         info = self.variants[sel.variant]["binaries"][sel.binary]
@@ -799,12 +1268,11 @@ class Kernel:
         if isa is None:
             return
         needed = ptx_driver_needed(isa, info.get("nvrtc"))
-        have = _GPU.driver_version
+        have = gpu.driver_version
         if have >= needed:
             return
-        library = self._library
         raise RuntimeError(
-            f"{self.name}(): the wheel has no cubin for this device's arch (its cubins: {', '.join(library.cubin_archs)}), "
+            f"{self.name}(): the wheel has no cubin for this device's arch (its cubins: {', '.join(self._binaries.cubin_archs)}), "
             f"so its PTX ({sel.binary}, ISA {isa}, made by NVRTC {info.get('nvrtc', 'unknown')}) must be JIT-compiled, "
             f"which needs a driver of CUDA {needed[0]}.{needed[1]} or newer; this driver is CUDA {have[0]}.{have[1]}. "
             f"Fixes: update the NVIDIA driver; or rebuild the wheel with this device's arch in `archs`; or build it "
@@ -845,319 +1313,3 @@ def _tree_text(tree: Any) -> str:
     if isinstance(tree, list) and len(tree) == 3 and tree[0] in _OPS:
         return f"{_tree_text(tree[1])} {tree[0]} {_tree_text(tree[2])}"
     return json.dumps(tree) if isinstance(tree, list) else str(tree)
-
-
-def _integral_types() -> tuple[type, ...]:
-    try:
-        import numpy
-
-        return (int, numpy.integer)
-    except ImportError:  # pragma: no cover - numpy is a dependency of every generated wheel
-        return (int,)
-
-
-def _converter(dtype: str, kernel: str, arg: str) -> Callable[[Any], Any]:
-    """A fast scalar converter for the repeated-call path (its type was checked on the first
-    call); numpy raises OverflowError for an integer out of range, which is re-raised as
-    _scalar's ValueError by the checked path."""
-    def convert(value: Any) -> Any:
-        try:
-            return fast(value)
-        except (OverflowError, ValueError, TypeError):
-            return _scalar(value, dtype, kernel, arg)
-
-    import numpy
-
-    if dtype == "float16":
-        fast = lambda v: numpy.float16(v).view(numpy.uint16)  # noqa: E731
-    else:
-        fast = numpy.dtype(dtype).type
-        if dtype.startswith(("int", "uint")):
-            info = numpy.iinfo(fast)
-            lo, hi, np_type = info.min, info.max, fast
-
-            def fast(v: Any) -> Any:  # noqa: F811 - bounds checked explicitly (numpy casts numpy ints silently)
-                if not lo <= v <= hi:
-                    raise OverflowError
-                return np_type(v)
-
-    return convert
-
-
-def _scalar(value: Any, dtype: str, kernel: str, arg: str) -> Any:
-    """A Python or numpy number as the exact C type (float32 stays float32), range-checked."""
-    import numpy
-
-    if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, (int, float, numpy.number)):
-        raise TypeError(f"{kernel}(): argument {arg!r} must be a number ({dtype}), got {type(value).__name__}")
-    np_type = numpy.dtype(dtype).type
-    if dtype.startswith(("int", "uint")):
-        if not isinstance(value, (int, numpy.integer)):
-            raise TypeError(f"{kernel}(): argument {arg!r} must be an integer ({dtype}), got {value!r}")
-        info = numpy.iinfo(np_type)
-        if not info.min <= int(value) <= info.max:
-            raise ValueError(f"{kernel}(): argument {arg!r}={value} does not fit in {dtype} [{info.min}, {info.max}]")
-        return np_type(int(value))
-    if dtype == "float16":
-        return numpy.float16(value).view(numpy.uint16)  # the kernel sees at_half: 16 raw bits
-    return np_type(value)
-
-
-# ---- the driver boundary (GPU only) ---------------------------------------------------------
-# Every driver call of the launch path is below, and all that the runtime learns from the
-# driver lives in one object, `_GPU`, so that tests can swap the driver for a stand-in and
-# start from a clean state.
-
-
-class NoDriverError(RuntimeError):
-    """No usable CUDA driver or device. Raised only after every check that needs no driver."""
-
-
-_NO_DRIVER_HINT = (
-    "running a kernel needs an NVIDIA GPU and its driver; `<kernel>.select(arch='sm_90', ...)` "
-    "shows which variant would run, without either"
-)
-
-# cuda-core before 0.5 had its API under `cuda.core.experimental` only.
-MIN_CUDA_CORE = (0, 5)
-_VERSION_RE = re.compile(r"""__version__\s*=\s*(?:version\s*=\s*)?['"](\d+)\.(\d+)""")
-
-
-def check_cuda_core(path: Sequence[str] | None = None) -> None:
-    """ImportError, at import, when the cuda-core Python would import predates the `cuda.core`
-    API. Reads its _version.py instead of importing it (that takes ~300 ms and may load CUDA);
-    a missing cuda-core is not an error here: `select(arch=...)` needs none."""
-    for entry in sys.path if path is None else path:
-        core = os.path.join(entry or ".", "cuda", "core")
-        if os.path.isdir(core):
-            break
-    else:
-        return
-    try:
-        with open(os.path.join(core, "_version.py"), encoding="utf-8") as f:
-            m = _VERSION_RE.search(f.read())
-    except OSError:
-        m = None
-    version = (int(m.group(1)), int(m.group(2))) if m else None
-    legacy = os.path.isdir(os.path.join(core, "experimental")) and not os.path.isdir(os.path.join(core, "cu13"))
-    if (version is not None and version < MIN_CUDA_CORE) or (version is None and legacy):
-        found = f"{version[0]}.{version[1]}" if version else "an unknown version"
-        raise ImportError(
-            f"hatch-autotune kernels need cuda-core >= {MIN_CUDA_CORE[0]}.{MIN_CUDA_CORE[1]} (the `cuda.core` API); "
-            f"{core} is cuda-core {found}, whose API is only under `cuda.core.experimental`: "
-            "upgrade it with `pip install -U cuda-core`"
-        )
-
-
-def ptx_driver_needed(isa: str, nvrtc: str | None = None) -> tuple[int, int]:
-    """The oldest CUDA driver (major, minor) that JIT-compiles PTX of ISA `isa` ('9.5').
-
-    ISA 9.x came with CUDA 13.x, 8.0-8.5 with 12.0-12.5, 8.6-8.8 with 12.7-12.9, 7.x with
-    11.x. For an ISA newer than this table, the NVRTC that wrote it is the safe answer."""
-    major, minor = (int(p) for p in isa.split(".")[:2])
-    if major == 9:
-        return 13, minor
-    if major == 8:
-        return 12, minor if minor <= 5 else minor + 1
-    if major == 7:
-        return 11, minor
-    if nvrtc:
-        n_major, n_minor = (int(p) for p in nvrtc.split(".")[:2])
-        return n_major, n_minor
-    return major + 4, minor
-
-
-def _ok(result: tuple, what: str) -> Any:
-    """The one check of a driver result tuple (err, *values): the value(s), or RuntimeError."""
-    err = result[0]
-    if int(err) != 0:  # CUDA_SUCCESS
-        raise RuntimeError(f"{what} failed: {getattr(err, 'name', err)}")
-    return result[1] if len(result) == 2 else result[1:]
-
-
-class _GpuState:
-    """What the runtime learns from the driver, once per process: the driver itself, cuda.core's
-    launch pieces, the device count and versions, and per-device facts and objects."""
-
-    def __init__(self) -> None:
-        self.driver: Any = None  # cuda.bindings.driver, after a successful cuInit
-        self.core: dict[str, Any] = {}
-        self.single_device: int | None = None  # the one device's ordinal; None with several
-        self.driver_version = (0, 0)
-        self.cc: dict[int, tuple[int, int]] = {}
-        self.primary: dict[int, Any] = {}
-        self.default_streams: dict[int, Any] = {}
-        self.handle_streams: dict[int, Any] = {}
-        self.lock = threading.Lock()
-
-    def start(self) -> Any:
-        """Initialise the driver and import cuda.core's launch pieces, once; NoDriverError when
-        there is no driver or no device."""
-        with self.lock:
-            if self.driver is not None:
-                return self.driver
-            try:
-                from cuda.bindings import driver
-
-                (err,) = driver.cuInit(0)
-            except Exception as exc:  # cuda.pathfinder's DynamicLibNotFoundError when libcuda is absent
-                raise NoDriverError(f"no CUDA driver found ({type(exc).__name__}: {exc}); {_NO_DRIVER_HINT}") from None
-            if err != driver.CUresult.CUDA_SUCCESS:
-                raise NoDriverError(f"the CUDA driver did not initialise ({err.name}); {_NO_DRIVER_HINT}")
-            count = _ok(driver.cuDeviceGetCount(), "cuDeviceGetCount")
-            if count < 1:
-                raise NoDriverError(f"the CUDA driver sees no device; {_NO_DRIVER_HINT}")
-            version = _ok(driver.cuDriverGetVersion(), "cuDriverGetVersion")
-            try:
-                from cuda.core import Device, LaunchConfig, ObjectCode, Stream, launch
-            except ImportError as exc:
-                need = ".".join(map(str, MIN_CUDA_CORE))
-                raise ImportError(f"hatch-autotune kernels need cuda-core >= {need} (the `cuda.core` API): {exc}") from None
-            self.core.update(Device=Device, LaunchConfig=LaunchConfig, ObjectCode=ObjectCode, Stream=Stream, launch=launch)
-            self.single_device = 0 if count == 1 else None
-            self.driver_version = (version // 1000, (version % 1000) // 10)
-            self.driver = driver
-            return driver
-
-    def device_cc(self, device: int) -> tuple[int, int]:
-        cc = self.cc.get(device)
-        if cc is None:
-            attr = self.driver.CUdevice_attribute
-            major = _ok(self.driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), f"compute capability of device {device}")
-            minor = _ok(self.driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), f"compute capability of device {device}")
-            cc = self.cc.setdefault(device, (int(major), int(minor)))
-        return cc
-
-    def current_device(self) -> int | None:
-        """The device of the calling thread's current context, None when it has none."""
-        err, dev = self.driver.cuCtxGetDevice()
-        return int(dev) if err == self.driver.CUresult.CUDA_SUCCESS else None
-
-    def pointer_device(self, ptr: int) -> int | None:
-        """Device ordinal of a device pointer; None when it is not device memory."""
-        driver = self.driver
-        err, ordinal = driver.cuPointerGetAttribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
-        return int(ordinal) if err == driver.CUresult.CUDA_SUCCESS else None
-
-    def primary_context(self, device: int) -> Any:
-        ctx = self.primary.get(device)
-        if ctx is None:
-            ctx = self.primary.setdefault(device, _ok(self.driver.cuDevicePrimaryCtxRetain(device), f"retaining the primary context of device {device}"))
-        return ctx
-
-    def launch(self, device: int, stream: Any, config: Any, kernel: Any, c_args: Sequence[Any]) -> None:
-        """Launch with `device` current in the calling thread: as it is when the caller's
-        context is already on that device, else its primary context pushed and popped, so that
-        any thread can call and the caller's current device never changes."""
-        if self.current_device() == device:
-            self.core["launch"](stream, config, kernel, *c_args)
-            return
-        with _on_device(device):
-            self.core["launch"](stream, config, kernel, *c_args)
-
-    def launch_stream(self, stream: Any, handle: int | None, device: int) -> Any:
-        """What to launch on: a cuda.core Stream as given; the device's default stream for None;
-        anything else by its handle, wrapped once (Stream.from_handle costs microseconds)."""
-        if isinstance(stream, self.core["Stream"]):
-            return stream
-        if handle is None:
-            found = self.default_streams.get(device)
-            if found is None:
-                with _on_device(device):
-                    found = self.default_streams.setdefault(device, self.core["Device"](device).default_stream)
-            return found
-        found = self.handle_streams.get(handle)
-        if found is None:
-            if len(self.handle_streams) >= _CACHE_LIMIT:
-                self.handle_streams.clear()
-            found = self.handle_streams.setdefault(handle, self.core["Stream"].from_handle(handle))
-        return found
-
-
-_GPU = _GpuState()
-
-
-def current_device_cc(device_id: int | None = None) -> tuple[int, int]:
-    """Compute capability of a CUDA device (None: the calling thread's current device, else 0);
-    NoDriverError without a driver or device."""
-    _GPU.start()
-    if device_id is None:
-        device_id = _GPU.current_device()
-    return _GPU.device_cc(0 if device_id is None else device_id)
-
-
-class _on_device:
-    """Run a block with `device`'s primary context current, restoring the caller's afterwards,
-    so that loading or launching never changes which device CuPy or PyTorch consider current."""
-
-    __slots__ = ("device", "pushed")
-
-    def __init__(self, device: int):
-        self.device, self.pushed = device, False
-
-    def __enter__(self) -> None:
-        if _GPU.current_device() == self.device:
-            return
-        _ok(_GPU.driver.cuCtxPushCurrent(_GPU.primary_context(self.device)), f"making device {self.device} current")
-        self.pushed = True
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.pushed:
-            _GPU.driver.cuCtxPopCurrent()
-
-
-class Library:
-    """The table of a generated module plus the files next to it."""
-
-    def __init__(self, directory: str, table: Mapping[str, Any]):
-        self.directory = directory
-        self.table = table
-        self.module: str = table["module"]
-        self.cubin_archs: list[str] = list(table["archs"])
-        # table arch -> the PTX arch compiled from that arch's winners
-        self.ptx_for: dict[str, str] = dict(table.get("ptx", {}))
-        self.provenance: dict[str, Any] = dict(table.get("provenance", {}))
-        self.kernels = {name: Kernel(name, spec, self) for name, spec in sorted(table["kernels"].items())}
-        self._lock = threading.Lock()
-        self._arch_cache: dict[tuple[int, int], tuple[str, str]] = {}
-
-    @classmethod
-    def load(cls, directory: str, table_sha256: str | None = None) -> "Library":
-        check_cuda_core()
-        path = os.path.join(directory, TABLE_FILE)
-        with open(path, "rb") as f:
-            raw = f.read()
-        if table_sha256 is not None and sha256_hex(raw) != table_sha256:
-            raise IntegrityError(
-                f"{path} does not match the sha256 recorded in the generated module "
-                f"(expected {table_sha256}, got {sha256_hex(raw)}); reinstall the package"
-            )
-        try:
-            table = json.loads(raw)
-        except ValueError as exc:
-            raise IntegrityError(f"{path} is not valid JSON: {exc}") from None
-        if not isinstance(table, dict) or table.get("schema") != TABLE_SCHEMA:
-            raise IntegrityError(f"{path}: unsupported selection-table schema {table.get('schema')!r}")
-        return cls(directory, table)
-
-    def binary_for(self, cc: tuple[int, int]) -> tuple[str, str]:
-        """(table arch, 'cubin'|'ptx') for a compute capability, memoised per device."""
-        hit = self._arch_cache.get(cc)
-        if hit is None:
-            ptx_archs = sorted(self.ptx_for.values())
-            arch, how = choose_arch(cc, self.cubin_archs, ptx_archs)
-            if how == "ptx":
-                arch = next(t for t, p in self.ptx_for.items() if p == arch)
-            hit = self._arch_cache.setdefault(cc, (arch, how))
-        return hit
-
-    def read_checked(self, relpath: str, expected_sha256: str) -> bytes:
-        path = os.path.join(self.directory, relpath)
-        with open(path, "rb") as f:
-            data = f.read()
-        if sha256_hex(data) != expected_sha256:
-            raise IntegrityError(
-                f"{path} does not match its sha256 in {TABLE_FILE} "
-                f"(expected {expected_sha256}, got {sha256_hex(data)}); reinstall the package"
-            )
-        return data

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hatch_autotune.cache import CompileCache
-from hatch_autotune.config import ProjectSpec, parse_project
-from hatch_autotune.pipeline import BuildResult, build_payload
+from hatch_autotune.build.cache import CompileCache
+from hatch_autotune.spec.config import ProjectSpec, parse_project
+from hatch_autotune.build.pipeline import BuildResult, build_payload
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "example_pkg"
@@ -110,27 +110,82 @@ def session_cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def example_kernels(session_cache, tmp_path_factory):
-    """example_pkg's generated package, built by the real pipeline (NVRTC) and imported."""
+def example_site(session_cache, tmp_path_factory):
+    """example_site(archs) -> a directory holding example_pkg with its generated `kernels`
+    package, built by the real pipeline (NVRTC) for `archs` (None: the archs example_pkg
+    declares), once per session and archs."""
+    from hatch_autotune.build.payload import write_package
+
+    sites: dict[tuple[str, ...] | None, Path] = {}
+
+    def get(archs: tuple[str, ...] | None = None) -> Path:
+        if archs not in sites:
+            env = {"HATCH_AUTOTUNE_ARCHS": ",".join(archs)} if archs else {}
+            site = tmp_path_factory.mktemp("site")
+            project = load_project(EXAMPLE, env)
+            result = build_payload(project, cache=CompileCache(session_cache), log=lambda m: None)
+            assert result.archs == (archs or result.archs)
+            (site / "example_pkg").mkdir()
+            (site / "example_pkg" / "__init__.py").write_text("")
+            write_package(site / "example_pkg" / "kernels", project, result)
+            sites[archs] = site
+        return sites[archs]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def example_kernels(request, example_site):
+    """example_pkg's generated package, imported. A test module that needs only some archs says
+    so with a module-level EXAMPLE_ARCHS = ("sm_90",): fewer binaries to compile."""
     import importlib
     import sys
 
-    from hatch_autotune.package import write_package
-
-    site = tmp_path_factory.mktemp("site")
-    result = build(EXAMPLE, session_cache)
-    (site / "example_pkg").mkdir()
-    (site / "example_pkg" / "__init__.py").write_text("")
-    write_package(site / "example_pkg" / "kernels", load_project(EXAMPLE), result)
-    sys.path.insert(0, str(site))
+    archs = getattr(request.module, "EXAMPLE_ARCHS", None)
+    site = example_site(tuple(archs) if archs else None)
     saved = {k: v for k, v in sys.modules.items() if k.startswith("example_pkg")}
     for k in saved:
         del sys.modules[k]
-    yield importlib.import_module("example_pkg.kernels")
-    sys.path.remove(str(site))
-    for k in [m for m in sys.modules if m.startswith("example_pkg")]:
-        del sys.modules[k]
-    sys.modules.update(saved)
+    sys.path.insert(0, str(site))
+    try:
+        yield importlib.import_module("example_pkg.kernels")
+    finally:
+        sys.path.remove(str(site))
+        for k in [m for m in sys.modules if m.startswith("example_pkg")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
+def pip_constraints(path: Path) -> Path:
+    """A pip constraints file pinning, in a build environment, the hatchling and NVRTC of this
+    one: a wheel built with build isolation then equals one built here (and the compile cache,
+    whose keys hold the NVRTC build, is shared)."""
+    import importlib.metadata
+
+    pins = []
+    for dist in ("hatchling", "cuda-toolkit", "nvidia-cuda-nvrtc"):
+        try:
+            pins.append(f"{dist}=={importlib.metadata.version(dist)}\n")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    path.write_text("".join(pins))
+    return path
+
+
+@pytest.fixture(scope="session")
+def plugin_dist(tmp_path_factory) -> Path:
+    """hatch-autotune as a wheel, built from this checkout the way a release is (build isolation)."""
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path_factory.mktemp("plugin-src")
+    shutil.copytree(ROOT, src, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", ".venv", "dist", "__pycache__", "example_pkg", "tests"))
+    dist = tmp_path_factory.mktemp("plugin-dist")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert len(list(dist.glob("hatch_autotune-*.whl"))) == 1
+    return dist
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """A stand-in for the CUDA driver, for tests on machines without a GPU.
 
-Only the lowest layer is replaced: the functions of the real `cuda.bindings.driver` module that
-hatch-autotune calls, and cuda.core's `Device`, `Stream`, `Event`, `ObjectCode` and `launch`.
+Only the lowest layer is replaced: the `cuda.bindings.driver` functions that hatch-autotune
+calls, and cuda.core's `Device`, `Stream`, `Event`, `ObjectCode` and `launch` (`StandIn.api()`
+hands them over as the runtime's `CudaApi`).
 cuda.core's real `LaunchConfig` and its real kernel-argument packing (`ParamHolder`) stay: every
 launch is packed by cuda.core exactly as on a GPU, then the packed parameter buffer is decoded and
 checked against the parameters that the cubin itself declares in its `.nv.info.<entry>` section
@@ -14,8 +15,10 @@ in Python (see `EMULATORS`), so that the real tuning worker can run whole bucket
 kernel may write its outputs, fault with an illegal address (sticky, as on a GPU), or hang.
 Event timings come from a virtual clock that emulated kernels advance: they are SYNTHETIC.
 
-Usage: `standin = install(monkeypatch, ccs=[(9, 0)])` in a test, or `install_globally(...)` in a
-child process (tests/standin_worker.py).
+Nothing is patched: the stand-in reaches the code under test through the runtime's one seam,
+`runtime.use_gpu(standin.api())`, which `install` calls. Usage: `standin = install(monkeypatch,
+runtime, ccs=[(9, 0)])` in a test whose fixture calls `runtime.use_gpu(None)` afterwards, or
+`install_globally(...)` in a child process (tests/standin_worker.py).
 """
 
 from __future__ import annotations
@@ -23,18 +26,21 @@ from __future__ import annotations
 import ctypes
 import re
 import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass
+from types import ModuleType, SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
 from cuda.bindings import driver
-from cuda.core import LaunchConfig
+from cuda.core import EventOptions, LaunchConfig
 from cuda.core._kernel_arg_handler import ParamHolder
 from cuda.core._utils.cuda_utils import CUDAError
 
-from hatch_autotune.runtime import cubin_sm
+import hatch_autotune.runtime
+from hatch_autotune.runtime import CudaApi
 
 R = driver.CUresult
 ATTR = driver.CUdevice_attribute
@@ -85,8 +91,22 @@ def cubin_params(cubin: bytes, entry: str) -> list[int]:
     return [params[k] for k in sorted(params)]
 
 
+def cubin_sm(data: bytes) -> int:
+    """The SM number (e.g. 90) a CUDA ELF cubin was built for, from its header (e_flags: bits
+    8-15 from ELF ABI version 8 on, as NVRTC 13 writes; bits 0-7 before); ValueError if not a cubin."""
+    if len(data) < 52 or data[:4] != b"\x7fELF":
+        raise ValueError("not an ELF file")
+    if data[4] != 2 or data[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF file")
+    if int.from_bytes(data[18:20], "little") != 190:  # EM_CUDA
+        raise ValueError("ELF machine is not EM_CUDA (190)")
+    flags = int.from_bytes(data[48:52], "little")
+    abi_version = data[8]
+    return (flags >> 8) & 0xFF if abi_version >= 8 else flags & 0xFF
+
+
 def cubin_cc(cubin: bytes) -> tuple[int, int]:
-    """(major, minor) a cubin was built for, read by the runtime's own ELF-header rule."""
+    """(major, minor) a cubin was built for."""
     sm = cubin_sm(cubin)
     return sm // 10, sm % 10
 
@@ -210,6 +230,21 @@ class StandIn:
     def functions(self) -> dict[str, Callable[..., Any]]:
         names = [n for n in dir(self) if re.match(r"cu[A-Z]", n)]  # the driver API names
         return {n: self._counted(n, getattr(self, n)) for n in names}
+
+    def api(self) -> CudaApi:
+        """What the runtime and the tuning worker call, as the runtime's CudaApi: the emulated
+        driver functions with the real enums, the fake cuda.core objects, and cuda.core's real
+        LaunchConfig and EventOptions."""
+        enums = {n: getattr(driver, n) for n in ("CUresult", "CUdevice_attribute", "CUpointer_attribute")}
+        return CudaApi(
+            driver=SimpleNamespace(**self.functions(), **enums),
+            Device=FakeDevice,
+            Stream=FakeStream,
+            LaunchConfig=LaunchConfig,
+            ObjectCode=FakeObjectCode,
+            EventOptions=EventOptions,
+            launch=self.launch,
+        )
 
     _NO_VALUE = {"cuInit", "cuCtxPushCurrent", "cuCtxSetCurrent", "cuCtxSynchronize", "cuMemFree", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemsetD8Async"}
 
@@ -525,7 +560,6 @@ class _Properties:
         self.max_threads_per_block = 1024
         self.max_registers_per_block = 65536
         self.max_shared_memory_per_block = 49152
-        self.max_shared_memory_per_block_optin = 232448 if standin.devices[device].cc >= (9, 0) else 101376
         self.l2_cache_size = 1 << 20  # small, so that the tuner's L2 flush stays cheap to emulate
         self.multiprocessor_count = 132
 
@@ -585,41 +619,27 @@ class FakeDevice:
             raise driver_error(err.name)
 
 
-_ACTIVE: list[StandIn] = []
+_ACTIVE: list[StandIn] = []  # the stand-in that FakeDevice() and FakeStream.from_handle() answer for
 
 
-def _targets(standin: StandIn) -> list[tuple[Any, str, Any]]:
-    import cuda.core
-
-    targets = [(driver, name, fn) for name, fn in standin.functions().items()]
-    targets += [
-        (cuda.core, "Device", FakeDevice),
-        (cuda.core, "Stream", FakeStream),
-        (cuda.core, "Event", FakeEvent),
-        (cuda.core, "ObjectCode", FakeObjectCode),
-        (cuda.core, "launch", standin.launch),
-    ]
-    return targets
-
-
-def install(monkeypatch: Any, ccs=((9, 0),), driver_version: int = 13000, present: bool = True) -> StandIn:
-    """Swap the driver and cuda.core's entry points for a stand-in, for one test."""
-    import sys
-
+def install(monkeypatch: Any, runtime: ModuleType | None = None, ccs=((9, 0),), driver_version: int = 13000, present: bool = True) -> StandIn:
+    """A stand-in for one test, handed to `runtime` (hatch_autotune.runtime or a generated
+    package's _runtime) through `runtime.use_gpu`; the test's fixture calls
+    `runtime.use_gpu(None)` afterwards. Without a runtime, only the stand-in's own objects work."""
     standin = StandIn(ccs, driver_version, present)
-    for module, name, value in _targets(standin):
-        monkeypatch.setattr(module, name, value)
     monkeypatch.setattr(sys.modules[__name__], "_ACTIVE", [standin])
+    if runtime is not None:
+        runtime.use_gpu(standin.api())
     return standin
 
 
-def install_globally(ccs=((9, 0),), driver_version: int = 13000) -> StandIn:
-    """For a child process (the tuning worker): patch for the life of the process."""
+def install_globally(ccs=((9, 0),), driver_version: int = 13000, runtime: ModuleType | None = None) -> StandIn:
+    """For a whole process (the tuning worker, a benchmark): `runtime` (hatch_autotune.runtime
+    unless given) runs over a stand-in until the process ends."""
     global _ACTIVE
     standin = StandIn(ccs, driver_version)
-    for module, name, value in _targets(standin):
-        setattr(module, name, value)
     _ACTIVE = [standin]
+    (runtime or hatch_autotune.runtime).use_gpu(standin.api())
     return standin
 
 

@@ -1,7 +1,8 @@
 """The real tuning worker (hatch_autotune.tuning.worker) over the driver stand-in, with emulated
 kernels: what tests/test_standin_tuning.py runs as the worker process on a machine without a GPU.
 
-STANDIN_CCS (e.g. "9.0" or "9.0,8.6") sets the devices. The emulated kernel is the test's `scale`
+STANDIN_CCS (e.g. "9.0" or "9.0,8.6") sets the devices; the worker meets the stand-in through the
+runtime's seam (`install_globally` calls hatch_autotune.runtime.use_gpu). The emulated kernel is the test's `scale`
 kernel: its template embeds its config as "EMU:MODE=...;FACTOR=...;BLOCK=..." and the emulator
 does what that config's CUDA code does (MODE=ok: y = FACTOR * x; wrong: y = FACTOR * x + 1; oob:
 writes 2^40 elements past y, an illegal address; hang: never finishes). Its times are SYNTHETIC.

@@ -4,24 +4,33 @@ strictness, template errors, and the generated package's selection and integrity
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import json
 import sys
 
 import pytest
 
-from hatch_autotune.cache import CompileCache
-from hatch_autotune.lock import LockFile
-from hatch_autotune.package import write_package
+from hatch_autotune.build.cache import CompileCache
+from hatch_autotune.build.lock import LockEntry, LockFile
+from hatch_autotune.build.payload import write_package
 from hatch_autotune.errors import BuildError
-from hatch_autotune.render import TemplateError
-from hatch_autotune.runtime import IntegrityError, Library, cubin_sm
+from hatch_autotune.build.render import TemplateError
+from hatch_autotune.runtime import IntegrityError, Library
+from cuda_standin import cubin_sm
 
 from conftest import SCALE_TEMPLATE, build, load_project, write_tiny_project
 
 
-def test_failing_variant_is_skipped_and_recorded(tmp_path):
-    root = write_tiny_project(tmp_path / "p", bad="[false, true]")
+def failing_default(root):
+    """Make the tiny project's default one of its variants that do not compile (BAD = true)."""
+    text = (root / "pyproject.toml").read_text().replace("BAD = false }", "BAD = true }")
+    (root / "pyproject.toml").write_text(text)
+    return root
+
+
+def test_a_default_that_fails_to_compile_makes_the_build_compile_the_rest(tmp_path):
+    root = failing_default(write_tiny_project(tmp_path / "p", bad="[false, true]"))
     logs: list[str] = []
     result = build(root, tmp_path / "cache", logs)
     kb = result.kernels[0]
@@ -29,10 +38,61 @@ def test_failing_variant_is_skipped_and_recorded(tmp_path):
     assert len(bad) == 6 and len(kb.failed) == 6  # 3 BLOCK x 2 FACTOR, each failing on both archs
     assert all("this_is_not_cuda" in log for logs_ in kb.failed.values() for log in logs_)
     assert any("6 variant(s) failed to compile and were skipped" in m for m in logs)
+    assert "hatch-autotune: compiling 2 variant binaries (the lock's winners and the defaults)" in logs
+    assert any(m.startswith("hatch-autotune: compiling 22 variant binaries (the rest") for m in logs)
+    assert "hatch-autotune: 4/22 compiled" in logs  # long compiles show progress
     variants = kb.variants["-"]
     chosen = {variants[c.variant_index].config_dict["BAD"] for c in kb.choices.values()}
     assert chosen == {False}
-    assert result.counts["failed"] == 12
+    first_ok = next(v.index for v in variants if not v.config_dict["BAD"])
+    assert {c.reason for c in kb.choices.values()} == {f"no lock entry; the default config failed to compile, took config #{first_ok}"}
+    assert result.counts["failed"] == 12 and result.counts["compiled"] == 24 + 1  # every variant on 2 archs, + 1 PTX
+
+
+def test_an_offline_build_compiles_only_what_it_ships(tmp_path):
+    root = write_tiny_project(tmp_path / "p", bad="[false, true]")
+    first = build(root, tmp_path / "cache")
+    assert first.counts["compiled"] == 2 + 1  # the default on 2 archs + its PTX: not the 24 variants of the space
+    winner = {"BLOCK": 256, "FACTOR": 3, "BAD": False}
+    _write_lock(root, first, winner)
+    logs: list[str] = []
+    tuned = build(root, tmp_path / "fresh-cache", logs)
+    assert "hatch-autotune: compiling 4 variant binaries (the lock's winners and the defaults)" in logs
+    assert tuned.counts["compiled"] == 4 + 1  # winner and default on 2 archs + the winner's PTX
+    assert all(c.tuned for c in tuned.kernels[0].choices.values())
+    # A winner that no longer compiles falls back to the default, and nothing more is compiled.
+    _write_lock(root, first, {"BLOCK": 256, "FACTOR": 3, "BAD": True})
+    logs = []
+    fallback = build(root, tmp_path / "fresh-cache", logs)
+    kb = fallback.kernels[0]
+    assert list(kb.failed) == ["scale[BLOCK=256, FACTOR=3, BAD=True]"]
+    assert {(c.tuned, c.variant_index, c.reason) for c in kb.choices.values()} == {
+        (False, kb.variants["-"].index(next(v for v in kb.variants["-"] if v.config_dict == {"BLOCK": 128, "FACTOR": 2, "BAD": False})), "lock winner is not in the space or failed to compile")
+    }
+    assert not any("(the rest" in m for m in logs)
+
+
+def test_an_offline_build_gives_the_same_table_as_compiling_the_whole_space(tmp_path):
+    """What ships does not depend on what else was compiled: the plan's choice equals the old
+    rule (compile all, then lock winner, else default, else first that compiled)."""
+    from hatch_autotune.build.plan import make_plan
+    from hatch_autotune.build.table import build_table
+
+    root = write_tiny_project(tmp_path / "p", bad="[false, true]")
+    first = build(root, tmp_path / "cache")
+    lock = _write_lock(root, first, {"BLOCK": 64, "FACTOR": 3, "BAD": False})
+    stale = sorted(lock.entries)[0]
+    lock.entries[stale] = LockEntry.from_json({**lock.entries[stale].to_json(), "config": {"BLOCK": 256, "FACTOR": 2, "BAD": True}})
+    lock.save(root / "autotune.lock.json")
+    project = load_project(root)
+    result = build(root, tmp_path / "cache")
+    plan = make_plan(project, project.archs, log=lambda m: None)
+    usable_all = {i: not v.config_dict["BAD"] for i, v in enumerate(plan.instances[0].variants)}
+    for arch in project.archs:
+        for p in plan.instances[0].points[arch]:
+            assert result.kernels[0].choices[("-", arch, p.key)] == plan.choose(plan.instances[0], p, usable_all)
+    table, files = build_table(project, result)
+    assert len(files) == 2 + 1 + 1  # sm_80: winner, default (the point whose winner fails); sm_90: winner; its PTX
 
 
 def test_all_variants_failing_stops_the_build_with_the_log(tmp_path):
@@ -49,8 +109,7 @@ def test_all_variants_failing_stops_the_build_with_the_log(tmp_path):
 def test_second_build_compiles_nothing(tiny, tmp_path):
     logs: list[str] = []
     first = build(tiny, tmp_path / "cache", logs)
-    assert "hatch-autotune: 6/12 compiled" in logs  # long compiles show progress
-    assert first.counts["compiled"] == 6 * 2 + 1 and first.counts["cached"] == 0  # cubins + PTX of the one winner
+    assert first.counts["compiled"] == 2 + 1 and first.counts["cached"] == 0  # the default's cubins + its PTX
     second = build(tiny, tmp_path / "cache", logs)
     assert second.counts["compiled"] == 0 and second.counts["cached"] == first.counts["compiled"]
     assert any("0 variant binaries compiled" in m and "from the cache" in m for m in logs)
@@ -65,7 +124,7 @@ def test_corrupt_cache_entries_are_misses(tiny, tmp_path):
     metas[-1].write_text("{ not json")  # truncated metadata
     result = build(tiny, cache_dir)
     assert result.counts["compiled"] == (2 if metas[-1].with_suffix(".bin") != bins[0] else 1)
-    assert result.counts["compiled"] + result.counts["cached"] == 13
+    assert result.counts["compiled"] + result.counts["cached"] == 3
     # and the rebuilt entries are good again
     assert build(tiny, cache_dir).counts["compiled"] == 0
 
@@ -88,13 +147,13 @@ def _write_lock(root, result, winner: dict) -> LockFile:
     """A lock whose every entry names `winner` as tuned (what a GPU tuner would write)."""
     lock = LockFile()
     for key, (eid, checksum) in result.kernels[0].entries.items():
-        lock.entries[eid] = {
-            "checksum": checksum,
-            "config": winner,
-            "tuned": True,
-            "measurements": [{"config": winner, "median_ms": 0.01, "status": "ok"}],
-            "provenance": {"gpu": "recorded-for-test", "arch": key[1]},
-        }
+        lock.entries[eid] = LockEntry(
+            checksum=checksum,
+            config=winner,
+            tuned=True,
+            measurements=({"config": winner, "median_ms": 0.01, "status": "ok"},),
+            provenance={"gpu": "recorded-for-test", "arch": key[1]},
+        )
     lock.save(root / "autotune.lock.json")
     return lock
 
@@ -126,7 +185,7 @@ def test_one_stale_entry_among_valid_ones(tiny, tmp_path):
     first = build(tiny, tmp_path / "cache")
     lock = _write_lock(tiny, first, {"BLOCK": 64, "FACTOR": 2, "BAD": False})
     eid = sorted(lock.entries)[0]
-    lock.entries[eid]["checksum"] = "0" * 64
+    lock.entries[eid] = dataclasses.replace(lock.entries[eid], checksum="0" * 64)
     lock.save(tiny / "autotune.lock.json")
     result = build(tiny, tmp_path / "cache")
     tuned = {result.kernels[0].entries[k][0]: c.tuned for k, c in result.kernels[0].choices.items()}
@@ -134,12 +193,20 @@ def test_one_stale_entry_among_valid_ones(tiny, tmp_path):
 
 
 def test_corrupt_or_foreign_lock_is_a_warning_not_a_crash(tiny, tmp_path):
-    for content in ("{ truncated", '{"schema": 99, "entries": {}}', "[1, 2]"):
+    for content in ("{ truncated", '{"schema": 0, "entries": {}}', '{"entries": {}}', "[1, 2]"):
         (tiny / "autotune.lock.json").write_text(content)
         logs: list[str] = []
         result = build(tiny, tmp_path / "cache", logs)
-        assert any(m.startswith("warning: lock file") for m in logs), logs[:3]
+        assert any(m.startswith(f"warning: {tiny / 'autotune.lock.json'}") for m in logs), logs[:3]
         assert not any(c.tuned for c in result.kernels[0].choices.values())
+
+
+def test_a_lock_file_of_a_newer_schema_is_refused_and_left_alone(tiny, tmp_path):
+    newer = '{"schema": 2, "entries": {}}'
+    (tiny / "autotune.lock.json").write_text(newer)
+    with pytest.raises(BuildError, match=r"lock file schema 2 is newer than this hatch-autotune .* reads \(schema 1\); upgrade hatch-autotune"):
+        build(tiny, tmp_path / "cache")
+    assert (tiny / "autotune.lock.json").read_text() == newer  # never overwritten by an older writer
 
 
 def test_strict_turns_untuned_entries_into_an_error(tmp_path):
@@ -163,10 +230,11 @@ def test_template_error_names_file_and_line(tmp_path):
 
 
 def test_identical_sources_compile_once(tmp_path):
-    # FACTOR is not used by this template, so both FACTOR values render the same source.
-    root = write_tiny_project(tmp_path / "p", template=SCALE_TEMPLATE.replace("{{ FACTOR }}", "2"))
-    result = build(root, tmp_path / "cache")
-    assert result.counts["compiled"] == 3 * 2 + 1  # 3 distinct sources x 2 archs, + 1 PTX
+    # FACTOR is not used by this template, so both FACTOR values render the same source; the
+    # default does not compile, so the build compiles the whole space: 12 configs per arch.
+    root = write_tiny_project(tmp_path / "p", bad="[false, true]", template=SCALE_TEMPLATE.replace("{{ FACTOR }}", "2"))
+    result = build(failing_default(root), tmp_path / "cache")
+    assert result.counts["compiled"] == 6 * 2 + 1  # 6 distinct sources x 2 archs, + 1 PTX
 
 
 def test_no_gpu_and_no_archs_is_a_clear_error(tiny, tmp_path):
@@ -236,7 +304,7 @@ def test_tampered_binary_and_table_are_integrity_errors(generated):
 
 
 def test_resource_usage_is_recorded_from_ptxas(tmp_path):
-    from hatch_autotune.compile import CompileJob, compile_all
+    from hatch_autotune.build.compile import CompileJob, compile_all
 
     src = """
     extern "C" __global__ void k(float* y) {
@@ -264,7 +332,7 @@ def test_configs_sharing_a_source_keep_their_own_launch_config(tmp_path):
     lock = LockFile()
     for (tkey, arch, point), (eid, checksum) in first.kernels[0].entries.items():
         block = 64 if point == (1024,) else 256
-        lock.entries[eid] = {"checksum": checksum, "config": {"BLOCK": block, "FACTOR": 2, "BAD": False}, "tuned": True}
+        lock.entries[eid] = LockEntry(checksum, {"BLOCK": block, "FACTOR": 2, "BAD": False}, tuned=True)
     lock.save(root / "autotune.lock.json")
     result = build(root, tmp_path / "cache")
     out = tmp_path / "site" / "tinypkg" / "kernels"
@@ -302,8 +370,9 @@ def test_lock_with_malformed_measurements_is_ignored_not_a_crash(tiny, tmp_path)
     first = build(tiny, tmp_path / "cache")
     lock = _write_lock(tiny, first, {"BLOCK": 64, "FACTOR": 2, "BAD": False})
     eid = sorted(lock.entries)[0]
-    lock.entries[eid]["measurements"] = [1, "x"]
-    lock.save(tiny / "autotune.lock.json")
+    data = json.loads(lock.to_json())
+    data["entries"][eid]["measurements"] = [1, "x"]
+    (tiny / "autotune.lock.json").write_text(json.dumps(data))
     logs: list[str] = []
     result = build(tiny, tmp_path / "cache", logs)
     assert any(f"entry {eid!r} is malformed" in m for m in logs)
@@ -311,7 +380,7 @@ def test_lock_with_malformed_measurements_is_ignored_not_a_crash(tiny, tmp_path)
 
 
 def test_the_first_failure_log_is_shown(tmp_path):
-    root = write_tiny_project(tmp_path / "p", bad="[false, true]")
+    root = failing_default(write_tiny_project(tmp_path / "p", bad="[false, true]"))
     logs: list[str] = []
     build(root, tmp_path / "cache", logs)
     warning = next(m for m in logs if "failed to compile and were skipped" in m)
@@ -319,7 +388,7 @@ def test_the_first_failure_log_is_shown(tmp_path):
 
 
 def test_an_unwritable_cache_is_a_warning_not_a_failed_build(tiny, tmp_path, monkeypatch):
-    import hatch_autotune.cache as cache_mod
+    import hatch_autotune.build.cache as cache_mod
 
     def refuse(path, data):
         raise OSError(30, "Read-only file system")
@@ -327,14 +396,14 @@ def test_an_unwritable_cache_is_a_warning_not_a_failed_build(tiny, tmp_path, mon
     monkeypatch.setattr(cache_mod, "atomic_write", refuse)
     logs: list[str] = []
     result = build(tiny, tmp_path / "cache", logs)
-    assert result.counts["compiled"] == 13 and result.counts["failed"] == 0
+    assert result.counts["compiled"] == 3 and result.counts["failed"] == 0
     assert sum("cannot write the compile cache" in m for m in logs) == 1
 
 
 def test_jobs_from_the_environment(monkeypatch):
     import os
 
-    from hatch_autotune.compile import default_workers
+    from hatch_autotune.build.compile import default_workers
 
     monkeypatch.setenv("HATCH_AUTOTUNE_JOBS", "3")
     assert default_workers() == 3

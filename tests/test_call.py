@@ -13,7 +13,6 @@ import pytest
 from hatch_autotune.runtime import stream_handle
 
 
-
 class FakeGPUArray:
     """Exposes the CUDA Array Interface v3 like CuPy/PyTorch/Numba do; never dereferenced."""
 
@@ -191,9 +190,9 @@ def gpu(kernels, monkeypatch):
     from cuda_standin import install
 
     rt = kernels._runtime
-    monkeypatch.setattr(rt, "_GPU", rt._GpuState())
-    standin = install(monkeypatch)
-    return standin, rt.Library.load(kernels._LIBRARY.directory).kernels
+    standin = install(monkeypatch, rt)
+    yield standin, rt.Library.load(kernels._LIBRARY.directory).kernels
+    rt.use_gpu(None)
 
 
 def test_a_new_signature_takes_the_checked_path(gpu):

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from hatch_autotune import cli
-from hatch_autotune.cache import CompileCache
-from hatch_autotune.lock import LOCK_SCHEMA, LockFile
+from hatch_autotune.build.cache import CompileCache
+from hatch_autotune.build.lock import LOCK_SCHEMA, EntryId, LockEntry, LockFile
+from hatch_autotune.inspection.fmt import fmt_bytes, fmt_ms
 
 from conftest import ROOT, build, write_tiny_project
 
@@ -186,7 +187,7 @@ def test_show_lock_is_a_table_per_kernel(tiny_lock, capsys):
     assert by[("sm_90", "n=65536")][2] == "BAD=False BLOCK=256 FACTOR=2"
     assert by[("sm_90", "n=65536")][4] == "1.25x" and by[("sm_90", "n=65536")][5] == "tuned"
     e = entries["scale|-|sm_80|n=1024"]
-    assert by[("sm_80", "n=1024")][3] == cli.fmt_ms(min(m["median_ms"] for m in e["measurements"] if "median_ms" in m))
+    assert by[("sm_80", "n=1024")][3] == fmt_ms(min(m["median_ms"] for m in e["measurements"] if "median_ms" in m))
     assert "6 entries, 6 tuned, 0 default" in out
     assert FIXTURE_GPU in out
 
@@ -346,6 +347,38 @@ def test_diff_lock_files_marks_regressions(two_locks, capsys):
     assert code == 0 and "0 added, 0 removed, 0 changed, 6 unchanged" in out
 
 
+def test_diff_names_what_changed_beyond_the_config():
+    """The diff model (inspection.diff) on rows alone: checksum, tuning and provenance changes,
+    and the threshold deciding faster, slower and regression."""
+    from hatch_autotune.inspection.diff import diff_sources
+    from hatch_autotune.inspection.model import Row, Source
+
+    def row(n: int, ms: float | None, **kw) -> Row:
+        fields = dict(config={"B": 1}, tuned=True, time_ms=ms, checksum="c", provenance={"gpu": "G1", "nvrtc": "13.0"})
+        return Row("k", "-", "sm_90", {"n": n}, **{**fields, **kw})
+
+    old = [row(1, 1.0), row(2, 1.0), row(3, 1.0), row(4, 1.0), row(5, 1.0)]
+    new = [
+        row(1, 1.04),  # within the threshold: unchanged
+        row(2, 1.0, checksum="d"),
+        row(3, 1.0, provenance={"gpu": "G2", "nvrtc": "13.1"}),
+        row(4, 0.5, tuned=False),
+        row(5, 1.5),
+    ]
+    src = lambda rows: Source("x", "lock", {r.eid: r for r in rows}, ["k"])  # noqa: E731
+    diff = diff_sources(src(old), src(new), 0.05)
+    assert diff.unchanged == 1 and diff.count("changed") == 4 and diff.count("added") == diff.count("removed") == 0
+    what = {c.eid: c.what for c in diff.changes}
+    assert what == {
+        "k|-|sm_90|n=2": ["checksum (sources or settings changed)"],
+        "k|-|sm_90|n=3": ["GPU G1 -> G2", "NVRTC 13.0 -> 13.1"],
+        "k|-|sm_90|n=4": ["lost its tuning", "faster"],
+        "k|-|sm_90|n=5": ["slower"],
+    }
+    assert [c.eid for c in diff.regressions] == ["k|-|sm_90|n=5"]
+    assert diff_sources(src(old), src(new), 0.6).regressions == []
+
+
 def test_diff_wheels(tiny_wheel, tmp_path, capsys):
     """The pip-built wheel against a copy whose table lost the tuning of one entry."""
     other = tmp_path / tiny_wheel.name
@@ -382,7 +415,7 @@ def test_merge_disjoint_and_equal_entries(tiny_lock, tmp_path, capsys):
     code, stdout, err = run_cli(capsys, "merge", sm80, sm90, "-o", out)
     assert code == 0, err
     assert f"{out}: 6 entries merged from 2 lock file(s)" in stdout
-    assert out.read_bytes() == LockFile(entries=entries).to_json()  # sorted keys, LockFile's format
+    assert out.read_bytes() == LockFile.parse({"schema": LOCK_SCHEMA, "entries": entries}, "fixture").to_json()  # LockFile's format
     loaded = LockFile.load(out)
     assert not loaded.warnings and set(loaded.entries) == set(ids)
 
@@ -438,7 +471,7 @@ def test_cache_info_and_clear(tiny_lock, session_cache, tmp_path, monkeypatch, c
     assert code == 0, err
     rows = {r[0]: r[1] for r in table_rows(out) if len(r) == 2}
     assert rows["location"] == str(root) and rows["entries"] == str(entries)
-    assert rows["size"] == cli.fmt_bytes(size)
+    assert rows["size"] == fmt_bytes(size)
 
     stray = root / "v1" / "ab" / "notes.txt"  # a file hatch-autotune did not write: refuse
     stray.parent.mkdir(exist_ok=True)
@@ -455,12 +488,72 @@ def test_cache_info_and_clear(tiny_lock, session_cache, tmp_path, monkeypatch, c
     assert code == 0 and "nothing to clear" in out
 
 
+def _store_with_entries(root: Path) -> CompileCache:
+    """A store written by CompileCache itself (no NVRTC needed), plus the temp file a killed
+    write leaves behind: everything in it is hatch-autotune's."""
+    cache = CompileCache(root)
+    for key in ("ab" + "0" * 62, "cd" + "1" * 62):
+        cache.put(key, {"ok": True}, b"binary")
+    (cache.root / "ab" / f".{'ab' + '0' * 62}.json.k3j_x9.tmp").write_bytes(b"half")
+    return cache
+
+
+@pytest.mark.parametrize(
+    "plant, needle",
+    [
+        (lambda store: (store / "ab" / "notes.txt").write_text("mine"), "notes.txt, which hatch-autotune did not write"),
+        (lambda store: (store / "README").write_text("mine"), "README, which hatch-autotune did not write"),
+        (lambda store: (store / "zz").mkdir(), "zz, which hatch-autotune did not write"),
+        (lambda store: (store / "ab" / "sub").mkdir(), "sub, which hatch-autotune did not write"),
+        (lambda store: (store / "cd" / ("ee" * 32 + ".bin")).symlink_to(store / "README.md"), ".bin, which hatch-autotune did not write"),
+    ],
+    ids=["stray-file", "top-level-file", "not-a-shard", "dir-in-shard", "symlink"],
+)
+def test_cache_clear_refuses_a_store_holding_foreign_files(tmp_path, monkeypatch, capsys, plant, needle):
+    """The store layout rule (build.cache) decides; the command deletes nothing and says what it found."""
+    monkeypatch.setenv("HATCH_AUTOTUNE_CACHE_DIR", str(tmp_path))
+    cache = _store_with_entries(tmp_path)
+    assert cache.foreign_path() is None
+    plant(cache.root)
+    before = sorted(cache.root.rglob("*"))
+    assert cache.foreign_path() is not None
+    code, _, err = run_cli(capsys, "cache", "clear", "--yes")
+    assert_one_line_error(code, err, needle, "not deleting anything")
+    assert cache.clear() is not None  # the stage's own clear refuses too
+    assert sorted(cache.root.rglob("*")) == before
+
+
+def test_cache_clear_leaves_a_store_that_is_a_link_or_a_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HATCH_AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    elsewhere = _store_with_entries(tmp_path / "elsewhere")
+    store = CompileCache(tmp_path / "cache").root
+    store.parent.mkdir()
+    store.symlink_to(elsewhere.root, target_is_directory=True)
+    code, _, err = run_cli(capsys, "cache", "clear", "--yes")
+    assert_one_line_error(code, err, "is a symbolic link, not a store hatch-autotune created; leaving it alone")
+    assert CompileCache(tmp_path / "cache").clear() == store and elsewhere.info()[0] == 2
+    store.unlink()
+    store.write_text("mine")
+    code, _, err = run_cli(capsys, "cache", "clear", "--yes")
+    assert_one_line_error(code, err, "is not a directory; not a store hatch-autotune created, leaving it alone")
+    assert store.read_text() == "mine"
+
+
+def test_cache_clear_removes_entries_and_leftover_temp_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HATCH_AUTOTUNE_CACHE_DIR", str(tmp_path))
+    cache = _store_with_entries(tmp_path)
+    code, out, err = run_cli(capsys, "cache", "clear", "--yes")
+    assert code == 0, err
+    assert "removed 2 entries" in out and not cache.root.exists()
+    assert cache.foreign_path() is None and cache.clear() is None  # an absent store: nothing to refuse
+
+
 # --------------------------------------------------------------------------------------------
 # tune
 
 
 def _has_gpu() -> bool:
-    from hatch_autotune.pipeline import detect_gpu_arch
+    from hatch_autotune.build.devices import detect_gpu_arch
 
     return detect_gpu_arch() is not None
 
@@ -474,6 +567,28 @@ def test_tune_without_gpu_is_one_clear_line(tmp_path, monkeypatch, capsys):
     code, out, err = run_cli(capsys, "tune")
     assert_one_line_error(code, err, "GPU")
     assert not (root / "autotune.lock.json").exists()
+
+
+def test_tune_prints_what_the_engine_did(tmp_path, monkeypatch, capsys):
+    """The command hands the project, kernels and mode to the tuning engine and prints its
+    summary in one line (the engine itself is tested in test_tuning and test_standin_tuning)."""
+    from hatch_autotune import tuning
+    from hatch_autotune.tuning import TuneSummary
+
+    root = write_tiny_project(tmp_path / "p")
+    calls = []
+
+    def fake_tune(project, *, kernels, mode, log):
+        calls.append((project.root, kernels, mode))
+        log("tuning: fake engine")
+        return TuneSummary(tuned=[("scale|-|sm_90|n=1024", None)], skipped=2)
+
+    monkeypatch.setattr(tuning, "tune", fake_tune)
+    monkeypatch.delenv("HATCH_AUTOTUNE_MODE", raising=False)
+    code, out, err = run_cli(capsys, "tune", root, "-k", "scale", "--mode", "retune")
+    assert code == 0, err
+    assert calls == [(root, ["scale"], "retune")] and "tuning: fake engine" in err
+    assert out.strip() == f"{root / 'autotune.lock.json'}: 1 entry tuned, 2 still valid; `hatch-autotune show {root}` lists them"
 
 
 def test_tune_rejects_unknown_kernels_and_non_projects(tmp_path, capsys):
@@ -591,7 +706,7 @@ def test_report_renders_in_headless_chromium(report_files, tmp_path):
 
 
 def test_a_lock_entry_that_names_its_default_is_read_as_such():
-    from hatch_autotune.sources import lock_entry
+    from hatch_autotune.inspection.readers import row_from_lock
 
     # FIXTURE numbers, not measurements: two configs tie with the default's time, and the
     # entry's "default" key (written by the tuner) says which one the default is.
@@ -607,8 +722,9 @@ def test_a_lock_entry_that_names_its_default_is_read_as_such():
             {"config": {"B": 2}, "status": "ok", "median_ms": 0.5},
         ],
     }
-    entry = lock_entry("k|-|sm_90|n=1", raw, "fixture")
-    assert entry.default_config == {"B": 3} and entry.speedup == 2.0
+    where = EntryId.parse("k|-|sm_90|n=1")
+    row = row_from_lock(where, LockEntry.from_json(raw))
+    assert row.default_config == {"B": 3} and row.speedup == 2.0
     del raw["default"]  # without it, a tie on the default's time leaves the default unknown
-    assert lock_entry("k|-|sm_90|n=1", raw, "fixture").default_config is None
+    assert row_from_lock(where, LockEntry.from_json(raw)).default_config is None
 

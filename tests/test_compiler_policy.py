@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 
-import hatch_autotune.compile as compile_mod
+import hatch_autotune.build.compile as compile_mod
 from hatch_autotune import cli
-from hatch_autotune.cache import CompileCache
-from hatch_autotune.config import ConfigError
-from hatch_autotune.lock import LockFile, NvrtcPolicy
+from hatch_autotune.build.cache import CompileCache
+from hatch_autotune.spec.config import ConfigError
+from hatch_autotune.build.lock import LockFile, NvrtcPolicy
 from hatch_autotune.tuning import tune
-from hatch_autotune.tuning.tuner import needs_tuning
 from hatch_autotune.tuning.worker import WorkerClient
 
 from conftest import build, load_project, write_tiny_project
@@ -96,7 +95,7 @@ def test_exact_nvrtc_makes_them_stale_and_tune_redoes_them(old_lock, tmp_path, m
     project = load_project(old_lock, SM90)
     lock = LockFile.load(project.lock_file)
     policy = NvrtcPolicy(NOW, exact=project.exact_nvrtc)
-    assert all(needs_tuning(lock, eid, checksum, "tune", policy) for eid, checksum in kb.entries.values())
+    assert all(lock.valid(eid, checksum, policy) is None for eid, checksum in kb.entries.values())  # so tune redoes them
 
     summary, _ = tune_with(old_lock, tmp_path, monkeypatch)
     assert len(summary.tuned) == 3 and summary.skipped == 0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hatch_autotune.pipeline import detect_gpu_arch
+from hatch_autotune.build.devices import detect_gpu_arch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"

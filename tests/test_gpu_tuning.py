@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from hatch_autotune.cache import CompileCache
-from hatch_autotune.pipeline import detect_gpu_arch
+from hatch_autotune.build.cache import CompileCache
+from hatch_autotune.build.devices import detect_gpu_arch
 from hatch_autotune.tuning import tune
 
 from conftest import EXAMPLE, build, load_project, write_tiny_project
@@ -44,8 +44,8 @@ def test_out_of_bounds_and_wrong_variants_are_rejected_and_the_rest_tuned(tmp_pa
     summary = tune(load_project(root), log=logs.append, gpu_arch=GPU_ARCH, cache=CompileCache(tmp_path / "cache"))
     assert len(summary.tuned) == 3
     for eid, entry in summary.tuned:
-        assert entry["config"]["MODE"] == "ok"
-        for m in entry["measurements"]:
+        assert entry.config["MODE"] == "ok"
+        for m in entry.measurements:
             if m["config"]["MODE"] == "oob":
                 assert m["status"] == "failed" and "ILLEGAL_ADDRESS" in m["reason"].upper().replace(" ", "_"), m
             elif m["config"]["MODE"] == "wrong":

@@ -1,11 +1,22 @@
-"""Shared run-time logic: expression trees, key -> bucket mapping, arch fallback, cubin ELF."""
+"""Shared run-time logic: expression trees, key -> bucket mapping, arch fallback, dtype sizes,
+and the one funnel for CUDA results."""
 
 from __future__ import annotations
 
 import pytest
 
-from hatch_autotune import expr
-from hatch_autotune.runtime import ExpressionError, as_compute_capability, choose_arch, compile_expr, cubin_sm, map_to_bucket
+from hatch_autotune.spec import expr
+from hatch_autotune.runtime import (
+    DTYPE_SIZES,
+    CudaCallError,
+    ExpressionError,
+    as_compute_capability,
+    check_cuda,
+    choose_arch,
+    compile_expr,
+    map_to_bucket,
+    type_sizes,
+)
 
 BUCKETS = [1024, 4096, 65536]
 
@@ -117,15 +128,23 @@ def test_foreign_trees_are_rejected(tree):
         compile_expr(tree)
 
 
-def test_cubin_sm_reads_the_elf_header():
-    header = bytearray(64)
-    header[:4] = b"\x7fELF"
-    header[4], header[5], header[8] = 2, 1, 8
-    header[18:20] = (190).to_bytes(2, "little")
-    header[48:52] = (0x6005A04).to_bytes(4, "little")  # what NVRTC 13 writes for sm_90
-    assert cubin_sm(bytes(header)) == 90
-    header[18:20] = (62).to_bytes(2, "little")  # x86-64
-    with pytest.raises(ValueError, match="EM_CUDA"):
-        cubin_sm(bytes(header))
-    with pytest.raises(ValueError, match="not an ELF"):
-        cubin_sm(b"//\n.version 9.0")
+def test_type_sizes_are_the_dtypes_byte_sizes():
+    import numpy as np
+
+    assert DTYPE_SIZES == {name: np.dtype(name).itemsize for name in DTYPE_SIZES}
+    assert type_sizes({"T": "float16", "U": "uint64"}) == {"T_size": 2, "U_size": 8}
+    assert type_sizes({}) == {}
+
+
+def test_check_cuda_is_one_funnel_for_driver_and_nvrtc_results():
+    from cuda.bindings import driver, nvrtc
+
+    ok = driver.CUresult.CUDA_SUCCESS
+    assert check_cuda((ok,), "cuInit") is None
+    assert check_cuda((ok, 7), "cuDeviceGetCount") == 7
+    assert check_cuda((nvrtc.nvrtcResult.NVRTC_SUCCESS, 13, 5), "nvrtcVersion") == (13, 5)
+    with pytest.raises(CudaCallError, match=r"^cuMemAlloc \(L2 flush buffer\) failed: CUDA_ERROR_OUT_OF_MEMORY$") as err:
+        check_cuda((driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY, None), "cuMemAlloc (L2 flush buffer)")
+    assert (err.value.call, err.value.error) == ("cuMemAlloc (L2 flush buffer)", "CUDA_ERROR_OUT_OF_MEMORY")
+    with pytest.raises(CudaCallError, match=r"^nvrtcGetPTX failed: NVRTC_ERROR_INVALID_PROGRAM$"):
+        check_cuda((nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_PROGRAM,), "nvrtcGetPTX")

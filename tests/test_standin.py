@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cuda.core._utils.cuda_utils import CUDAError
+
 import cuda_standin
 from cuda_standin import DeviceArray, install
 
@@ -29,11 +31,12 @@ DEVICES = [(8, 0), (8, 6), (9, 0), (10, 0), (12, 0)]
 
 
 @pytest.fixture
-def rt(example_kernels, monkeypatch):
-    """The generated package's runtime, with a fresh driver state for this test."""
+def rt(example_kernels):
+    """The generated package's runtime; back on the real driver (a fresh state) afterwards."""
     runtime = example_kernels._runtime
-    monkeypatch.setattr(runtime, "_GPU", runtime._GpuState())
-    return runtime
+    runtime.use_gpu(None)
+    yield runtime
+    runtime.use_gpu(None)
 
 
 @pytest.fixture
@@ -70,8 +73,8 @@ def check_launch(launch, kernel, cc, types: dict, key: dict, values: dict, stand
 
 
 @pytest.mark.parametrize("cc", DEVICES, ids=lambda cc: f"sm_{cc[0]}{cc[1]}")
-def test_every_kernel_and_type_launches_as_its_binary_declares(fresh, monkeypatch, cc):
-    standin = install(monkeypatch, ccs=[cc], driver_version=13050)  # 13.5: PTX of NVRTC 13.5 JITs
+def test_every_kernel_and_type_launches_as_its_binary_declares(fresh, monkeypatch, cc, rt):
+    standin = install(monkeypatch, rt, ccs=[cc], driver_version=13050)  # 13.5: PTX of NVRTC 13.5 JITs
     kernels = fresh()
     launches = 0
     for dtype in ("float32", "float16"):
@@ -96,7 +99,7 @@ def test_every_kernel_and_type_launches_as_its_binary_declares(fresh, monkeypatc
 
 
 def test_repeated_calls_take_the_fast_path_with_fresh_pointers_and_scalars(fresh, monkeypatch, rt):
-    standin = install(monkeypatch)
+    standin = install(monkeypatch, rt)
     saxpy = fresh()["saxpy"]
     prepared = spy(monkeypatch, rt.Kernel, "_prepare")
     for i in range(5):
@@ -119,8 +122,8 @@ def spy(monkeypatch, cls, name):
     return calls
 
 
-def test_a_thread_with_the_device_current_launches_without_pushing(fresh, monkeypatch):
-    standin = install(monkeypatch)
+def test_a_thread_with_the_device_current_launches_without_pushing(fresh, monkeypatch, rt):
+    standin = install(monkeypatch, rt)
     cuda_standin.FakeDevice(0).set_current()
     kernels = fresh()
     x, y = DeviceArray.empty(standin, (100,)), DeviceArray.empty(standin, (100,))
@@ -131,7 +134,7 @@ def test_a_thread_with_the_device_current_launches_without_pushing(fresh, monkey
 
 
 def test_threads_without_a_context_use_the_fast_path_and_leave_no_context(fresh, monkeypatch, rt):
-    standin = install(monkeypatch)
+    standin = install(monkeypatch, rt)
     saxpy = fresh()["saxpy"]
     x, y = DeviceArray.empty(standin, (4096,)), DeviceArray.empty(standin, (4096,))
     saxpy(1.0, x, y)  # plans recorded in the main thread
@@ -163,7 +166,7 @@ def test_threads_without_a_context_use_the_fast_path_and_leave_no_context(fresh,
 
 
 def test_two_gpus_each_call_runs_on_the_arrays_device_and_restores_the_callers(fresh, monkeypatch, rt):
-    standin = install(monkeypatch, ccs=[(9, 0), (8, 6)])
+    standin = install(monkeypatch, rt, ccs=[(9, 0), (8, 6)])
     cuda_standin.FakeDevice(0).set_current()  # the caller works on device 0
     saxpy = fresh()["saxpy"]
     on0 = [DeviceArray.empty(standin, (70_000,), device=0) for _ in range(2)]
@@ -185,8 +188,8 @@ def test_two_gpus_each_call_runs_on_the_arrays_device_and_restores_the_callers(f
 
 
 @pytest.mark.parametrize("kind", ["none", "cuda.core Stream", "__cuda_stream__", "raw handle"])
-def test_every_kind_of_stream_reaches_the_launch(fresh, monkeypatch, kind):
-    standin = install(monkeypatch)
+def test_every_kind_of_stream_reaches_the_launch(fresh, monkeypatch, kind, rt):
+    standin = install(monkeypatch, rt)
     kernels = fresh()
     device = cuda_standin.FakeDevice(0)
     device.set_current()
@@ -208,20 +211,20 @@ def test_every_kind_of_stream_reaches_the_launch(fresh, monkeypatch, kind):
     assert len(standin.launches) == 2
 
 
-def test_a_stream_of_another_device_is_refused_by_the_driver(fresh, monkeypatch):
-    standin = install(monkeypatch, ccs=[(9, 0), (9, 0)])
+def test_a_stream_of_another_device_is_refused_by_the_driver(fresh, monkeypatch, rt):
+    standin = install(monkeypatch, rt, ccs=[(9, 0), (9, 0)])
     kernels = fresh()
     other = cuda_standin.FakeDevice(1)
     other.set_current()
     stream = other.create_stream()
     x, y = DeviceArray.empty(standin, (10,)), DeviceArray.empty(standin, (10,))
-    with pytest.raises(Exception, match="CUDA_ERROR_INVALID_HANDLE"):
+    with pytest.raises(CUDAError, match="CUDA_ERROR_INVALID_HANDLE"):
         kernels["saxpy"](1.0, x, y, stream=stream)
     assert standin.stack == [1]
 
 
-def test_ptx_newer_than_the_driver_is_a_clear_error_before_the_driver_sees_it(fresh, monkeypatch):
-    standin = install(monkeypatch, ccs=[(10, 0)], driver_version=13000)  # R580: JITs PTX up to ISA 9.0
+def test_ptx_newer_than_the_driver_is_a_clear_error_before_the_driver_sees_it(fresh, monkeypatch, rt):
+    standin = install(monkeypatch, rt, ccs=[(10, 0)], driver_version=13000)  # R580: JITs PTX up to ISA 9.0
     kernels = fresh()
     sel = kernels["saxpy"].select(arch="sm_100", n=4096, T="float32")
     info = kernels["saxpy"].variants[sel.variant]["binaries"][sel.binary]
@@ -239,30 +242,30 @@ def test_the_driver_stand_in_refuses_what_a_driver_would(monkeypatch, example_ke
     """The checks the launch tests rely on really fire."""
     from cuda.core import LaunchConfig
 
-    standin = install(monkeypatch, ccs=[(9, 0)])
+    standin = install(monkeypatch, ccs=[(9, 0)])  # no runtime: the stand-in's own launch is tested
     saxpy = example_kernels.saxpy
     sel = saxpy.select(arch="sm_90", n=64, T="float32")
     kernel = cuda_standin.FakeObjectCode.from_cubin(saxpy.binary(sel)).get_kernel("saxpy")
     stream = cuda_standin.FakeStream(standin, 1, None)
     good = (np.float32(1), 0x10, 0x20, np.int32(64))
-    with pytest.raises(Exception, match="CUDA_ERROR_INVALID_CONTEXT"):
+    with pytest.raises(CUDAError, match="CUDA_ERROR_INVALID_CONTEXT"):
         standin.launch(stream, LaunchConfig(grid=1, block=64), kernel, *good)
     cuda_standin.FakeDevice(0).set_current()
     standin.launch(stream, LaunchConfig(grid=1, block=64), kernel, *good)
-    with pytest.raises(Exception, match="packed as 8 bytes .float.; the kernel's parameter is 4 bytes"):
+    with pytest.raises(CUDAError, match="packed as 8 bytes .float.; the kernel's parameter is 4 bytes"):
         standin.launch(stream, LaunchConfig(grid=1, block=64), kernel, 1.0, 0x10, 0x20, np.int32(64))
-    with pytest.raises(Exception, match="3 arguments for 4 parameters"):
+    with pytest.raises(CUDAError, match="3 arguments for 4 parameters"):
         standin.launch(stream, LaunchConfig(grid=1, block=64), kernel, *good[:3])
-    with pytest.raises(Exception, match="block"):
+    with pytest.raises(CUDAError, match="block"):
         standin.launch(stream, LaunchConfig(grid=1, block=2048), kernel, *good)
     sm80 = cuda_standin.FakeObjectCode.from_cubin(saxpy.binary(saxpy.select(arch="sm_80", n=64, T="float32"))).get_kernel("saxpy")
-    with pytest.raises(Exception, match="CUDA_ERROR_NO_BINARY_FOR_GPU"):
+    with pytest.raises(CUDAError, match="CUDA_ERROR_NO_BINARY_FOR_GPU"):
         standin.launch(stream, LaunchConfig(grid=1, block=64), sm80, *good)  # another major: no SASS for it
     assert len(standin.launches) == 1
 
 
-def test_a_numpy_array_is_a_host_memory_error_on_the_launch_path(fresh, monkeypatch):
-    standin = install(monkeypatch)
+def test_a_numpy_array_is_a_host_memory_error_on_the_launch_path(fresh, monkeypatch, rt):
+    standin = install(monkeypatch, rt)
     kernels = fresh()
     y = DeviceArray.empty(standin, (8,))
     with pytest.raises(ValueError, match=r"saxpy\(\): argument 'x' is in host memory; expected a GPU array"):
@@ -273,7 +276,7 @@ def test_a_numpy_array_is_a_host_memory_error_on_the_launch_path(fresh, monkeypa
 
 
 def test_without_a_driver_every_argument_check_runs_then_one_clear_error(fresh, monkeypatch, rt):
-    standin = install(monkeypatch, present=False)
+    standin = install(monkeypatch, rt, present=False)
     kernels = fresh()
     x, y = DeviceArray.empty(standin, (8,)), DeviceArray.empty(standin, (8,))
     with pytest.raises(ValueError, match="argument 'y' has shape"):
@@ -289,12 +292,12 @@ def test_without_a_driver_every_argument_check_runs_then_one_clear_error(fresh, 
 
 
 def test_without_a_device_the_error_says_so(fresh, monkeypatch, rt):
-    install(monkeypatch, ccs=[])
+    install(monkeypatch, rt, ccs=[])
     with pytest.raises(rt.NoDriverError, match="sees no device"):
         fresh()["saxpy"](1.0, HostlessArray(8), HostlessArray(8))
 
 
-def test_without_a_driver_for_real(example_kernels, monkeypatch, rt):
+def test_without_a_driver_for_real(example_kernels, rt):
     """This machine's own state when it has no driver (CI): the real cuda-bindings, no stand-in."""
     try:
         from cuda.bindings import driver
@@ -351,24 +354,57 @@ def test_importing_a_generated_package_with_an_old_cuda_core_fails_clearly(tmp_p
 def test_device_sync_helper_sets_the_device_current_first(monkeypatch):
     """tests/test_gpu.py synchronises through conftest.device_sync: cuda.core refuses sync()
     on a device that was never made current in the thread."""
+    import cuda.core
+
     import conftest
 
     install(monkeypatch)
-    from cuda.core import Device
-
-    with pytest.raises(Exception, match="not yet initialized"):
-        Device().sync()
+    monkeypatch.setattr(cuda.core, "Device", cuda_standin.FakeDevice)  # the helper calls cuda.core itself
+    with pytest.raises(CUDAError, match="not yet initialized"):
+        cuda.core.Device().sync()
     conftest.device_sync()
 
 
 def test_the_stand_in_offers_only_what_cuda_core_and_the_driver_have(monkeypatch):
-    """Code that passes here must not lean on an API the real cuda.core or driver lacks (each
-    driver function the stand-in replaces exists: monkeypatch.setattr refuses a missing one)."""
+    """Code that passes here must not lean on an API the real cuda.core or driver lacks."""
     import cuda.core
+    from cuda.bindings import driver
 
-    install(monkeypatch)
+    api = install(monkeypatch).api()
+    assert sorted(n for n in vars(api.driver) if not hasattr(driver, n)) == []
+    assert all(hasattr(cuda.core, name) for name in api.__slots__ if name != "driver")
+    assert api.LaunchConfig is cuda.core.LaunchConfig  # the real argument packing
     real = {"FakeDevice": cuda.core.Device, "FakeStream": cuda.core.Stream, "FakeEvent": cuda.core.Event, "FakeObjectCode": cuda.core.ObjectCode}
     for fake_name, real_cls in real.items():
         fake = getattr(cuda_standin, fake_name)
         public = {n for n in dir(fake) if not n.startswith("_")} - fake.STANDIN_ONLY - {"STANDIN_ONLY"}
         assert public <= set(dir(real_cls)), (fake_name, public - set(dir(real_cls)))
+
+
+def test_use_gpu_starts_afresh_and_kernels_drop_plans_made_over_the_old_driver(fresh, monkeypatch, rt):
+    first = install(monkeypatch, rt)
+    saxpy = fresh()["saxpy"]
+    for _ in range(2):  # the checked path, then a fast-path plan holding first's loaded cubin
+        saxpy(1.0, DeviceArray.empty(first, (4096,)), DeviceArray.empty(first, (4096,)))
+    second = install(monkeypatch, rt, ccs=[(8, 6)])
+    for _ in range(2):
+        saxpy(1.0, DeviceArray.empty(second, (4096,)), DeviceArray.empty(second, (4096,)))
+    assert [launch.binary for launch in first.launches] == ["sm_90", "sm_90"]
+    assert [launch.binary for launch in second.launches] == ["sm_80", "sm_80"]  # loaded again, from second
+    assert second.calls["cuInit"] == 1 and second.refused == []
+
+
+def test_cubin_sm_reads_the_elf_header():
+    header = bytearray(64)
+    header[:4] = b"\x7fELF"
+    header[4], header[5], header[8] = 2, 1, 8
+    header[18:20] = (190).to_bytes(2, "little")
+    header[48:52] = (0x6005A04).to_bytes(4, "little")  # what NVRTC 13 writes for sm_90
+    assert cuda_standin.cubin_sm(bytes(header)) == 90
+    header[8] = 7  # before ABI version 8 the SM was in the low byte
+    assert cuda_standin.cubin_sm(bytes(header)) == 4
+    header[18:20] = (62).to_bytes(2, "little")  # x86-64
+    with pytest.raises(ValueError, match="EM_CUDA"):
+        cuda_standin.cubin_sm(bytes(header))
+    with pytest.raises(ValueError, match="not an ELF"):
+        cuda_standin.cubin_sm(b"//\n.version 9.0")

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from hatch_autotune.cache import CompileCache
+from hatch_autotune.build.cache import CompileCache
 from hatch_autotune.tuning import tune
 from hatch_autotune.tuning.worker import WorkerClient
 
@@ -57,16 +57,16 @@ def test_tune_through_the_real_worker_fails_rejects_kills_and_still_picks_a_veri
     )
     assert len(summary.tuned) == 1
     eid, entry = summary.tuned[0]
-    statuses = {(m["config"]["MODE"], m["config"]["BLOCK"]): m for m in entry["measurements"]}
+    statuses = {(m["config"]["MODE"], m["config"]["BLOCK"]): m for m in entry.measurements}
     for block in (64, 128, 256):
         oob, wrong, hang, ok = (statuses[(mode, block)] for mode in ("oob", "wrong", "hang", "ok"))
         assert oob["status"] == "failed" and "CUDA_ERROR_ILLEGAL_ADDRESS" in oob["reason"], oob
         assert wrong["status"] == "rejected" and "wrong result" in wrong["reason"], wrong
         assert hang["status"] == "failed" and "timed out after 4 s" in hang["reason"], hang
         assert ok["status"] in ("ok", "eliminated") and ok["samples"] >= 5, ok
-    assert entry["config"] == {"BLOCK": 256, "FACTOR": 2, "MODE": "ok"}  # the fastest that verified
+    assert entry.config == {"BLOCK": 256, "FACTOR": 2, "MODE": "ok"}  # the fastest that verified
     lock = json.loads((root / "autotune.lock.json").read_text())
-    assert lock["entries"][eid]["config"] == entry["config"] and lock["entries"][eid]["tuned"] is True
+    assert lock["entries"][eid]["config"] == entry.config and lock["entries"][eid]["tuned"] is True
     assert lock["entries"][eid]["provenance"]["gpu"] == "Stand-in GPU 0 (sm_90)"
     print("\n".join(logs))
-    print(json.dumps(entry["measurements"], indent=None))
+    print(json.dumps(list(entry.measurements), indent=None))

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from hatch_autotune.cache import CompileCache
-from hatch_autotune.compile import Resources
-from hatch_autotune.config import SearchSpec, TuningSpec
-from hatch_autotune.lock import LockFile
+from hatch_autotune.build.cache import CompileCache
+from hatch_autotune.build.compile import Resources
+from hatch_autotune.spec.config import SearchSpec, TuningSpec
+from hatch_autotune.build.lock import LockFile
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.bench import median, next_step, spread
-from hatch_autotune.tuning.tuner import Measurement, choose_winner, needs_tuning, prune, search_order
+from hatch_autotune.tuning.tuner import Measurement, choose_winner, prune, search_order
 from hatch_autotune.tuning.verify import compare, poison, tolerance
 from hatch_autotune.tuning.worker import WorkerClient, WorkerDied
 
@@ -96,15 +96,6 @@ def test_search_order():
     assert sample == search_order(100, 7, SearchSpec("random", budget=10, seed=1), salt="e")  # reproducible
     assert sample != search_order(100, 7, SearchSpec("random", budget=10, seed=2), salt="e")
     assert search_order(3, 0, SearchSpec("random", budget=10)) == [0, 1, 2]
-
-
-def test_needs_tuning_only_for_missing_or_stale():
-    lock = LockFile(entries={"a": {"checksum": "c1", "config": {}, "tuned": True}, "b": {"checksum": "c2", "config": {}, "tuned": False}})
-    assert not needs_tuning(lock, "a", "c1", "tune")
-    assert needs_tuning(lock, "a", "c1", "retune")
-    assert needs_tuning(lock, "a", "changed", "tune")
-    assert needs_tuning(lock, "b", "c2", "tune")  # an untuned entry is not a result
-    assert needs_tuning(lock, "missing", "x", "tune")
 
 
 def test_verification():
@@ -267,7 +258,7 @@ def test_devices_of_another_arch_are_not_used(tmp_path):
 
 
 def test_the_real_worker_speaks_the_protocol_without_a_gpu():
-    from hatch_autotune.pipeline import detect_gpu_arch
+    from hatch_autotune.build.devices import detect_gpu_arch
 
     real = WorkerClient()  # python -m hatch_autotune.tuning.worker
     try:

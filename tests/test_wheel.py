@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from hatch_autotune.runtime import cubin_sm, parse_arch
+from hatch_autotune.runtime import parse_arch
+from cuda_standin import cubin_sm
 
-from conftest import EXAMPLE, ROOT
+from conftest import EXAMPLE, pip_constraints
 
 pytestmark = pytest.mark.slow
 
@@ -31,32 +32,52 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return proc
 
 
-@pytest.fixture(scope="module")
-def plugin_dist(tmp_path_factory) -> Path:
-    """hatch-autotune as a wheel, built from this checkout the way a release would be."""
-    src = tmp_path_factory.mktemp("plugin-src")
-    shutil.copytree(ROOT, src, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", ".venv", "dist", "__pycache__", "example_pkg", "tests"))
-    dist = tmp_path_factory.mktemp("plugin-dist")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)])
-    assert len(list(dist.glob("hatch_autotune-*.whl"))) == 1
-    return dist
-
-
-def pip_wheel_example(plugin_dist: Path, out: Path, cache: Path, src: Path) -> tuple[Path, str]:
-    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("dist", "kernels", "__pycache__"))
-    env = {**os.environ, "HATCH_AUTOTUNE_CACHE_DIR": str(cache), "PIP_FIND_LINKS": str(plugin_dist)}
+def pip_env(plugin_dist: Path, cache: Path, tmp: Path) -> dict[str, str]:
+    """pip finds hatch-autotune in `plugin_dist`; its build environments get this environment's
+    hatchling and NVRTC (so that a build here and one in isolation agree, and share the cache)."""
+    env = {
+        **os.environ,
+        "HATCH_AUTOTUNE_CACHE_DIR": str(cache),
+        "PIP_FIND_LINKS": str(plugin_dist),
+        "PIP_CONSTRAINT": str(pip_constraints(tmp / "constraints.txt")),
+    }
     env.pop("HATCH_AUTOTUNE_MODE", None)
-    proc = run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(out), str(src)], env=env)
+    return env
+
+
+def copy_example(dest: Path) -> Path:
+    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("dist", "kernels", "__pycache__"))
+    return dest
+
+
+def pip_wheel_example(env: dict, out: Path, src: Path, isolated: bool = True) -> tuple[Path, str]:
+    copy_example(src)
+    flags = [] if isolated else ["--no-build-isolation"]  # no isolation: this environment's hatchling and hatch-autotune
+    proc = run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", *flags, "-w", str(out), str(src)], env=env)
     wheels = list(out.glob("example_pkg-*.whl"))
     assert len(wheels) == 1
     return wheels[0], proc.stdout + proc.stderr
 
 
+def fresh_venv(path: Path) -> Path:
+    """A virtual environment without pip (pip runs from here with --python: seconds faster)."""
+    run([sys.executable, "-m", "venv", "--without-pip", str(path)])
+    return path / "bin" / "python"
+
+
+def pip_into(py: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", *args], env=env)
+
+
 @pytest.fixture(scope="module")
 def example_wheels(plugin_dist, session_cache, tmp_path_factory):
+    """example_pkg built twice from one lock file, in two source trees: as a user builds it (pip,
+    build isolation, hatch-autotune from its wheel), then without isolation (hatch-autotune of
+    this checkout) from the compile cache the first build filled."""
     tmp = tmp_path_factory.mktemp("example")
-    first, log1 = pip_wheel_example(plugin_dist, tmp / "out1", session_cache, tmp / "src1")
-    second, log2 = pip_wheel_example(plugin_dist, tmp / "out2", session_cache, tmp / "src2")
+    env = pip_env(plugin_dist, session_cache, tmp)
+    first, log1 = pip_wheel_example(env, tmp / "out1", tmp / "src1")
+    second, log2 = pip_wheel_example(env, tmp / "out2", tmp / "src2", isolated=False)
     return first, second, log1, log2
 
 
@@ -127,10 +148,8 @@ CHECK_SCRIPT = textwrap.dedent(
 
 
 def test_installs_and_selects_in_a_fresh_runtime_only_venv(example_wheels, tmp_path):
-    venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", str(venv)])
-    py = venv / "bin" / "python"
-    run([str(py), "-m", "pip", "install", "-q", str(example_wheels[0])])
+    py = fresh_venv(tmp_path / "venv")
+    pip_into(py, str(example_wheels[0]))
     proc = run([str(py), "-c", CHECK_SCRIPT], cwd=tmp_path)
     out = json.loads(proc.stdout)
     assert out["absent"] == ["hatch_autotune", "jinja2", "hatchling"]
@@ -160,20 +179,21 @@ def test_installs_and_selects_in_a_fresh_runtime_only_venv(example_wheels, tmp_p
 
 
 def test_editable_install_generates_in_tree(plugin_dist, session_cache, tmp_path):
-    src = tmp_path / "example"
-    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("dist", "kernels", "__pycache__"))
-    venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", str(venv)])
-    py = venv / "bin" / "python"
-    env = {**os.environ, "HATCH_AUTOTUNE_CACHE_DIR": str(session_cache), "PIP_FIND_LINKS": str(plugin_dist)}
-    run([str(py), "-m", "pip", "install", "-q", "-e", str(src)], env=env)
+    src = copy_example(tmp_path / "example")
+    py = fresh_venv(tmp_path / "venv")
+    env = pip_env(plugin_dist, session_cache, tmp_path)
+    pip_into(py, "-e", str(src), env=env)  # build isolation, hatch-autotune from its wheel
     generated = src / "src" / "example_pkg" / "kernels"
     assert (generated / "table.json").is_file() and (generated / ".gitignore").read_text().endswith("*\n")
     proc = run([str(py), "-c", "from example_pkg import kernels; print(kernels.sgemm.select(arch='sm_90', m=1, n=1, k=1).bucket)"], cwd=tmp_path)
     assert proc.stdout.strip() == "{'m': 256, 'n': 256, 'k': 256}"
     # A regular wheel built from the same tree would pack the in-tree copy a second time: refused.
     wheel = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path / "w"), str(src)], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "w"), str(src)],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert wheel.returncode != 0
     assert "holds the generated package of an editable install" in wheel.stdout + wheel.stderr
+    assert not (tmp_path / "w").exists() or not list((tmp_path / "w").glob("*.whl"))

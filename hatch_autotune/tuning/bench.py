@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..config import TuningSpec
+from ..runtime import check_cuda, cuda_api
+from ..spec.config import TuningSpec
 
 BATCH = 5  # repetitions between host synchronisations
 STABLE_REPS = 20  # with this many samples, a spread under STABLE_SPREAD ends timing early
@@ -53,44 +54,29 @@ class Timing:
     samples: tuple[float, ...]
     eliminated: bool
 
-    @property
-    def median_ms(self) -> float:
-        return median(self.samples)
-
-    @property
-    def spread_ms(self) -> float:
-        return spread(self.samples)
-
 
 class GpuTimer:
-    """Times launches on one device with CUDA events (GPU only; used by the worker)."""
+    """Times launches on one device with CUDA events (GPU only; used by the worker). Its CUDA
+    calls go through the runtime's API, so a stand-in driver reaches them too."""
 
     def __init__(self, device_id: int, flush_l2: bool):
-        from cuda.bindings import driver
-        from cuda.core import Device, EventOptions
-
-        self.device = Device(device_id)
+        cuda = cuda_api()
+        self.device = cuda.Device(device_id)
         self.device.set_current()
         self.stream = self.device.create_stream()
-        self._event_options = EventOptions(timing_enabled=True)
-        self._driver = driver
+        self._event_options = cuda.EventOptions(timing_enabled=True)
+        self._driver = cuda.driver
         self._flush_ptr = None
         self._flush_bytes = 0
         if flush_l2:
             l2 = int(self.device.properties.l2_cache_size)
             self._flush_bytes = max(2 * l2, 1 << 20)
-            err, ptr = driver.cuMemAlloc(self._flush_bytes)
-            _ok(driver, err, "cuMemAlloc (L2 flush buffer)")
-            self._flush_ptr = ptr
-
-    @property
-    def stream_handle(self) -> int:
-        return int(self.stream.handle)
+            self._flush_ptr = check_cuda(self._driver.cuMemAlloc(self._flush_bytes), "cuMemAlloc (L2 flush buffer)")
 
     def flush(self) -> None:
         if self._flush_ptr is not None:
-            (err,) = self._driver.cuMemsetD8Async(self._flush_ptr, 0, self._flush_bytes, self.stream.handle)
-            _ok(self._driver, err, "cuMemsetD8Async (L2 flush)")
+            result = self._driver.cuMemsetD8Async(self._flush_ptr, 0, self._flush_bytes, self.stream.handle)
+            check_cuda(result, "cuMemsetD8Async (L2 flush)")
 
     def time(self, launch: Callable[[Any], None], settings: TuningSpec, leader_ms: float | None) -> Timing:
         for _ in range(settings.warmup):
@@ -110,13 +96,3 @@ class GpuTimer:
             stop, eliminated = next_step(samples, settings, leader_ms)
             if stop:
                 return Timing(tuple(samples), eliminated)
-
-    def close(self) -> None:
-        if self._flush_ptr is not None:
-            self._driver.cuMemFree(self._flush_ptr)
-            self._flush_ptr = None
-
-
-def _ok(driver: Any, err: Any, what: str) -> None:
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{what} failed: {err}")

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import __version__
-from .. import compile as compile_mod
-from ..cache import CompileCache, default_cache_dir
-from ..config import KernelSpec, ProjectSpec, SearchSpec, TuningSpec
-from ..lock import LockFile, NvrtcPolicy, entries_for
-from ..package import kernel_json
+from ..build import compile as compile_mod
+from ..build.cache import CompileCache, default_cache_dir
+from ..build.devices import Gpu, detect_gpus
+from ..build.lock import LockEntry
+from ..build.plan import Instance, Plan, Point, make_plan, resolve_archs
+from ..build.table import kernel_json
 from ..errors import BuildError
-from ..pipeline import Gpu, detect_gpus, resolve_archs
-from ..render import Variant, render_kernel
+from ..spec.config import ProjectSpec, SearchSpec, TuningSpec
 from .bench import median, spread
 from .inputs import bucket_inputs, reference_outputs
 from .verify import tolerance
@@ -129,17 +129,13 @@ def choose_winner(measurements: Sequence[Measurement], default_index: int) -> Me
     return min(tied, key=lambda m: m.index)
 
 
-def needs_tuning(lock: LockFile, eid: str, checksum: str, mode: str, policy: NvrtcPolicy | None = None) -> bool:
-    """Only entries a build could not use (lock.problem: missing, stale, or refused by
-    exact-nvrtc) are tuned, except in `retune`, which redoes them all."""
-    return mode == "retune" or lock.valid(eid, checksum, policy) is None
-
-
 @dataclass(frozen=True)
 class TuningPlan:
-    """The target archs this machine tunes (each has a device here), and what it warns about."""
+    """The target archs this machine tunes (each has a device here), all the target archs, and
+    what it warns about."""
 
     archs: tuple[str, ...]
+    targets: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
 
@@ -164,7 +160,7 @@ def plan_tuning(project: ProjectSpec, gpus: Sequence[Gpu], mode: str) -> TuningP
     if not archs:
         why = f"no GPU here is of a target arch ({', '.join(targets)}); devices: {', '.join(map(_device, gpus))}"
         if mode == "auto":
-            return TuningPlan((), (f"{why}; not tuning",))
+            return TuningPlan((), targets, (f"{why}; not tuning",))
         raise TuningError(f"{why}; add their arch to `archs` or tune on a builder with such a GPU")
     warnings = []
     missing = [a for a in targets if a not in here]
@@ -178,7 +174,7 @@ def plan_tuning(project: ProjectSpec, gpus: Sequence[Gpu], mode: str) -> TuningP
             f"device{'' if one else 's'} {', '.join(map(_device, others))} {'is' if one else 'are'} not of a target arch "
             f"({', '.join(targets)}): not tuning on {'it' if one else 'them'}"
         )
-    return TuningPlan(archs, tuple(warnings))
+    return TuningPlan(archs, targets, tuple(warnings))
 
 
 # ---- the engine --------------------------------------------------------------------------
@@ -186,36 +182,49 @@ def plan_tuning(project: ProjectSpec, gpus: Sequence[Gpu], mode: str) -> TuningP
 
 @dataclass
 class BucketJob:
-    spec: KernelSpec
-    tkey: str
-    types: dict[str, str]
-    variants: list[Variant]
-    point: tuple[int, ...]
-    eid: str
-    checksum: str
+    """One point to tune, with its type instance and (once compiled) every candidate's binary."""
+
+    inst: Instance
+    point: Point
     results: list[compile_mod.CompileResult] = field(default_factory=list)
 
     @property
+    def spec(self) -> Any:  # KernelSpec
+        return self.inst.spec
+
+    @property
+    def variants(self) -> list[Any]:  # list[Variant]
+        return self.inst.variants
+
+    @property
+    def types(self) -> dict[str, str]:
+        return self.inst.types
+
+    @property
+    def eid(self) -> str:
+        return self.point.eid
+
+    @property
     def key(self) -> dict[str, int]:
-        return dict(zip((k.name for k in self.spec.key), self.point))
+        return self.point.id.bucket
 
 
 @dataclass
 class TuneSummary:
-    tuned: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (entry id, lock entry)
+    tuned: list[tuple[str, LockEntry]] = field(default_factory=list)  # (entry id, lock entry)
     skipped: int = 0  # entries whose lock entry was still valid
 
     def table(self) -> str:
         rows = [("entry", "winner", "ms", "vs default", "measured", "rejected/failed")]
         for eid, e in self.tuned:
-            ms = e["measurements"]
-            win = next((m for m in ms if m["config"] == e["config"] and "median_ms" in m), None)
-            speedup = f"{e['default_ms'] / win['median_ms']:.2f}x" if win and e.get("default_ms") else "-"
+            ms = e.measurements
+            win = e.winner_ms
+            speedup = f"{e.default_ms / win:.2f}x" if win and e.default_ms else "-"
             rows.append(
                 (
                     eid,
-                    ",".join(f"{k}={v}" for k, v in e["config"].items()),
-                    f"{win['median_ms']:.4f}" if win else "-",
+                    ",".join(f"{k}={v}" for k, v in e.config.items()),
+                    f"{win:.4f}" if win else "-",
                     speedup,
                     str(sum(m["status"] in ("ok", "eliminated") for m in ms)),
                     str(sum(m["status"] in ("rejected", "failed") for m in ms)),
@@ -302,13 +311,13 @@ def _kernel_json(job: BucketJob) -> dict[str, Any]:
     return {**kernel_json(job.spec), "variants": {v.id: {"config": v.config_dict} for v in job.variants}}
 
 
-def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: Log) -> dict[str, Any]:
+def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: Log, compiler: str) -> LockEntry:
     """Measure one bucket's configs in the worker and return its lock entry."""
     import numpy as np
 
     spec, settings = job.spec, session.settings
-    configs = [v.config_dict for v in job.variants]
-    default_index = configs.index(dict(spec.default))
+    configs = job.inst.configs
+    default_index = job.inst.default_index
     inputs = bucket_inputs(spec, job.types, job.key, root, seed=zlib.crc32(job.eid.encode()))
     arrays = {k: v for k, v in inputs.items() if isinstance(v, np.ndarray)}
     scalars = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in inputs.items() if not isinstance(v, np.ndarray)}
@@ -406,16 +415,16 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
         f"{counts['pruned']} pruned; best {winner.config} {winner.median_ms:.4f} ms"
         + (f" ({default_ms / winner.median_ms:.2f}x the default)" if default_ms else "")
     )
-    return {
-        "checksum": job.checksum,
-        "config": winner.config,
-        "index": winner.index,
-        "tuned": True,
-        "default": dict(spec.default),
-        "default_ms": round(default_ms, 6) if default_ms else None,
-        "measurements": [m.to_json() for m in ordered],
-        "provenance": provenance(info, compile_mod.nvrtc_version()),
-    }
+    return LockEntry(
+        checksum=job.point.checksum,
+        config=winner.config,
+        tuned=True,
+        index=winner.index,
+        default=dict(spec.default),
+        default_ms=round(default_ms, 6) if default_ms else None,
+        measurements=tuple(m.to_json() for m in ordered),
+        provenance=provenance(info, compiler),
+    )
 
 
 def tune(
@@ -428,11 +437,14 @@ def tune(
     client_factory: Callable[[int], WorkerClient] | None = None,
     cache: CompileCache | None = None,
     gpus: Sequence[Gpu] | None = None,
+    plan: Plan | None = None,
 ) -> TuneSummary:
     """Tune the stale (or, in `retune`, all) entries of `project` for every target arch that has
     a device here (plan_tuning; in `auto`, none is not an error), or only for `gpu_arch`, and
     write them into its lock file as each bucket finishes. `gpus`: this machine's devices when
-    the caller has detected them already (the build hook), else detected here."""
+    the caller has detected them already (the build hook), else detected here. `plan`: the
+    build's plan (the tuned entries land in its lock, so the build that follows uses them
+    without rendering or reading anything again), else one made here."""
     if mode == "offline":
         raise TuningError("mode 'offline' never touches a GPU; use mode 'tune' or 'retune' to tune")
     unknown = sorted(set(kernels or []) - set(project.kernels))
@@ -440,52 +452,34 @@ def tune(
         raise TuningError(f"no kernel named {', '.join(unknown)}; kernels: {', '.join(project.kernels)}")
     gpus = detect_gpus() if gpus is None else gpus
     if gpu_arch is None:
-        plan = plan_tuning(project, gpus, mode)
-        for w in plan.warnings:
+        tuning = plan_tuning(project, gpus, mode)
+        for w in tuning.warnings:
             log(f"warning: {w}")
+        targets = tuning.targets
     else:
         targets = project.archs or (gpu_arch,)
         if gpu_arch not in targets:
             raise TuningError(f"the GPU here is {gpu_arch} but the project's archs are {', '.join(targets)}; add {gpu_arch} to `archs`")
-        plan = TuningPlan((gpu_arch,))
+        tuning = TuningPlan((gpu_arch,), targets)
     summary = TuneSummary()
-    if not plan.archs:
+    if not tuning.archs:
         return summary
     cache = cache or CompileCache(default_cache_dir())
-    compiler = compile_mod.nvrtc_version()
-    policy = NvrtcPolicy(compiler, project.exact_nvrtc)
-    lock = LockFile.load(project.lock_file)
-    for w in lock.warnings:
-        log(f"warning: {w}")
-
-    rendered = {name: render_kernel(spec) for name, spec in project.kernels.items() if not kernels or name in kernels}
-    per_arch: list[tuple[str, list[list[BucketJob]]]] = []
-    for arch in plan.archs:
-        groups: list[list[BucketJob]] = []
-        for name, by_types in rendered.items():
-            spec = project.kernels[name]
-            for tkey, variants in by_types.items():
-                types = variants[0].types_dict if variants else {}
-                hashes = [v.source_hash for v in variants]
-                jobs = []
-                for e in entries_for(spec, tkey, hashes, arch):
-                    if needs_tuning(lock, e.eid, e.checksum, mode, policy):
-                        jobs.append(BucketJob(spec, tkey, types, variants, e.point, e.eid, e.checksum))
-                    else:
-                        summary.skipped += 1
-                if jobs:
-                    groups.append(jobs)
-        if groups:
-            per_arch.append((arch, groups))
+    if plan is None:
+        plan = make_plan(project, targets, log=log)
+    todo, summary.skipped = plan.to_tune(tuning.archs, mode, kernels)
     if summary.skipped:
         log(f"tuning: {summary.skipped} entr(y/ies) still valid in {project.lock_file.name}; not re-tuned")
     factory = client_factory or (lambda device: WorkerClient())
-    for arch, groups in per_arch:
+    for arch in tuning.archs:
+        groups = [[BucketJob(inst, p) for p in points] for a, inst, points in todo if a == arch]
+        if not groups:
+            continue
         # none detected (a stand-in worker, or a driver that would not say): device 0, whose worker says what it is
         devices = [g.ordinal for g in gpus if g.arch == arch] or [0]
-        log(f"tuning {arch} on device{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))} (NVRTC {compiler}), mode {mode}")
-        _tune_arch(arch, groups, [_Session(factory(d), d, project.tuning) for d in devices], project, cache, lock, summary, log)
-    if per_arch:
+        log(f"tuning {arch} on device{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))} (NVRTC {plan.compiler}), mode {mode}")
+        _tune_arch(arch, groups, [_Session(factory(d), d, project.tuning) for d in devices], plan, cache, summary, log)
+    if todo:
         log("tuning summary:\n" + summary.table())
     return summary
 
@@ -494,9 +488,8 @@ def _tune_arch(
     arch: str,
     groups: list[list[BucketJob]],
     sessions: list[_Session],
-    project: ProjectSpec,
+    plan: Plan,
     cache: CompileCache,
-    lock: LockFile,
     summary: TuneSummary,
     log: Log,
 ) -> None:
@@ -505,11 +498,9 @@ def _tune_arch(
 
     def produce() -> None:
         for jobs in groups:
-            spec = jobs[0].spec
+            inst = jobs[0].inst
             try:
-                results = compile_mod.compile_all(
-                    [compile_mod.CompileJob(v.source, arch, spec.entry, spec.nvrtc_options, v.label) for v in jobs[0].variants], cache
-                )
+                results = compile_mod.compile_all([inst.compile_job(i, arch) for i in range(len(inst.variants))], cache)
             except Exception as exc:  # surfaced by the consumer
                 compiled.put(exc)
                 return
@@ -527,9 +518,9 @@ def _tune_arch(
                     raise item
                 jobs: list[BucketJob] = item
                 if not any(r.ok for r in jobs[0].results):
-                    raise TuningError(f"every variant of {jobs[0].eid.rsplit('|', 1)[0]} failed to compile: {jobs[0].results[0].log}")
-                log(f"tuning {jobs[0].spec.name} ({jobs[0].tkey}): {len(jobs)} bucket(s) x {len(jobs[0].variants)} configs on {len(sessions)} GPU(s)")
-                _run_jobs(jobs, sessions, project, Path(tmpdir), lock, summary, log)
+                    raise TuningError(f"every variant of {jobs[0].point.id.instance} failed to compile: {jobs[0].results[0].log}")
+                log(f"tuning {jobs[0].spec.name} ({jobs[0].inst.types_key}): {len(jobs)} bucket(s) x {len(jobs[0].variants)} configs on {len(sessions)} GPU(s)")
+                _run_jobs(jobs, sessions, plan, Path(tmpdir), summary, log)
     finally:
         for s in sessions:
             s.client.close()
@@ -551,7 +542,7 @@ def _matching_sessions(sessions: list[_Session], gpu_arch: str, log: Log) -> lis
     return keep
 
 
-def _run_jobs(jobs: list[BucketJob], sessions: list[_Session], project: ProjectSpec, tmp: Path, lock: LockFile, summary: TuneSummary, log: Log) -> None:
+def _run_jobs(jobs: list[BucketJob], sessions: list[_Session], plan: Plan, tmp: Path, summary: TuneSummary, log: Log) -> None:
     """Spread a group's buckets over the devices, one worker per device; save after each bucket."""
     pending: queue.Queue = queue.Queue()
     for j in jobs:
@@ -568,13 +559,13 @@ def _run_jobs(jobs: list[BucketJob], sessions: list[_Session], project: ProjectS
             except queue.Empty:
                 return
             try:
-                entry = tune_bucket(session, job, project.root, workdir, log)
+                entry = tune_bucket(session, job, plan.project.root, workdir, log, plan.compiler)
             except BaseException as exc:  # noqa: BLE001 - reported once, below
                 errors.append(exc)
                 return
             with save_lock:
-                lock.entries[job.eid] = entry
-                lock.save(project.lock_file)
+                plan.lock.entries[job.eid] = entry
+                plan.lock.save(plan.project.lock_file)
                 summary.tuned.append((job.eid, entry))
 
     threads = [threading.Thread(target=drive, args=(s, i)) for i, s in enumerate(sessions)]

@@ -25,6 +25,8 @@ import tempfile
 import threading
 from typing import Any
 
+from ..runtime import Binaries, CudaApi, CudaCallError, Kernel, check_cuda, cuda_api
+
 
 class WorkerDied(RuntimeError):
     """The worker crashed, hung past its timeout, or reported a fatal CUDA error."""
@@ -149,6 +151,8 @@ class WorkerClient:
 
 
 # ---- the child process (GPU) ------------------------------------------------------------
+# Every CUDA call here goes through the runtime's CudaApi (`cuda_api()`), so that a stand-in
+# driver set with `runtime.use_gpu` reaches the worker too, and every result through check_cuda.
 
 
 class _DeviceArray:
@@ -157,8 +161,7 @@ class _DeviceArray:
     def __init__(self, driver: Any, host: Any):
         self._driver = driver
         self.nbytes = max(int(host.nbytes), 1)
-        err, self.ptr = driver.cuMemAlloc(self.nbytes)
-        _check(driver, err, "cuMemAlloc")
+        self.ptr = check_cuda(driver.cuMemAlloc(self.nbytes), "cuMemAlloc")
         self.shape, self.dtype = host.shape, host.dtype
         self.__cuda_array_interface__ = {
             "shape": tuple(host.shape),
@@ -170,60 +173,67 @@ class _DeviceArray:
 
     def upload(self, host: Any) -> None:
         if host.nbytes:
-            (err,) = self._driver.cuMemcpyHtoD(self.ptr, host.ctypes.data, host.nbytes)
-            _check(self._driver, err, "cuMemcpyHtoD")
+            check_cuda(self._driver.cuMemcpyHtoD(self.ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
 
     def download(self) -> Any:
         import numpy as np
 
         out = np.empty(self.shape, self.dtype)
         if out.nbytes:
-            (err,) = self._driver.cuMemcpyDtoH(out.ctypes.data, self.ptr, out.nbytes)
-            _check(self._driver, err, "cuMemcpyDtoH")
+            check_cuda(self._driver.cuMemcpyDtoH(out.ctypes.data, self.ptr, out.nbytes), "cuMemcpyDtoH")
         return out
 
     def free(self) -> None:
-        self._driver.cuMemFree(self.ptr)
-
-
-def _check(driver: Any, err: Any, what: str) -> None:
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise _Fatal(f"{what} failed: {err.name if hasattr(err, 'name') else err}")
+        check_cuda(self._driver.cuMemFree(self.ptr), "cuMemFree")
 
 
 class _Fatal(RuntimeError):
     """A CUDA error after which this process's context cannot be trusted."""
 
 
+class _Cubins(Binaries):
+    """The worker's binaries: one cubin per variant (files the tuner wrote), for its device's arch."""
+
+    def __init__(self, files: dict[str, str], arch: str):
+        self.files, self.arch = files, arch
+        self.cubin_archs = [arch]
+
+    def binary_for(self, cc: tuple[int, int]) -> tuple[str, str]:
+        return self.arch, self.arch
+
+    def read(self, kernel: Kernel, variant: str, binary: str) -> bytes:
+        with open(self.files[variant], "rb") as f:
+            return f.read()
+
+
 class _WorkerState:
     def __init__(self) -> None:
-        from cuda.bindings import driver
-
-        self.driver = driver
+        self.cuda: CudaApi | None = None  # set by hello
+        self.arch = ""
         self.timer: Any = None
         self.bucket: dict[str, Any] | None = None
 
     def hello(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from cuda.core import Device
-
         from .bench import GpuTimer
 
-        device = Device(int(msg.get("device", 0)))
+        self.cuda = cuda = cuda_api()
+        device = cuda.Device(int(msg.get("device", 0)))
         device.set_current()
         props = device.properties
+        cc = tuple(device.compute_capability)
+        self.arch = f"sm_{cc[0]}{cc[1]}"
         self.timer = GpuTimer(device.device_id, bool(msg.get("flush_l2", True)))
-        err, version = self.driver.cuDriverGetVersion()
+        version = check_cuda(cuda.driver.cuDriverGetVersion(), "cuDriverGetVersion")
         return {
             "ok": True,
             "device": {
                 "name": device.name,
-                "cc": list(device.compute_capability),
+                "cc": list(cc),
                 "driver": f"{version // 1000}.{(version % 1000) // 10}",
                 "limits": {
                     "max_threads_per_block": int(props.max_threads_per_block),
                     "max_registers_per_block": int(props.max_registers_per_block),
                     "max_shared_memory_per_block": int(props.max_shared_memory_per_block),
-                    "max_shared_memory_per_block_optin": int(props.max_shared_memory_per_block_optin),
                 },
             },
         }
@@ -231,15 +241,16 @@ class _WorkerState:
     def setup(self, msg: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
 
-        from ..config import TuningSpec
-        from ..runtime import Kernel
+        from ..spec.config import TuningSpec
 
+        cuda = self._started()
         self._free()
         spec = dict(msg["kernel"], select={})
-        kernel = Kernel(msg["name"], spec, library=None)  # type: ignore[arg-type]
+        cubins = _Cubins(dict(msg["binaries"]), self.arch)
+        kernel = Kernel(msg["name"], spec, cubins)
         with np.load(msg["inputs"], allow_pickle=False) as data:
             host = {k: data[k] for k in data.files}
-        arrays = {name: _DeviceArray(self.driver, h) for name, h in host.items()}
+        arrays = {name: _DeviceArray(cuda.driver, h) for name, h in host.items()}
         outputs = [a["name"] for a in spec["args"] if a["kind"] == "array" and a["intent"] != "in"]
         reference = None
         if msg.get("reference"):
@@ -253,13 +264,18 @@ class _WorkerState:
             "outputs": outputs,
             "reference": reference,
             "tolerances": {k: tuple(v) for k, v in msg["tolerances"].items()},
-            "binaries": dict(msg["binaries"]),
+            "cubins": cubins,
             "types": dict(msg["types"]),
             "key": dict(msg["key"]),
             "settings": TuningSpec(**msg["settings"]),
             "handles": {},
         }
         return {"ok": True}
+
+    def _started(self) -> CudaApi:
+        if self.cuda is None:
+            raise RuntimeError("no device yet: the first request must be hello")
+        return self.cuda
 
     def _free(self) -> None:
         if self.bucket is not None:
@@ -269,34 +285,33 @@ class _WorkerState:
 
     def _launcher(self, vid: str) -> Any:
         """A function launching variant `vid` on a stream with the bucket's device arrays."""
-        from cuda.core import LaunchConfig, ObjectCode, launch
-
+        cuda = self._started()
         b = self.bucket
         assert b is not None
         kernel = b["kernel"]
         handle = b["handles"].get(vid)
         if handle is None:
-            with open(b["binaries"][vid], "rb") as f:
-                handle = ObjectCode.from_cubin(f.read()).get_kernel(kernel.entry)
-            b["handles"][vid] = handle
+            cubin = b["cubins"].read(kernel, vid, self.arch)
+            handle = b["handles"][vid] = cuda.ObjectCode.from_cubin(cubin).get_kernel(kernel.entry)
         config = kernel.variants[vid]["config"]
         grid, block, shared = kernel.geometry(config, b["types"], b["key"])
         call = kernel.prepare(**{**b["arrays"], **b["scalars"]})
-        launch_config = LaunchConfig(grid=grid, block=block, shmem_size=shared)
+        launch_config = cuda.LaunchConfig(grid=grid, block=block, shmem_size=shared)
+        launch = cuda.launch
         return lambda stream: launch(stream, launch_config, handle, *call.c_args)
 
     def _run_once(self, vid: str) -> dict[str, Any]:
         """Fresh inputs, poisoned outputs, one launch, outputs back on the host."""
         from .verify import poison
 
+        cuda = self._started()
         b = self.bucket
         assert b is not None
         for name, arr in b["arrays"].items():
             arr.upload(poison(b["host"][name]) if name in b["outputs"] and _intent(b, name) == "out" else b["host"][name])
         # cuMemcpyHtoD from pageable memory may return before the copy lands, and it is not ordered
         # with the timer's non-blocking stream: wait for it before the kernel reads or writes.
-        (err,) = self.driver.cuCtxSynchronize()
-        _check(self.driver, err, "cuCtxSynchronize after uploading inputs")
+        check_cuda(cuda.driver.cuCtxSynchronize(), "cuCtxSynchronize after uploading inputs")
         fn = self._launcher(vid)
         try:
             fn(self.timer.stream)
@@ -349,10 +364,14 @@ def main() -> None:
             if msg.get("op") not in OPERATIONS:
                 raise ValueError(f"unknown op {msg.get('op')!r}; expected one of {OPERATIONS}")
             reply = getattr(state, msg["op"])(msg)
-        except _Fatal as exc:
-            protocol.write(json.dumps({"ok": False, "fatal": True, "error": str(exc)}) + "\n")
-            protocol.flush()
-            os._exit(3)
+        except (_Fatal, CudaCallError) as exc:
+            if isinstance(exc, CudaCallError) and msg.get("op") == "hello":
+                # the device was never used: the tuner reports it (it cannot open the device)
+                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            else:  # an error on the bucket's context: its memory and kernels cannot be trusted
+                protocol.write(json.dumps({"ok": False, "fatal": True, "error": str(exc)}) + "\n")
+                protocol.flush()
+                os._exit(3)
         except Exception as exc:
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         protocol.write(json.dumps(reply) + "\n")

@@ -38,11 +38,13 @@ class AutotuneBuildHook(BuildHookInterface):
             return
         import os
 
-        from .cache import default_cache_dir, CompileCache
-        from .config import ConfigError, parse_project
-        from .package import module_relpath, write_package
-        from .errors import BuildError
-        from .pipeline import build_payload, detect_gpus
+        from ..build.cache import CompileCache, default_cache_dir
+        from ..build.devices import detect_gpus
+        from ..build.payload import module_relpath, write_package
+        from ..build.pipeline import build_payload
+        from ..build.plan import make_plan, resolve_archs
+        from ..errors import BuildError
+        from ..spec.config import ConfigError, parse_project
 
         root = Path(self.root)
         try:
@@ -52,11 +54,12 @@ class AutotuneBuildHook(BuildHookInterface):
         gpus = [] if project.mode == "offline" else detect_gpus()
         cache = CompileCache(default_cache_dir())
         try:
+            plan = make_plan(project, resolve_archs(project, gpus), log=self._say)
             if project.mode != "offline":  # tuning.plan_tuning decides what this machine tunes
-                from .tuning import tune
+                from ..tuning import tune
 
-                tune(project, mode=project.mode, log=self._say, cache=cache, gpus=gpus)
-            result = build_payload(project, cache=cache, log=self._say, gpus=gpus)
+                tune(project, mode=project.mode, log=self._say, cache=cache, gpus=gpus, plan=plan)
+            result = build_payload(project, cache=cache, log=self._say, plan=plan)
         except BuildError as exc:  # the tuner's errors come without the prefix the build's have
             raise SystemExit(f"hatch-autotune: {str(exc).removeprefix('hatch-autotune: ')}") from None
 
@@ -85,7 +88,7 @@ class AutotuneBuildHook(BuildHookInterface):
     def _write_in_tree(target: Path, project: Any, result: Any) -> None:
         """Write next to the old copy, then swap, so a failure never leaves a half-written,
         unmarked directory that the next `pip install -e` would refuse to replace."""
-        from .package import write_package
+        from ..build.payload import write_package
 
         fresh = target.with_name(f".{target.name}.hatch-autotune-new")
         write_package(fresh, project, result)  # empties `fresh` first

@@ -1,8 +1,8 @@
 """The tuning report: a self-contained HTML page (inline SVG, no script, no external resource,
 so it can be mailed, attached to a CI run or opened offline) and the same charts as PNGs.
 
-Charts are first built as data (`Chart`) from the entries, then drawn as SVG for the HTML or
-with matplotlib for the PNGs, so both outputs always show the same thing.
+Charts are first built as data (`Chart`) from the rows of a `Source` (model.py), then drawn as
+SVG for the HTML or with matplotlib for the PNGs, so both outputs always show the same thing.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
-from . import __version__
-
-if TYPE_CHECKING:
-    from .sources import Entry, Source
+from .. import __version__
+from ..build.lock import TIMED
+from .fmt import fmt_bucket, fmt_config, fmt_ms
+from .model import Row, Source, provenance_lines
 
 WINNER = "#2f9e44"  # the chosen config
 DEFAULT = "#f08c00"  # the kernel's default config
@@ -29,7 +29,6 @@ SLOWER = "#e03131"  # a winner slower than the default (should not happen; worth
 NEUTRAL = "#868e96"  # the default is the winner
 REGISTERS = "#5c7cfa"
 SHARED = "#be4bdb"
-TIMED = ("ok", "eliminated")
 
 Progress = Callable[[str], None]
 
@@ -61,21 +60,10 @@ class Chart:
     notes: list[str] = field(default_factory=list)  # under the chart: configs not timed, and why
 
 
-def _cfg(config: dict | None) -> str:
-    from .sources import fmt_config
-
-    return fmt_config(config)
+_cfg, _ms = fmt_config, fmt_ms
 
 
-def _ms(ms: float) -> str:
-    from .sources import fmt_ms
-
-    return fmt_ms(ms)
-
-
-def _where(e: "Entry", with_kernel: bool = False) -> str:
-    from .sources import fmt_bucket
-
+def _where(e: Row, with_kernel: bool = False) -> str:
     parts = ([e.kernel] if with_kernel else []) + ([e.types] if e.types != "-" else []) + [e.arch, fmt_bucket(e.bucket)]
     return " ".join(parts)
 
@@ -98,7 +86,7 @@ def _listing(items: Sequence[str], limit: int = 12) -> str:
 # Charts as data.
 
 
-def speedup_chart(kernel: str, rows: Sequence["Entry"], used: set[str]) -> Chart | None:
+def speedup_chart(kernel: str, rows: Sequence[Row], used: set[str]) -> Chart | None:
     timed = [e for e in rows if e.speedup is not None]
     if not timed:
         return None
@@ -125,9 +113,9 @@ def speedup_chart(kernel: str, rows: Sequence["Entry"], used: set[str]) -> Chart
     return chart
 
 
-def resources_chart(entries: Sequence["Entry"], used: set[str]) -> Chart | None:
-    seen: dict[tuple, "Entry"] = {}
-    for e in entries:
+def resources_chart(all_rows: Sequence[Row], used: set[str]) -> Chart | None:
+    seen: dict[tuple, Row] = {}
+    for e in all_rows:
         if e.resources:
             seen.setdefault((e.kernel, e.types, e.arch, e.variant or _cfg(e.config)), e)
     if not seen:
@@ -152,7 +140,7 @@ def resources_chart(entries: Sequence["Entry"], used: set[str]) -> Chart | None:
     )
 
 
-def times_chart(e: "Entry", used: set[str]) -> Chart | None:
+def times_chart(e: Row, used: set[str]) -> Chart | None:
     timed = [m for m in e.measurements if m.get("status") in TIMED and isinstance(m.get("median_ms"), (int, float))]
     if not timed:
         return None
@@ -188,12 +176,12 @@ def times_chart(e: "Entry", used: set[str]) -> Chart | None:
     )
 
 
-def build_charts(src: "Source") -> list[Chart]:
+def build_charts(src: Source) -> list[Chart]:
     """Winner-vs-default per kernel, resource usage, then every variant's time per bucket."""
     used: set[str] = set()
     groups = src.by_kernel()
     charts = [c for kernel, rows in groups if (c := speedup_chart(kernel, rows, used))]
-    if (c := resources_chart(list(src.entries.values()), used)) is not None:
+    if (c := resources_chart(list(src.rows.values()), used)) is not None:
         charts.append(c)
     for _, rows in groups:
         charts += [c for e in rows if (c := times_chart(e, used))]
@@ -309,29 +297,27 @@ def _figure(chart: Chart) -> str:
     return f'<figure id="fig-{_esc(chart.slug)}">\n{svg(chart)}\n' + (f"<ul>{notes}</ul>" if notes else "") + "</figure>"
 
 
-def _summary(src: "Source") -> str:
-    from .sources import provenance_lines
-
-    rows = []
-    for kernel, entries in src.by_kernel():
-        speedups = [e.speedup for e in entries if e.speedup is not None]
-        tuned = sum(e.tuned for e in entries)
+def _summary(src: Source) -> str:
+    table_rows = []
+    for kernel, rows in src.by_kernel():
+        speedups = [r.speedup for r in rows if r.speedup is not None]
+        tuned = sum(r.tuned for r in rows)
         med = f"{statistics.median(speedups):.2f}x" if speedups else "-"
         best = f"{max(speedups):.2f}x" if speedups else "-"
-        rows.append(
-            f'<tr><td><a href="#kernel-{_esc(kernel)}">{_esc(kernel)}</a></td><td class="num">{len(entries)}</td>'
-            f'<td class="num">{tuned}</td><td class="num">{len(entries) - tuned}</td><td class="num">{med}</td><td class="num">{best}</td></tr>'
+        table_rows.append(
+            f'<tr><td><a href="#kernel-{_esc(kernel)}">{_esc(kernel)}</a></td><td class="num">{len(rows)}</td>'
+            f'<td class="num">{tuned}</td><td class="num">{len(rows) - tuned}</td><td class="num">{med}</td><td class="num">{best}</td></tr>'
         )
-    lines = provenance_lines(list(src.entries.values())) + src.notes
+    lines = provenance_lines(list(src.rows.values())) + src.notes
     return (
         "<table><tr><th>kernel</th><th>entries</th><th>tuned</th><th>default</th><th>median speedup</th><th>best speedup</th></tr>"
-        + "".join(rows)
+        + "".join(table_rows)
         + "</table>"
         + "".join(f'<p class="note">{_esc(line)}</p>' for line in lines)
     )
 
 
-def render_html(src: "Source", charts: Sequence[Chart], *, title: str = "hatch-autotune report", progress: Progress = lambda s: None) -> str:
+def render_html(src: Source, charts: Sequence[Chart], *, title: str = "hatch-autotune report", progress: Progress = lambda s: None) -> str:
     """The whole report as one HTML string: no script, no link, no external resource."""
     figures = {}
     for c in charts:
@@ -348,7 +334,7 @@ def render_html(src: "Source", charts: Sequence[Chart], *, title: str = "hatch-a
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{_esc(title)}</h1>",
-        f'<p class="meta">{_esc(src.label)} ({_esc(src.kind)}) &middot; {len(src.entries)} entries, {len(charts)} charts '
+        f'<p class="meta">{_esc(src.label)} ({_esc(src.kind)}) &middot; {len(src.rows)} entries, {len(charts)} charts '
         f"&middot; hatch-autotune {__version__} &middot; {now}</p>",
         '<nav><a href="#summary">summary</a><a href="#speedup">winner vs default</a><a href="#resources">resources</a>'
         + "".join(f'<a href="#kernel-{_esc(k)}">{_esc(k)}</a>' for k in kernels)
@@ -365,12 +351,12 @@ def render_html(src: "Source", charts: Sequence[Chart], *, title: str = "hatch-a
         '<p class="missing">Not shown: lock files and projects carry no resource usage (registers, shared memory); '
         "pass the wheel (or its table.json) too, e.g. <code>hatch-autotune report autotune.lock.json dist/pkg.whl -o report.html</code>.</p>"
     ]
-    for kernel, entries in src.by_kernel():
+    for kernel, rows in src.by_kernel():
         parts.append(f'<h2 id="kernel-{_esc(kernel)}">{_esc(kernel)}: time of every variant</h2>')
         own = by_section.get(kernel, [])
         parts += [figures[c.slug] for c in own]
         charted = {c.title for c in own}
-        untimed = [_where(e) + f" ({'tuned' if e.tuned else 'default'} {_cfg(e.config)})" for e in entries if _where(e, True) not in charted]
+        untimed = [_where(e) + f" ({'tuned' if e.tuned else 'default'} {_cfg(e.config)})" for e in rows if _where(e, True) not in charted]
         if untimed:
             parts.append(f'<p class="note">No measurements for {len(untimed)} entr{"y" if len(untimed) == 1 else "ies"}: {_esc(_listing(untimed, 20))}</p>')
     parts.append("</body></html>\n")

@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
+from ..runtime import check_cuda
 from .cache import CompileCache
 
 BASE_OPTIONS = ("--std=c++17",)
@@ -133,16 +134,8 @@ def nvrtc_version() -> str:
     ensure_nvrtc()
     from cuda.bindings import nvrtc
 
-    err, major, minor = nvrtc.nvrtcVersion()
-    _check(err, "nvrtcVersion")
+    major, minor = check_cuda(nvrtc.nvrtcVersion(), "nvrtcVersion")
     return f"{major}.{minor}"
-
-
-def _check(err: object, what: str) -> None:
-    from cuda.bindings import nvrtc
-
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(f"{what} failed: {err}")
 
 
 _PTXAS_PATTERNS = {
@@ -176,36 +169,30 @@ def compile_one(job: CompileJob) -> tuple[bool, bytes | None, str]:
     ensure_nvrtc()
     from cuda.bindings import nvrtc
 
-    err, prog = nvrtc.nvrtcCreateProgram(job.source.encode(), f"{job.entry}.cu".encode(), 0, [], [])
-    _check(err, "nvrtcCreateProgram")
+    prog = check_cuda(nvrtc.nvrtcCreateProgram(job.source.encode(), f"{job.entry}.cu".encode(), 0, [], []), "nvrtcCreateProgram")
     try:
         opts = [o.encode() for o in job.full_options()]
+        # Not check_cuda: a compile error is a result (with its log), not an exception.
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         # Output buffers are bytearrays: NVRTC writes into them, and `b" " * 1` (an empty log) is
         # Python's shared one-byte object, which would then read b"\x00" in the whole process.
-        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        _check(err, "nvrtcGetProgramLogSize")
-        log_buf = bytearray(size)
-        nvrtc.nvrtcGetProgramLog(prog, log_buf)
+        log_buf = bytearray(check_cuda(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize"))
+        check_cuda(nvrtc.nvrtcGetProgramLog(prog, log_buf), "nvrtcGetProgramLog")
         log = log_buf.rstrip(b"\x00").decode(errors="replace").strip()
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             return False, None, log or str(result)
         if job.is_ptx:
-            err, size = nvrtc.nvrtcGetPTXSize(prog)
-            _check(err, "nvrtcGetPTXSize")
-            buf = bytearray(size)
-            nvrtc.nvrtcGetPTX(prog, buf)
+            buf = bytearray(check_cuda(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize"))
+            check_cuda(nvrtc.nvrtcGetPTX(prog, buf), "nvrtcGetPTX")
             binary = buf.rstrip(b"\x00")
         else:
-            err, size = nvrtc.nvrtcGetCUBINSize(prog)
-            _check(err, "nvrtcGetCUBINSize")
-            binary = bytearray(size)
-            nvrtc.nvrtcGetCUBIN(prog, binary)
+            binary = bytearray(check_cuda(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize"))
+            check_cuda(nvrtc.nvrtcGetCUBIN(prog, binary), "nvrtcGetCUBIN")
         if not binary:  # e.g. a compute_ arch asked for a cubin: NVRTC returns nothing, no error
             return False, None, f"{log}\nNVRTC produced an empty binary for {job.arch}".strip()
         return True, bytes(binary), log
     finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+        check_cuda(nvrtc.nvrtcDestroyProgram(prog), "nvrtcDestroyProgram")
 
 
 def compile_all(

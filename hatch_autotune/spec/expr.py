@@ -11,7 +11,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .runtime import FUNCTIONS, compile_expr, tree_names
+from ..runtime import FUNCTIONS, compile_expr, tree_names
 
 _BINOPS = {
     ast.Add: "+",

@@ -1,8 +1,10 @@
 """Content-addressed on-disk store for compiled binaries.
 
-An entry is `<key>.bin` (the binary) plus `<key>.json` (metadata with the binary's sha256),
-both written atomically (temp file + os.replace), the JSON last so that its presence commits
-the entry. A missing, truncated, corrupt or foreign entry is a miss, never an error.
+The store is `<root>/v<schema>/<first 2 hex of key>/`; an entry there is `<key>.bin` (the
+binary) plus `<key>.json` (metadata with the binary's sha256), both written atomically (temp
+file + os.replace), the JSON last so that its presence commits the entry. A missing, truncated,
+corrupt or foreign entry is a miss, never an error. Anything else in the store was not written
+here (`foreign_path`), and `clear` deletes nothing while it is there.
 """
 
 from __future__ import annotations
@@ -10,11 +12,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 CACHE_SCHEMA = 1
+
+# What `_paths` and `atomic_write` put in the store: <2 hex>/<64 hex>.json|.bin, and the temp
+# file `.<name>.<random>.tmp` of a write in progress (or one a killed process left behind).
+_SHARD = re.compile(r"[0-9a-f]{2}")
+_STORE_FILE = re.compile(r"([0-9a-f]{64}\.(json|bin)|\.[0-9a-f]{64}\.(json|bin)\.[^/]*\.tmp)")
 
 
 def default_cache_dir() -> Path:
@@ -85,6 +94,30 @@ class CompileCache:
             atomic_write(meta_path, json.dumps(record, sort_keys=True).encode())
         except OSError as exc:
             self.write_error = f"cannot write the compile cache at {self.root} ({exc}); going on without it"
+
+    def foreign_path(self) -> Path | None:
+        """The first path in the store that hatch-autotune did not write (the store itself when
+        it is a symbolic link or not a directory), or None: an absent store, or one holding only
+        entries and temp files. Never delete someone's files."""
+        if self.root.is_symlink() or (self.root.exists() and not self.root.is_dir()):
+            return self.root
+        if not self.root.exists():
+            return None
+        for d in self.root.iterdir():
+            if d.is_symlink() or not d.is_dir() or not _SHARD.fullmatch(d.name):
+                return d
+            for f in d.iterdir():
+                if f.is_symlink() or not f.is_file() or not _STORE_FILE.fullmatch(f.name):
+                    return f
+        return None
+
+    def clear(self) -> Path | None:
+        """Delete the store, unless `foreign_path` finds something hatch-autotune did not
+        write: then delete nothing and return that path."""
+        foreign = self.foreign_path()
+        if foreign is None and self.root.exists():
+            shutil.rmtree(self.root)
+        return foreign
 
     def info(self) -> tuple[int, int]:
         """(number of entries, total bytes) of the store."""

@@ -1,28 +1,21 @@
-"""The wheel payload: a generated package holding the module, the vendored runtime, the
-selection table (JSON) and only the binaries the table refers to.
-
-Everything written here is a pure function of the build result (no dates, no absolute paths,
-sorted JSON), so two builds from the same lock file give byte-identical wheels.
+"""The selection table's contents (runtime.py owns its schema, reader and byte layout): the
+kernels' declarations as the runtime reads them, and per type instance, arch and bucket the
+variant chosen, with the binaries it ships. `kernel_json` is also what the tuning worker reads.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
-from .config import ArgSpec, ProjectSpec
-from .errors import BuildError
-from .runtime import TABLE_FILE, TABLE_SCHEMA, sha256_hex
+from .. import __version__
+from ..errors import BuildError
+from ..runtime import TABLE_SCHEMA, sha256_hex
+from ..spec.config import ArgSpec, KernelSpec, ProjectSpec
 
-if TYPE_CHECKING:  # the pipeline's result types; package itself sits below the pipeline
+if TYPE_CHECKING:  # the pipeline's result types; the table sits below the pipeline
     from .pipeline import BuildResult, KernelBuild
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
-RUNTIME_SOURCE = Path(__file__).resolve().parent / "runtime.py"
 BINARY_DIR = "bin"
 
 
@@ -37,7 +30,7 @@ def _arg_json(a: ArgSpec) -> dict[str, Any]:
     return out
 
 
-def kernel_json(spec: Any) -> dict[str, Any]:
+def kernel_json(spec: KernelSpec) -> dict[str, Any]:
     """A kernel's declaration as the runtime reads it: entry, arguments, key, types, launch."""
     return {
         "entry": spec.entry,
@@ -102,61 +95,3 @@ def build_table(project: ProjectSpec, result: BuildResult) -> tuple[dict[str, An
         "kernels": {kb.spec.name: kernel_table(kb, result, files) for kb in result.kernels},
     }
     return table, files
-
-
-def _signature(spec: Any) -> str:
-    user_args = [a.name for a in spec.args if a.value is None]
-    return ", ".join(user_args)
-
-
-def module_docstring(project: ProjectSpec) -> str:
-    """The generated module's docstring, as a Python literal (repr), whatever a `doc` contains."""
-    lines = [
-        f"{project.module}: GPU kernels pre-tuned at build time by hatch-autotune {__version__}.",
-        "",
-        "Generated file; do not edit. Importing it touches no GPU and needs neither hatch-autotune nor",
-        "a CUDA compiler: the binaries were compiled and chosen when the wheel was built.",
-        "",
-        "Kernels:",
-    ]
-    for s in project.kernels.values():
-        lines.append(f"- {s.name}({_signature(s)}): {s.doc or '(no description)'}")
-        lines.append("  key: " + ", ".join(f"{k.name} in {list(k.buckets)}" for k in s.key))
-    return repr("\n".join(lines) + "\n")
-
-
-def render_module(project: ProjectSpec, table_sha256: str) -> str:
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(DATA_DIR)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    return env.get_template("generated_module.py.j2").render(
-        docstring=module_docstring(project), kernels=[{"name": s.name} for s in project.kernels.values()], table_sha256=table_sha256
-    )
-
-
-def write_package(out_dir: Path, project: ProjectSpec, result: BuildResult) -> list[str]:
-    """Write the generated package into out_dir (emptied first); return the relative paths written."""
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True)
-    table, files = build_table(project, result)
-    table_bytes = (json.dumps(table, sort_keys=True, indent=1) + "\n").encode()
-    files[TABLE_FILE] = table_bytes
-    files["_runtime.py"] = RUNTIME_SOURCE.read_bytes()
-    files["__init__.py"] = render_module(project, sha256_hex(table_bytes)).encode()
-    for rel, data in sorted(files.items()):
-        path = out_dir / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    return sorted(files)
-
-
-def module_relpath(module: str) -> str:
-    """'example_pkg.kernels' -> 'example_pkg/kernels' (the generated package's path in the wheel)."""
-    return module.replace(".", "/")

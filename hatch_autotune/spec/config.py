@@ -15,24 +15,26 @@ from typing import Any, Callable, Mapping
 
 from . import expr as expr_mod
 from .expr import Expr
-from .runtime import MAPPINGS, parse_arch
+from ..runtime import DTYPE_SIZES, MAPPINGS, parse_arch, type_sizes
 from .space import enumerate_configs
 
-# dtype name -> (C type used in templates, size in bytes). float16 maps to `at_half`, a
-# two-byte struct defined in templates/_dtypes.cuh (NVRTC ships no cuda_fp16.h).
-DTYPES: dict[str, tuple[str, int]] = {
-    "float16": ("at_half", 2),
-    "float32": ("float", 4),
-    "float64": ("double", 8),
-    "int8": ("signed char", 1),
-    "int16": ("short", 2),
-    "int32": ("int", 4),
-    "int64": ("long long", 8),
-    "uint8": ("unsigned char", 1),
-    "uint16": ("unsigned short", 2),
-    "uint32": ("unsigned int", 4),
-    "uint64": ("unsigned long long", 8),
+# dtype name -> C type used in templates. float16 maps to `at_half`, a two-byte struct defined
+# in templates/_dtypes.cuh (NVRTC ships no cuda_fp16.h).
+_CTYPES = {
+    "float16": "at_half",
+    "float32": "float",
+    "float64": "double",
+    "int8": "signed char",
+    "int16": "short",
+    "int32": "int",
+    "int64": "long long",
+    "uint8": "unsigned char",
+    "uint16": "unsigned short",
+    "uint32": "unsigned int",
+    "uint64": "unsigned long long",
 }
+# dtype name -> (C type, size in bytes); the sizes are the runtime's, which the wheel uses too.
+DTYPES: dict[str, tuple[str, int]] = {name: (ctype, DTYPE_SIZES[name]) for name, ctype in _CTYPES.items()}
 INTENTS = ("in", "out", "inout")
 MODES = ("auto", "offline", "tune", "retune")
 # hatchling's own keys in every build-hook table.
@@ -127,8 +129,9 @@ class KernelSpec:
         return out
 
     def type_env(self, types: Mapping[str, str]) -> dict[str, int]:
-        """Names that expressions may use for a type instance: `<T>_size` in bytes."""
-        return {f"{tp}_size": DTYPES[dt][1] for tp, dt in types.items()}
+        """Names that expressions may use for a type instance: `<T>_size` in bytes (the
+        runtime's own rule, so that the build and the wheel evaluate the same geometry)."""
+        return type_sizes(types)
 
     def configs(self, types: Mapping[str, str]) -> list[dict[str, Any]]:
         """The search space of one type instance, in canonical order."""
@@ -324,11 +327,11 @@ class _Table:
 
 def builtin_templates_dir() -> Path:
     """templates/ as shipped in the wheel (hatch_autotune/templates) or in a source checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "templates", here.parent / "templates"):
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "templates", package.parent / "templates"):
         if candidate.is_dir():
             return candidate
-    return here / "templates"
+    return package / "templates"
 
 
 def parse_project(table: Any, root: Path, path: str = DEFAULT_TABLE_PATH, env: Mapping[str, str] | None = None) -> ProjectSpec:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .config import DTYPES, KernelSpec, builtin_templates_dir
-from .errors import BuildError
-from .runtime import types_key
+from ..spec.config import DTYPES, KernelSpec, builtin_templates_dir
+from ..errors import BuildError
+from ..runtime import types_key
 
 
 class TemplateError(BuildError):

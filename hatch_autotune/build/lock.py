@@ -1,0 +1,368 @@
+"""The lock file (tuning database): per kernel, type instance, arch and bucket, the chosen config,
+every measurement, the provenance, and a checksum of everything that makes the entry valid.
+
+A package author tunes on a GPU builder and commits this file; a builder without a GPU then
+takes the winners from entries whose checksum still matches and produces the same wheel byte
+for byte. JSON with a schema version, sorted keys, atomic replace. A corrupt or foreign file is
+a warning and a miss, never a crash, never silently trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..errors import BuildError
+from ..spec.config import KernelSpec
+from .cache import atomic_write
+
+LOCK_SCHEMA = 1
+
+
+class LockFormatError(BuildError):
+    """A lock file or entry that a strict reader refuses; the message names the file and why."""
+
+
+_BUCKET_ITEM = re.compile(r"^([A-Za-z_]\w*)=(-?\d+)$")
+
+
+@dataclass(frozen=True)
+class EntryId:
+    """Where an entry sits in the lock: kernel, type instance, arch and bucket. Written as
+    'saxpy|T=float32|sm_90|n=4096' (readable, and sorts by kernel); `parse` is its one reader."""
+
+    kernel: str
+    types: str  # types key: 'T=float32', or '-' for a kernel without type parameters
+    arch: str
+    point: tuple[tuple[str, int], ...]  # the bucket, in key order: (('n', 4096),)
+
+    @classmethod
+    def of(cls, kernel: str, types: str, arch: str, bucket: Mapping[str, int]) -> "EntryId":
+        return cls(kernel, types, arch, tuple((k, int(v)) for k, v in bucket.items()))
+
+    @property
+    def bucket(self) -> dict[str, int]:
+        return dict(self.point)
+
+    @property
+    def instance(self) -> str:
+        """'saxpy|T=float32|sm_90': the type instance on an arch, for messages about all its buckets."""
+        return f"{self.kernel}|{self.types}|{self.arch}"
+
+    def __str__(self) -> str:
+        return f"{self.instance}|" + ",".join(f"{k}={v}" for k, v in self.point)
+
+    @classmethod
+    def parse(cls, text: Any) -> "EntryId":
+        parts = text.split("|") if isinstance(text, str) else []
+        if len(parts) == 4 and all(parts[:3]):
+            items = [_BUCKET_ITEM.match(item) for item in parts[3].split(",")]
+            if all(items):
+                return cls(parts[0], parts[1], parts[2], tuple((m.group(1), int(m.group(2))) for m in items if m))
+        raise LockFormatError(f"entry id {text!r} is not 'kernel|types|arch|dim=value,...'")
+
+
+def entry_checksum(
+    spec: KernelSpec,
+    types_key: str,
+    source_hashes: Sequence[str],
+    arch: str,
+    bucket: Mapping[str, int],
+) -> str:
+    """Hash of what a measurement and its winner depend on: the variant sources (so the template
+    and the space), the compile options, the arguments, how key dims are read, the launch
+    geometry, what verification compares against, the search, the arch and bucket.
+    Expressions enter as parsed trees, so reformatting one does not invalidate the lock; the
+    bucket mapping does not enter (it decides which bucket a call uses, not what was measured).
+    Nor does the NVRTC version: the dependency allows any 13.x, and a builder that resolved
+    another one must not lose every winner; NvrtcPolicy decides what a version change does."""
+    from .compile import CompileJob
+
+    blob = {
+        "kernel": spec.name,
+        "entry": spec.entry,
+        "types": types_key,
+        "sources": list(source_hashes),
+        "options": CompileJob("", arch, spec.entry, spec.nvrtc_options).full_options(),
+        "args": [[a.name, a.dtype, [e.tree for e in a.shape] if a.shape else None, a.intent, a.value.tree if a.value else None] for a in spec.args],
+        "key": [[k.name, k.source, k.axis] for k in spec.key],
+        "launch": [[e.tree for e in spec.grid], [e.tree for e in spec.block], spec.shared.tree],
+        "verification": [spec.reference, spec.inputs, list(spec.tolerance) if spec.tolerance else None],
+        "search": [spec.search.strategy, spec.search.budget, spec.search.seed],
+        "arch": arch,
+        "bucket": dict(bucket),
+    }
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+
+TIMED = ("ok", "eliminated")  # measurement statuses that carry a median time
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    """One tuned point: the winning config, every measurement, where it was measured, and the
+    checksum of what it depends on. `from_json` and `to_json` are its one reader and writer."""
+
+    checksum: str
+    config: Mapping[str, Any]
+    tuned: bool
+    index: int | None = None  # the winner's position in the canonical config list
+    default: Mapping[str, Any] | None = None  # the kernel's default config when it was tuned
+    default_ms: float | None = None  # the default's median time
+    measurements: tuple[Mapping[str, Any], ...] = ()  # one per config: index, config, status, samples, median_ms, ...
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, raw: Any) -> "LockEntry":
+        """The entry, or LockFormatError saying what is malformed."""
+        problem = _entry_problem(raw)
+        if problem:
+            raise LockFormatError(problem)
+        return cls(
+            checksum=raw["checksum"],
+            config=dict(raw["config"]),
+            tuned=raw["tuned"],
+            index=raw.get("index"),
+            default=dict(raw["default"]) if isinstance(raw.get("default"), dict) else None,
+            default_ms=_number(raw.get("default_ms")),
+            measurements=tuple(dict(m) for m in raw.get("measurements", [])),
+            provenance=dict(raw.get("provenance", {})),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"checksum": self.checksum, "config": dict(self.config), "tuned": self.tuned}
+        if self.index is not None:
+            out["index"] = self.index
+        if self.default is not None:
+            out["default"] = dict(self.default)
+        if self.default is not None or self.default_ms is not None:
+            out["default_ms"] = self.default_ms
+        if self.measurements:
+            out["measurements"] = [dict(m) for m in self.measurements]
+        if self.provenance:
+            out["provenance"] = dict(self.provenance)
+        return out
+
+    def time_of(self, config: Mapping[str, Any]) -> float | None:
+        """The median time measured for `config` (a fully timed run before an eliminated one)."""
+        times = [
+            (m.get("status") != "ok", t)
+            for m in self.measurements
+            if m.get("config") == dict(config) and m.get("status") in TIMED and (t := _number(m.get("median_ms"))) is not None
+        ]
+        return min(times)[1] if times else None
+
+    @property
+    def winner_ms(self) -> float | None:
+        return self.time_of(self.config)
+
+
+def _entry_problem(raw: Any) -> str | None:
+    if not isinstance(raw, dict):
+        return "not an object"
+    if not isinstance(raw.get("checksum"), str):
+        return "no checksum"
+    if not isinstance(raw.get("config"), dict):
+        return "no config"
+    if not isinstance(raw.get("tuned"), bool):
+        return "no tuned flag"
+    if raw.get("index") is not None and (not isinstance(raw["index"], int) or isinstance(raw["index"], bool)):
+        return "index is not an integer"
+    if raw.get("default") is not None and not isinstance(raw["default"], dict):
+        return "default is not an object"
+    if not isinstance(raw.get("provenance", {}), dict):
+        return "provenance is not an object"
+    ms = raw.get("measurements", [])
+    if not isinstance(ms, list) or not all(isinstance(m, dict) and isinstance(m.get("config"), dict) for m in ms):
+        return "measurements are not a list of objects with a config"
+    if raw.get("default_ms") is not None and _number(raw["default_ms"]) is None:
+        return "default_ms is not a number"
+    return None
+
+
+NOT_RECORDED = "(not recorded)"
+
+
+def tuned_with(provenance: Mapping[str, Any]) -> str:
+    """The NVRTC major.minor an entry was tuned with, as its provenance records it."""
+    return str(provenance.get("nvrtc") or NOT_RECORDED)
+
+
+@dataclass(frozen=True)
+class NvrtcPolicy:
+    """What a change of NVRTC version does to a lock entry. The version an entry was tuned with
+    is recorded in its provenance; by default another one is reported, not invalidating (a
+    winner measured with 13.0 is still the best guess under 13.5). `exact-nvrtc = true` makes an
+    entry tuned with another major.minor stale, for projects that want every shipped winner
+    measured with the compiler that built it."""
+
+    nvrtc: str  # this build's NVRTC, 'major.minor'
+    exact: bool = False
+
+    def problem(self, entry: LockEntry) -> str | None:
+        """Why exact-nvrtc refuses this (tuned, checksum-valid) entry; None if it does not."""
+        version = tuned_with(entry.provenance)
+        if not self.exact or version == self.nvrtc:
+            return None
+        return f"tuned with NVRTC {version}, this build uses {self.nvrtc} and exact-nvrtc = true"
+
+    def warning(self, versions: Counter) -> str | None:
+        """One line about the winners in use that another NVRTC measured, or None;
+        `versions`: NVRTC version -> how many of the entries in use were tuned with it."""
+        others = {v: n for v, n in versions.most_common() if v not in (self.nvrtc, NOT_RECORDED)}
+        if not others:
+            return None
+        n, most = sum(others.values()), next(iter(others))
+        named = most if len(others) == 1 else " and ".join(f"{v} ({k})" for v, k in others.items())
+        return (
+            f"{n} lock entr{'y was' if n == 1 else 'ies were'} tuned with NVRTC {named} and this build uses NVRTC {self.nvrtc}: "
+            f"{'its winner is' if n == 1 else 'their winners are'} used (exact-nvrtc = true re-tunes them instead; "
+            f"pin nvidia-cuda-nvrtc=={most}.* in build-system.requires for byte-identical binaries)"
+        )
+
+
+@dataclass
+class LockFile:
+    """The entries of a lock file by id, plus the warnings met while reading it. `load` is the
+    build's reader (a corrupt or foreign file or entry is a warning and a miss), `read` the
+    command's (anything malformed is a LockFormatError); both refuse a newer schema, which a
+    build must not overwrite with an older one."""
+
+    entries: dict[str, LockEntry] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path) -> "LockFile":
+        if not path.exists():
+            return cls()
+        try:
+            data = json.loads(path.read_bytes())
+        except (OSError, ValueError) as exc:
+            return cls(warnings=[f"{path}: lock file is unreadable or not JSON ({exc}); ignoring it"])
+        return cls.parse(data, str(path), strict=False)
+
+    @classmethod
+    def read(cls, path: Path) -> "LockFile":
+        """Strictly: a missing, unreadable or malformed file is a LockFormatError."""
+        if not path.exists():
+            raise LockFormatError(f"{path}: no such file")
+        try:
+            data = json.loads(path.read_bytes())
+        except OSError as exc:
+            raise LockFormatError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        except UnicodeDecodeError:
+            raise LockFormatError(f"{path}: not a lock file (not JSON text)") from None
+        except ValueError as exc:
+            raise LockFormatError(f"{path}: corrupt lock file: not valid JSON ({exc})") from None
+        return cls.parse(data, str(path))
+
+    @classmethod
+    def parse(cls, data: Any, label: str, strict: bool = True) -> "LockFile":
+        """Decoded JSON to entries. Strict: the first problem is a LockFormatError; else each
+        problem is a warning, and the file or entry it concerns is ignored."""
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict) or "schema" not in data:
+            return _refuse(f"{label}: not a hatch-autotune lock file (expected a JSON object with \"schema\" and \"entries\")", strict)
+        schema = data["schema"]
+        if not isinstance(schema, int) or isinstance(schema, bool):
+            return _refuse(f"{label}: lock file has no valid schema version (got {schema!r})", strict)
+        if schema > LOCK_SCHEMA:
+            from .. import __version__
+
+            raise LockFormatError(
+                f"{label}: lock file schema {schema} is newer than this hatch-autotune {__version__} reads "
+                f"(schema {LOCK_SCHEMA}); upgrade hatch-autotune (the file is left as it is)"
+            )
+        if schema != LOCK_SCHEMA:
+            return _refuse(f"{label}: lock file schema {schema} is not supported (this hatch-autotune reads schema {LOCK_SCHEMA})", strict)
+        out = cls()
+        for eid, raw in data["entries"].items():
+            try:
+                EntryId.parse(eid)
+                out.entries[eid] = LockEntry.from_json(raw)
+            except LockFormatError as exc:
+                message = f"{label}: entry {eid!r} is malformed ({exc})"
+                if strict:
+                    raise LockFormatError(message) from None
+                out.warnings.append(f"{message}; ignoring it")
+        return out
+
+    def to_json(self) -> bytes:
+        entries = {eid: e.to_json() for eid, e in self.entries.items()}
+        return (json.dumps({"schema": LOCK_SCHEMA, "entries": entries}, sort_keys=True, indent=1) + "\n").encode()
+
+    def save(self, path: Path) -> None:
+        atomic_write(path, self.to_json())
+
+    def problem(self, eid: str, checksum: str, policy: NvrtcPolicy | None = None) -> str | None:
+        """Why the entry cannot be used (absent, stale, untuned, or refused by exact-nvrtc), or
+        None when it can: the one validity rule of the build, `tune` and `show`."""
+        entry = self.entries.get(eid)
+        if entry is None:
+            return "no lock entry"
+        if entry.checksum != checksum:
+            return "stale lock entry (checksum mismatch)"
+        if not entry.tuned:
+            return "lock entry is untuned"
+        return policy.problem(entry) if policy else None
+
+    def valid(self, eid: str, checksum: str, policy: NvrtcPolicy | None = None) -> LockEntry | None:
+        """The entry if it can be used (see problem); else None."""
+        return None if self.problem(eid, checksum, policy) else self.entries[eid]
+
+
+def _refuse(message: str, strict: bool) -> LockFile:
+    if strict:
+        raise LockFormatError(message)
+    return LockFile(warnings=[f"{message}; ignoring it"])
+
+
+MERGE_PREFERENCES = ("first", "last", "faster")
+
+
+class MergeConflict(LockFormatError):
+    """Entries of the same id that differ, with no rule to choose between them."""
+
+
+def merge(inputs: Sequence[tuple[str, LockFile]], prefer: str | None = None) -> tuple[LockFile, int]:
+    """One lock file from several builders' (label, lock) pairs, and how many conflicts `prefer`
+    resolved. Equal entries (same checksum and config) merge, a tuned one over an untuned one;
+    entries that differ are a MergeConflict unless `prefer` says first, last or faster."""
+    merged: dict[str, LockEntry] = {}
+    origin: dict[str, str] = {}
+    conflicts: dict[str, str] = {}
+    resolved = 0
+    for label, lock in inputs:
+        for eid, entry in lock.entries.items():
+            have = merged.get(eid)
+            if have is None:
+                merged[eid], origin[eid] = entry, label
+                continue
+            if have.checksum == entry.checksum and have.config == entry.config:
+                if (entry.tuned and not have.tuned) or prefer == "last":
+                    merged[eid], origin[eid] = entry, label
+                continue
+            why = "different checksums" if have.checksum != entry.checksum else "different configs"
+            if prefer is None:
+                conflicts.setdefault(eid, f"{eid} ({why}: {origin[eid]} vs {label})")
+                continue
+            resolved += 1
+            inf = float("inf")
+            if prefer == "last" or (prefer == "faster" and (entry.winner_ms or inf) < (have.winner_ms or inf)):
+                merged[eid], origin[eid] = entry, label
+    if conflicts:
+        ids = sorted(conflicts)
+        listing = "; ".join(conflicts[k] for k in ids[:10]) + (f"; and {len(ids) - 10} more" if len(ids) > 10 else "")
+        raise MergeConflict(
+            f"{len(conflicts)} conflicting entr{'y' if len(conflicts) == 1 else 'ies'}: {listing}; "
+            "choose a side with --prefer first|last|faster"
+        )
+    return LockFile(entries=merged), resolved

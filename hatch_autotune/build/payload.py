@@ -1,0 +1,80 @@
+"""The wheel payload: a generated package holding the module, the vendored runtime, the
+selection table (build/table.py fills it) and only the binaries the table refers to.
+
+Everything written here is a pure function of the build result (no dates, no absolute paths,
+sorted JSON), so two builds from the same lock file give byte-identical wheels.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from ..runtime import TABLE_FILE, sha256_hex, table_bytes
+from ..spec.config import ProjectSpec
+from .table import build_table
+
+if TYPE_CHECKING:  # the pipeline's result type; the payload sits below the pipeline
+    from .pipeline import BuildResult
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+RUNTIME_SOURCE = Path(__file__).resolve().parent.parent / "runtime.py"
+
+
+def _signature(spec: Any) -> str:
+    user_args = [a.name for a in spec.args if a.value is None]
+    return ", ".join(user_args)
+
+
+def module_docstring(project: ProjectSpec) -> str:
+    """The generated module's docstring, as a Python literal (repr), whatever a `doc` contains."""
+    lines = [
+        f"{project.module}: GPU kernels pre-tuned at build time by hatch-autotune {__version__}.",
+        "",
+        "Generated file; do not edit. Importing it touches no GPU and needs neither hatch-autotune nor",
+        "a CUDA compiler: the binaries were compiled and chosen when the wheel was built.",
+        "",
+        "Kernels:",
+    ]
+    for s in project.kernels.values():
+        lines.append(f"- {s.name}({_signature(s)}): {s.doc or '(no description)'}")
+        lines.append("  key: " + ", ".join(f"{k.name} in {list(k.buckets)}" for k in s.key))
+    return repr("\n".join(lines) + "\n")
+
+
+def render_module(project: ProjectSpec, table_sha256: str) -> str:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(DATA_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return env.get_template("generated_module.py.j2").render(
+        docstring=module_docstring(project), kernels=[{"name": s.name} for s in project.kernels.values()], table_sha256=table_sha256
+    )
+
+
+def write_package(out_dir: Path, project: ProjectSpec, result: BuildResult) -> list[str]:
+    """Write the generated package into out_dir (emptied first); return the relative paths written."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    table, files = build_table(project, result)
+    files[TABLE_FILE] = table_bytes(table)
+    files["_runtime.py"] = RUNTIME_SOURCE.read_bytes()
+    files["__init__.py"] = render_module(project, sha256_hex(files[TABLE_FILE])).encode()
+    for rel, data in sorted(files.items()):
+        path = out_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return sorted(files)
+
+
+def module_relpath(module: str) -> str:
+    """'example_pkg.kernels' -> 'example_pkg/kernels' (the generated package's path in the wheel)."""
+    return module.replace(".", "/")

@@ -1,0 +1,225 @@
+"""The one planner: every variant rendered once, every lock entry it serves, and for each mode
+what is compiled. The build, the tuner and `hatch-autotune show` all ask it, so they agree on
+the target archs, the checksums, which lock entries are valid, and which variant ships.
+
+What each mode compiles:
+- tuning compiles the candidates of the entries it tunes (tuning/tuner.py asks `to_tune`);
+- a build compiles only what ships: per type instance and arch, the lock's valid winners and
+  the default (`shipped`); only when one of those fails to compile does it compile the rest,
+  to find the variant the build falls back to. The wheel's bytes are the same as if the whole
+  space had been compiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from ..errors import BuildError
+from ..runtime import parse_arch
+from ..spec.config import KernelSpec, ProjectSpec
+from ..spec.space import bucket_points
+from .compile import CompileJob
+from .devices import Gpu
+from .lock import EntryId, LockEntry, LockFile, NvrtcPolicy, entry_checksum
+from .render import Variant, render_kernel
+
+Log = Callable[[str], None]
+
+
+def resolve_archs(project: ProjectSpec, gpus: Sequence[Gpu]) -> tuple[str, ...]:
+    """Declared archs, else those of every GPU here; without either the build cannot know its targets."""
+    if project.archs:
+        return project.archs
+    if gpus:
+        return tuple(sorted({g.arch for g in gpus}, key=lambda a: parse_arch(a)[1:]))  # sm_89 < sm_90 < sm_100
+    why = "mode 'offline' does not look for a GPU" if project.mode == "offline" else "no GPU found on this machine"
+    raise BuildError(
+        f"hatch-autotune: {why} and no `archs` declared; add e.g. "
+        "archs = [\"sm_80\", \"sm_90\"] to the hook table or set HATCH_AUTOTUNE_ARCHS"
+    )
+
+
+def ptx_archs(archs: tuple[str, ...]) -> dict[str, str]:
+    """PTX for forward compatibility: compiled from the newest portable (non-'a') arch's winners."""
+    portable = [a for a in archs if not parse_arch(a)[3]]
+    if not portable:
+        return {}
+    newest = max(portable, key=lambda a: parse_arch(a)[1:3])
+    return {newest: "compute_" + newest.split("_", 1)[1]}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One bucket of a type instance on an arch: what one lock entry records and one row of the
+    selection table selects."""
+
+    id: EntryId
+    key: tuple[int, ...]  # the bucket's values, in the kernel's key order
+    checksum: str
+
+    @property
+    def eid(self) -> str:
+        return str(self.id)
+
+
+@dataclass
+class Instance:
+    """One type instance of a kernel: its variants in canonical order, the default's index,
+    and its points on each target arch."""
+
+    spec: KernelSpec
+    types_key: str
+    variants: list[Variant]
+    default_index: int
+    points: dict[str, list[Point]] = field(default_factory=dict)  # arch -> points
+
+    @property
+    def configs(self) -> list[dict[str, Any]]:
+        return [v.config_dict for v in self.variants]
+
+    @property
+    def types(self) -> dict[str, str]:
+        return self.variants[0].types_dict if self.variants else {}
+
+    def compile_job(self, index: int, arch: str) -> CompileJob:
+        v = self.variants[index]
+        return CompileJob(v.source, arch, self.spec.entry, self.spec.nvrtc_options, v.label)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The variant a point gets in the wheel, and why."""
+
+    variant_index: int
+    tuned: bool
+    provenance: Mapping[str, Any]
+    reason: str  # for an untuned choice: why the default was taken
+
+
+def _provenance_with_times(entry: LockEntry) -> dict[str, Any]:
+    """What the wheel records of a tuned entry: where it was tuned, and the winner's and the
+    default's median times, so that `hatch-autotune show` can report them from a wheel alone."""
+    out = dict(entry.provenance)
+    winner = next(
+        (m for m in entry.measurements if m.get("config") == dict(entry.config) and m.get("median_ms") is not None),
+        None,
+    )
+    if winner is not None:
+        out["median_ms"] = winner["median_ms"]
+    if entry.default_ms is not None:
+        out["default_ms"] = entry.default_ms
+    return out
+
+
+@dataclass
+class Plan:
+    """What a project renders, serves and checks against its lock, for one set of target archs."""
+
+    project: ProjectSpec
+    archs: tuple[str, ...]
+    ptx: dict[str, str]  # table arch -> the PTX arch compiled from its winners
+    compiler: str  # NVRTC major.minor
+    policy: NvrtcPolicy
+    lock: LockFile
+    instances: list[Instance]
+
+    def winner_index(self, inst: Instance, point: Point) -> int | None:
+        """The position of the lock's valid winner in the space; None when the entry cannot be
+        used (see LockFile.problem) or its config is no longer in the space."""
+        entry = self.lock.valid(point.eid, point.checksum, self.policy)
+        if entry is None:
+            return None
+        try:
+            return inst.configs.index(dict(entry.config))
+        except ValueError:
+            return None
+
+    def shipped(self, inst: Instance, arch: str) -> set[int]:
+        """The variants a build ships for one type instance on one arch if they compile: the
+        lock's valid winners and the default."""
+        wanted = {inst.default_index}
+        for p in inst.points[arch]:
+            index = self.winner_index(inst, p)
+            if index is not None:
+                wanted.add(index)
+        return wanted
+
+    def choose(self, inst: Instance, point: Point, usable: Mapping[int, bool]) -> Choice | None:
+        """The lock's winner when its entry is valid and its variant compiled; else the default;
+        else (the default failed to compile) the first variant that compiled. `usable` holds
+        the variants compiled so far; None when the answer depends on one not compiled yet."""
+        reason = self.lock.problem(point.eid, point.checksum, self.policy)
+        if reason is None:
+            index = self.winner_index(inst, point)
+            if index is not None and index not in usable:
+                return None
+            if index is not None and usable[index]:
+                return Choice(index, True, _provenance_with_times(self.lock.entries[point.eid]), "")
+            reason = "lock winner is not in the space or failed to compile"
+        d = inst.default_index
+        if d not in usable:
+            return None
+        if usable[d]:
+            return Choice(d, False, {}, reason)
+        for i in range(len(inst.variants)):
+            if i not in usable:
+                return None
+            if usable[i]:
+                return Choice(i, False, {}, f"{reason}; the default config failed to compile, took config #{i}")
+        return None  # nothing compiled: the caller reports every variant's failure
+
+    def to_tune(self, archs: Sequence[str], mode: str, kernels: Sequence[str] | None = None) -> tuple[list[tuple[str, Instance, list[Point]]], int]:
+        """Per arch and type instance, the points to tune: those a build could not use
+        (missing, stale, or refused by exact-nvrtc), or all of them in `retune`; and how many
+        were still valid."""
+        todo, skipped = [], 0
+        for arch in archs:
+            for inst in self.instances:
+                if kernels and inst.spec.name not in kernels:
+                    continue
+                points = [p for p in inst.points[arch] if mode == "retune" or self.lock.valid(p.eid, p.checksum, self.policy) is None]
+                skipped += len(inst.points[arch]) - len(points)
+                if points:
+                    todo.append((arch, inst, points))
+        return todo, skipped
+
+
+def instance_points(spec: KernelSpec, types_key: str, variants: Sequence[Variant], arch: str) -> list[Point]:
+    """Every bucket of a kernel's type instance on `arch`, with its lock id and checksum."""
+    hashes = [v.source_hash for v in variants]
+    names = [k.name for k in spec.key]
+    out = []
+    for key in bucket_points([k.buckets for k in spec.key]):
+        bucket = dict(zip(names, key))
+        out.append(Point(EntryId.of(spec.name, types_key, arch, bucket), key, entry_checksum(spec, types_key, hashes, arch, bucket)))
+    return out
+
+
+def make_plan(
+    project: ProjectSpec,
+    archs: Sequence[str],
+    *,
+    log: Log = print,
+    compiler: str | None = None,
+    lock: LockFile | None = None,
+) -> Plan:
+    """Render every kernel once and find every point it serves on `archs`; read the lock file
+    (its warnings are logged; a newer schema is a LockFormatError). `compiler`: NVRTC's
+    major.minor, asked of NVRTC when not given."""
+    from . import compile as compile_mod
+
+    archs = tuple(archs)
+    compiler = compiler or compile_mod.nvrtc_version()
+    if lock is None:
+        lock = LockFile.load(project.lock_file)
+        for w in lock.warnings:
+            log(f"warning: {w}")
+    instances = []
+    for spec in project.kernels.values():
+        for tkey, variants in render_kernel(spec).items():
+            inst = Instance(spec, tkey, variants, [v.config_dict for v in variants].index(dict(spec.default)))
+            inst.points = {arch: instance_points(spec, tkey, variants, arch) for arch in archs}
+            instances.append(inst)
+    ptx = ptx_archs(archs) if project.ptx else {}
+    return Plan(project, archs, ptx, compiler, NvrtcPolicy(compiler, project.exact_nvrtc), lock, instances)

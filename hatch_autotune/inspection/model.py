@@ -1,0 +1,141 @@
+"""The view model every subcommand of the command works on, whatever the user gave it.
+
+A `Row` is the choice for one (kernel, type instance, arch, bucket) with what an input knows
+about it (time, default, measurements, resources, provenance); a `Source` is the rows read from
+one input (project, lock file, wheel, table, package) plus notes on what that input cannot know.
+`combine` merges several inputs into one view. The readers (readers.py) fill it; `show`,
+`diff` and the report only read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..build.lock import EntryId
+from .fmt import fmt_config
+
+# What a kind of input cannot know: a note of its Source, dropped by `combine` when another
+# input makes up for it.
+LOCK_NO_RESOURCES = "a lock file has no resource usage (registers, shared memory); the wheel has"
+PROJECT_NO_RESOURCES = "a project has no resource usage until it is built; its wheel has"
+TABLE_NO_TIMES = "a selection table has no measurements (times); the lock file has"
+
+
+@dataclass
+class Row:
+    """The choice for one (kernel, type instance, arch, bucket), with what is known about it."""
+
+    kernel: str
+    types: str  # types key: 'T=float32', or '-' for a kernel without type parameters
+    arch: str
+    bucket: dict[str, int]
+    config: dict[str, Any]
+    tuned: bool
+    note: str = ""  # why an untuned row took its config
+    time_ms: float | None = None  # median of the chosen config
+    default_ms: float | None = None  # median of the default config
+    default_config: dict[str, Any] | None = None
+    measurements: list[dict[str, Any]] = field(default_factory=list)
+    resources: dict[str, Any] | None = None  # ptxas usage of the chosen variant (tables only)
+    variant: str | None = None  # variant id in a selection table
+    checksum: str | None = None  # of the lock entry (lock files and projects only)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def eid(self) -> str:
+        """The lock entry id of this (kernel, types, arch, bucket): the key rows are matched by."""
+        return str(EntryId.of(self.kernel, self.types, self.arch, self.bucket))
+
+    @property
+    def speedup(self) -> float | None:
+        """Default time over chosen time; 1.0 when the default is the choice."""
+        if self.time_ms and self.default_ms:
+            return self.default_ms / self.time_ms
+        if self.default_config is not None and self.config == self.default_config and (self.time_ms or self.default_ms):
+            return 1.0
+        return None
+
+    def sort_key(self) -> tuple:
+        """Within a kernel: by types, arch (numerically: sm_90 after sm_80), bucket."""
+        return (self.types, _arch_key(self.arch), tuple(self.bucket.values()))
+
+
+@dataclass
+class Source:
+    """Rows read from one input (by entry id), with where they came from and what is missing."""
+
+    label: str
+    kind: str  # project | lock | wheel | package | table, or e.g. 'lock+wheel' when combined
+    rows: dict[str, Row]
+    kernels: list[str]  # in the input's order
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_resources(self) -> bool:
+        return any(r.resources for r in self.rows.values())
+
+    def by_kernel(self, only: Sequence[str] | None = None) -> list[tuple[str, list[Row]]]:
+        groups: dict[str, list[Row]] = {k: [] for k in self.kernels}
+        for r in self.rows.values():
+            groups.setdefault(r.kernel, []).append(r)
+        return [(k, sorted(rows, key=Row.sort_key)) for k, rows in groups.items() if rows and (not only or k in only)]
+
+
+def _arch_key(arch: str) -> tuple:
+    from ..runtime import parse_arch
+
+    try:
+        kind, major, minor, suffix = parse_arch(arch)
+    except ValueError:
+        return (arch, 0, 0, "")
+    return (kind, major, minor, suffix)
+
+
+def combine(sources: Sequence[Source]) -> Source:
+    """One view of several inputs (e.g. a lock file for the times plus a wheel for the
+    resources): the first input that knows a field provides it."""
+    if len(sources) == 1:
+        return sources[0]
+    rows: dict[str, Row] = {}
+    kernels: list[str] = []
+    notes: list[str] = []
+    for src in sources:
+        kernels += [k for k in src.kernels if k not in kernels]
+        for eid, r in src.rows.items():
+            have = rows.get(eid)
+            if have is None:
+                rows[eid] = dataclasses.replace(r, measurements=list(r.measurements))
+            elif have.config != r.config:
+                notes.append(f"{eid}: {src.label} chose {fmt_config(r.config)}; shown: {fmt_config(have.config)}")
+            else:
+                for f in ("time_ms", "default_ms", "default_config", "resources", "variant", "checksum"):
+                    if getattr(have, f) is None:
+                        setattr(have, f, getattr(r, f))
+                have.measurements = have.measurements or list(r.measurements)
+    merged = Source(" + ".join(s.label for s in sources), "+".join(s.kind for s in sources), rows, kernels)
+    timed = any(r.measurements for r in rows.values())
+    for src in sources:  # drop "X is missing" notes that another input made up for
+        for n in src.notes:
+            made_up = (merged.has_resources and n in (LOCK_NO_RESOURCES, PROJECT_NO_RESOURCES)) or (timed and n == TABLE_NO_TIMES)
+            if n not in notes and not made_up:
+                notes.append(n)
+    merged.notes = notes
+    return merged
+
+
+def provenance_lines(rows: Sequence[Row]) -> list[str]:
+    """One line per (GPU, cc, driver, NVRTC) the tuned rows were measured with, and when."""
+    seen: dict[tuple, list[str]] = {}
+    for r in rows:
+        p = r.provenance
+        if r.tuned and p.get("gpu"):
+            key = (p.get("gpu"), p.get("cc"), p.get("driver"), p.get("nvrtc"))
+            seen.setdefault(key, []).append(str(p.get("date", "")))
+    out = []
+    for (gpu, cc, driver, nvrtc), dates in seen.items():
+        dates = sorted(d for d in dates if d)
+        when = f", {dates[0][:10]}" + (f" to {dates[-1][:10]}" if dates[-1][:10] != dates[0][:10] else "") if dates else ""
+        out.append(f"tuned on {gpu} (cc {cc}, driver {driver}, NVRTC {nvrtc}){when}")
+    return out

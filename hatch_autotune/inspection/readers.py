@@ -1,0 +1,313 @@
+"""Strict readers of what a user has at hand, each into a `Source` (model.py).
+
+A project (pyproject.toml), its lock file, a built wheel, a selection table, a generated package
+or an installed package: `load_source` tells which it is and reads it, so that every subcommand
+of the `hatch-autotune` command works on all of them. The formats have one reader each, owned
+by their stage (build.lock for lock files, runtime.parse_table for tables, the planner for what a
+project would ship); this module only turns them into rows. A missing, foreign, corrupt or
+newer-schema input is a `CliError` with one line to show, never a traceback (the build hook, by
+contrast, only warns and falls back).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from ..build.lock import TIMED, EntryId, LockEntry, LockFile, LockFormatError
+from .errors import CliError
+from .model import LOCK_NO_RESOURCES, PROJECT_NO_RESOURCES, TABLE_NO_TIMES, Row, Source
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def read_json(path: Path, what: str) -> Any:
+    """A JSON file, or CliError saying why it is not the `what` expected (absent, a directory,
+    a zip archive, not text, not JSON)."""
+    if not path.exists():
+        raise CliError(f"{path}: no such file")
+    if path.is_dir():
+        raise CliError(f"{path}: is a directory, expected a {what}")
+    if zipfile.is_zipfile(path):
+        raise CliError(f"{path}: is a zip archive (a wheel?), expected a {what}")
+    try:
+        return json.loads(path.read_bytes())
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise CliError(f"{path}: not a {what} (not JSON text)") from None
+    except ValueError as exc:
+        raise CliError(f"{path}: corrupt {what}: not valid JSON ({exc})") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Lock files.
+
+
+def parse_lock(data: Any, label: str) -> LockFile:
+    """Decoded JSON to a lock file, or CliError naming what is wrong with it."""
+    try:
+        return LockFile.parse(data, label)
+    except LockFormatError as exc:
+        raise CliError(str(exc)) from None
+
+
+def read_lock(path: Path) -> LockFile:
+    return parse_lock(read_json(path, "lock file"), str(path))
+
+
+def row_from_lock(where: EntryId, entry: LockEntry) -> Row:
+    """The row a lock entry records: its winner, times, measurements and provenance."""
+    ms = [dict(m) for m in entry.measurements]
+    default_config = dict(entry.default) if entry.default is not None else None
+    if default_config is None and entry.default_ms is not None:  # older entries: the default's time identifies it
+        same = [m["config"] for m in ms if m.get("status") in TIMED and m.get("median_ms") == entry.default_ms]
+        if len(same) == 1:
+            default_config = same[0]
+    return Row(
+        kernel=where.kernel,
+        types=where.types,
+        arch=where.arch,
+        bucket=where.bucket,
+        config=dict(entry.config),
+        tuned=entry.tuned,
+        note="" if entry.tuned else "lock entry is untuned",
+        time_ms=entry.winner_ms,
+        default_ms=entry.default_ms,
+        default_config=default_config,
+        measurements=ms,
+        checksum=entry.checksum,
+        provenance=dict(entry.provenance),
+    )
+
+
+def lock_source(path: Path, data: Any = None) -> Source:
+    """A lock file's rows; `data`: its already-decoded JSON, if the caller read it."""
+    lock = parse_lock(data, str(path)) if data is not None else read_lock(path)
+    rows = {eid: row_from_lock(EntryId.parse(eid), e) for eid, e in lock.entries.items()}  # ids checked by parse
+    kernels = sorted({r.kernel for r in rows.values()})
+    return Source(str(path), "lock", rows, kernels, [LOCK_NO_RESOURCES])
+
+
+# --------------------------------------------------------------------------------------------
+# Selection tables: of a wheel, a generated package, an installed package, or a table.json.
+
+
+def table_source(table: Any, label: str, kind: str) -> Source:
+    """The rows of a selection table (bytes or decoded JSON of a table.json)."""
+    from ..runtime import TableError, parse_table
+
+    try:
+        table = parse_table(table, label)
+    except TableError as exc:
+        raise CliError(str(exc)) from None
+    rows: dict[str, Row] = {}
+    try:
+        for name, kernel in table["kernels"].items():
+            names = [k["name"] for k in kernel["key"]]
+            for tkey, per_arch in kernel["select"].items():
+                for arch, selected in per_arch.items():
+                    for sel in selected:
+                        variant = kernel["variants"][sel["variant"]]
+                        prov = dict(sel.get("provenance") or {})
+                        r = Row(
+                            kernel=name,
+                            types=tkey,
+                            arch=arch,
+                            bucket={n: int(b) for n, b in zip(names, sel["bucket"], strict=True)},
+                            config=dict(variant["config"]),
+                            tuned=bool(sel["tuned"]),
+                            note="" if sel["tuned"] else str(prov.pop("reason", "default config")),
+                            time_ms=_num(prov.get("median_ms")),
+                            default_ms=_num(prov.get("default_ms")),
+                            resources=(variant.get("resources") or {}).get(arch),
+                            variant=sel["variant"],
+                            provenance=prov,
+                        )
+                        rows[r.eid] = r
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CliError(f"{label}: malformed selection table ({type(exc).__name__}: {exc})") from None
+    return Source(label, kind, rows, list(table["kernels"]), [TABLE_NO_TIMES])
+
+
+def _is_generated_dir(d: Path) -> bool:
+    return (d / "table.json").is_file() and (d / "_runtime.py").is_file()
+
+
+def generated_dirs(root: Path) -> list[Path]:
+    """Generated packages (table.json next to _runtime.py) at or below root, nearest first."""
+    if _is_generated_dir(root):
+        return [root]
+    return sorted({p.parent for p in root.rglob("table.json") if _is_generated_dir(p.parent)}, key=lambda p: (len(p.parts), p))
+
+
+def wheel_source(path: Path) -> Source:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+            tables = sorted(n for n in names if n.endswith("/table.json") and n[: -len("table.json")] + "_runtime.py" in names)
+            if not tables:
+                raise CliError(f"{path}: no hatch-autotune selection table in this wheel (no */table.json next to _runtime.py)")
+            data = zf.read(tables[0])
+    except zipfile.BadZipFile:
+        raise CliError(f"{path}: not a wheel (not a zip archive)") from None
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    return table_source(data, f"{path}!{tables[0]}", "wheel")
+
+
+def find_installed(name: str) -> Path | None:
+    """The directory of an installed package, found without importing it (nor its parents:
+    only the top-level name is looked up, the rest is walked as directories)."""
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
+        return None
+    top, *rest = name.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if not spec.submodule_search_locations:
+        raise CliError(f"{name}: an installed module, not a package; hatch-autotune generates packages")
+    for base in spec.submodule_search_locations:
+        d = Path(base).joinpath(*rest)
+        if d.is_dir():
+            return d
+    return None
+
+
+def package_source(d: Path, label: str) -> Source:
+    dirs = generated_dirs(d)
+    if not dirs:
+        raise CliError(f"{label}: no generated hatch-autotune package in {d} (no table.json next to _runtime.py)")
+    return table_source(read_json(dirs[0] / "table.json", "selection table"), str(dirs[0] / "table.json"), "package")
+
+
+# --------------------------------------------------------------------------------------------
+# Projects: what a build would ship now, as the build's planner decides it.
+
+
+def hook_table(pyproject: Path) -> tuple[Any, str]:
+    """The hook's TOML table in pyproject.toml and its key path."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CliError(f"{pyproject}: cannot read it ({exc.strerror or exc})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise CliError(f"{pyproject}: not valid TOML ({exc})") from None
+    hatch = data.get("tool", {}).get("hatch", {}) if isinstance(data.get("tool"), dict) else {}
+    build = hatch.get("build", {}) if isinstance(hatch, dict) else {}
+    target = build.get("targets", {}).get("wheel", {}).get("hooks", {}) if isinstance(build, dict) else {}
+    if isinstance(target, dict) and "autotune" in target:
+        return target["autotune"], "tool.hatch.build.targets.wheel.hooks.autotune"
+    hooks = build.get("hooks", {}) if isinstance(build, dict) else {}
+    if isinstance(hooks, dict) and "autotune" in hooks:
+        return hooks["autotune"], "tool.hatch.build.hooks.autotune"
+    raise CliError(f"{pyproject}: no [tool.hatch.build.targets.wheel.hooks.autotune] table: not a hatch-autotune project")
+
+
+def load_project(root: Path) -> Any:
+    """The project's ProjectSpec; configuration errors become one line listing them all."""
+    from ..spec.config import ConfigError, parse_project
+
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file():
+        raise CliError(f"{root}: no pyproject.toml: not a project directory")
+    table, path = hook_table(pyproject)
+    try:
+        return parse_project(table, root, path=path, env=os.environ)
+    except ConfigError as exc:
+        raise CliError(f"{pyproject}: {len(exc.errors)} configuration error(s): " + "; ".join(exc.errors)) from None
+
+
+def project_source(root: Path) -> Source:
+    """What a build of the project would choose now, by the build's own planner: its target
+    archs, checksums, lock validity and fallbacks; the shipped variants are compiled (through
+    the compile cache), so a winner that no longer compiles shows as the build's fallback."""
+    from collections import Counter
+
+    from ..build.cache import CompileCache, default_cache_dir
+    from ..build.devices import detect_gpus
+    from ..build.lock import tuned_with
+    from ..build.pipeline import compile_shipped
+    from ..build.plan import make_plan, resolve_archs
+    from ..errors import BuildError
+
+    project = load_project(root)
+    lock_path = project.lock_file
+    lock = read_lock(lock_path) if lock_path.exists() else LockFile()
+    notes = [] if lock_path.exists() else [f"no lock file at {lock_path}: every entry uses its default config"]
+    try:
+        gpus = [] if project.archs or project.mode == "offline" else detect_gpus()
+        plan = make_plan(project, resolve_archs(project, gpus), lock=lock)
+        shipping = compile_shipped(plan, CompileCache(default_cache_dir()), log=lambda _: None)
+    except BuildError as exc:
+        lines = str(exc).removeprefix("hatch-autotune: ").splitlines()
+        raise CliError(lines[0], lines[1:]) from None
+    rows: dict[str, Row] = {}
+    for (n, _), chosen in shipping.choices.items():
+        inst = plan.instances[n]
+        default = dict(inst.spec.default)
+        for p, choice in chosen.items():
+            if choice.tuned:
+                entry = lock.entries[p.eid]
+                r = row_from_lock(p.id, entry)
+                r.default_config = default
+                if r.default_ms is None:
+                    r.default_ms = entry.time_of(default)
+            else:
+                config = inst.configs[choice.variant_index]
+                r = Row(inst.spec.name, inst.types_key, p.id.arch, p.id.bucket, config, False, note=choice.reason, default_config=default)
+            rows[p.eid] = r
+    mixed = plan.policy.warning(Counter(tuned_with(r.provenance) for r in rows.values() if r.tuned))
+    if mixed:
+        notes.append(mixed)
+    orphans = len(set(lock.entries) - set(rows))
+    if orphans:
+        notes.append(
+            f"{orphans} lock entr{'y matches' if orphans == 1 else 'ies match'} nothing the project declares "
+            "(kernel, types, arch or bucket removed)"
+        )
+    notes.append(PROJECT_NO_RESOURCES)
+    return Source(str(root), "project", rows, list(project.kernels), notes)
+
+
+# --------------------------------------------------------------------------------------------
+# Any of the above.
+
+
+def load_source(arg: str) -> Source:
+    """A project directory, a lock file, a wheel, a table.json, a generated package directory,
+    or the name of an installed package."""
+    path = Path(arg)
+    if path.is_dir():
+        if (path / "pyproject.toml").is_file():
+            return project_source(path)
+        if generated_dirs(path):
+            return package_source(path, arg)
+        raise CliError(f"{arg}: neither a project (no pyproject.toml) nor a generated package (no table.json)")
+    if path.is_file():
+        if path.name == "pyproject.toml":
+            return project_source(path.parent)
+        if path.suffix == ".whl" or zipfile.is_zipfile(path):
+            return wheel_source(path)
+        data = read_json(path, "lock file")
+        if isinstance(data, dict) and "kernels" in data and "entries" not in data:
+            return table_source(data, str(path), "table")
+        return lock_source(path, data)
+    if path.suffix in (".json", ".whl", ".toml") or os.sep in arg:
+        raise CliError(f"{arg}: no such file")
+    installed = find_installed(arg)
+    if installed is None:
+        raise CliError(f"{arg}: no such file, directory or installed package")
+    return package_source(installed, arg)

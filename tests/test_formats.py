@@ -1,0 +1,145 @@
+"""Each on-disk format has one definition: the lock entry and its id (build/lock.py) and the
+selection table (runtime.py). Round trips, and the readers' refusals, newer schemas included."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hatch_autotune.build.lock import LOCK_SCHEMA, EntryId, LockEntry, LockFile, LockFormatError
+from hatch_autotune.runtime import TABLE_SCHEMA, IntegrityError, Library, TableError, parse_table, table_bytes
+
+ENTRY = {
+    "checksum": "ab" * 32,
+    "config": {"BLOCK": 128, "VEC": 4},
+    "tuned": True,
+    "index": 3,
+    "default": {"BLOCK": 256, "VEC": 1},
+    "default_ms": 0.02,
+    "measurements": [
+        {"index": 0, "config": {"BLOCK": 256, "VEC": 1}, "status": "ok", "samples": 5, "median_ms": 0.02, "spread_ms": 0.001},
+        {"index": 3, "config": {"BLOCK": 128, "VEC": 4}, "status": "ok", "samples": 5, "median_ms": 0.01, "spread_ms": 0.001},
+        {"index": 5, "config": {"BLOCK": 64, "VEC": 4}, "status": "eliminated", "samples": 1, "median_ms": 0.009},
+        {"index": 7, "config": {"BLOCK": 32, "VEC": 1}, "status": "failed", "samples": 0, "reason": "CUDA_ERROR_ILLEGAL_ADDRESS"},
+    ],
+    "provenance": {"gpu": "NVIDIA H100", "cc": "9.0", "nvrtc": "13.0"},
+}
+
+
+def test_entry_id_round_trips_and_sorts_by_kernel():
+    eid = EntryId.of("gemm", "T=float32", "sm_90", {"m": 1024, "n": 64, "k": 4096})
+    assert str(eid) == "gemm|T=float32|sm_90|m=1024,n=64,k=4096"
+    assert EntryId.parse(str(eid)) == eid and eid.bucket == {"m": 1024, "n": 64, "k": 4096}
+    assert eid.instance == "gemm|T=float32|sm_90"
+    assert EntryId.parse("saxpy|-|sm_80|n=-1").point == (("n", -1),)
+
+
+@pytest.mark.parametrize("bad", ["saxpy|-|sm_80", "saxpy|-|sm_80|n=x", "|-|sm_80|n=1", "saxpy|-|sm_80|n=1,", "a|b|c|d|e", 42, None])
+def test_a_malformed_entry_id_is_refused_by_name(bad):
+    with pytest.raises(LockFormatError, match="is not 'kernel|types|arch|dim=value,...'"):
+        EntryId.parse(bad)
+
+
+def test_lock_entry_round_trips_through_json():
+    entry = LockEntry.from_json(json.loads(json.dumps(ENTRY)))
+    assert entry.to_json() == ENTRY
+    assert entry.winner_ms == 0.01  # the chosen config's fully timed median
+    assert entry.time_of({"BLOCK": 64, "VEC": 4}) == 0.009  # only an eliminated run: its median
+    assert entry.time_of({"BLOCK": 32, "VEC": 1}) is None  # failed: no time
+    bare = LockEntry("c" * 64, {"B": 1}, tuned=False)
+    assert LockEntry.from_json(bare.to_json()) == bare and bare.to_json() == {"checksum": "c" * 64, "config": {"B": 1}, "tuned": False}
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"checksum": None}, "no checksum"),
+        ({"config": [1]}, "no config"),
+        ({"tuned": "yes"}, "no tuned flag"),
+        ({"index": "3"}, "index is not an integer"),
+        ({"default": 5}, "default is not an object"),
+        ({"provenance": []}, "provenance is not an object"),
+        ({"measurements": [1, "x"]}, "measurements are not a list of objects with a config"),
+        ({"default_ms": "fast"}, "default_ms is not a number"),
+    ],
+)
+def test_a_malformed_lock_entry_names_what_is_wrong(change, problem):
+    with pytest.raises(LockFormatError, match=problem):
+        LockEntry.from_json({**ENTRY, **change})
+
+
+def lock_json(entries: dict, schema=LOCK_SCHEMA) -> dict:
+    return {"schema": schema, "entries": entries}
+
+
+def test_lock_file_round_trips_byte_for_byte(tmp_path):
+    path = tmp_path / "autotune.lock.json"
+    path.write_bytes(LockFile.parse(lock_json({"k|-|sm_90|n=1": ENTRY}), "x").to_json())
+    again = LockFile.read(path)
+    assert again.to_json() == path.read_bytes() and LockFile.load(path).entries == again.entries
+    assert json.loads(path.read_bytes()) == lock_json({"k|-|sm_90|n=1": ENTRY})
+
+
+def test_the_strict_reader_refuses_what_the_build_reader_skips(tmp_path):
+    data = lock_json({"k|-|sm_90|n=1": ENTRY, "not an id": ENTRY, "k|-|sm_90|n=2": {**ENTRY, "tuned": 1}})
+    lenient = LockFile.parse(data, "lock.json", strict=False)
+    assert list(lenient.entries) == ["k|-|sm_90|n=1"]
+    assert lenient.warnings == [
+        "lock.json: entry 'not an id' is malformed (entry id 'not an id' is not 'kernel|types|arch|dim=value,...'); ignoring it",
+        "lock.json: entry 'k|-|sm_90|n=2' is malformed (no tuned flag); ignoring it",
+    ]
+    with pytest.raises(LockFormatError, match="lock.json: entry 'not an id' is malformed"):
+        LockFile.parse(data, "lock.json")
+    for foreign, why in (([1], "not a hatch-autotune lock file"), ({"schema": 0, "entries": {}}, "schema 0 is not supported"), ({"schema": True, "entries": {}}, "no valid schema version")):
+        assert LockFile.parse(foreign, "f", strict=False).warnings[0].startswith(f"f: ") and why in LockFile.parse(foreign, "f", strict=False).warnings[0]
+        with pytest.raises(LockFormatError, match=why):
+            LockFile.parse(foreign, "f")
+    path = tmp_path / "bad.json"
+    path.write_bytes(b"\x80\x81")
+    with pytest.raises(LockFormatError, match="not a lock file \\(not JSON text\\)"):
+        LockFile.read(path)
+    path.write_bytes(b"{")
+    with pytest.raises(LockFormatError, match="corrupt lock file: not valid JSON"):
+        LockFile.read(path)
+    assert "unreadable or not JSON" in LockFile.load(path).warnings[0]
+    with pytest.raises(LockFormatError, match="no such file"):
+        LockFile.read(tmp_path / "missing.json")
+    assert LockFile.load(tmp_path / "missing.json") == LockFile()
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_both_lock_readers_refuse_a_newer_schema(strict):
+    with pytest.raises(LockFormatError, match=rf"x.json: lock file schema {LOCK_SCHEMA + 1} is newer than this hatch-autotune .* reads \(schema {LOCK_SCHEMA}\); upgrade"):
+        LockFile.parse(lock_json({}, LOCK_SCHEMA + 1), "x.json", strict=strict)
+
+
+TABLE = {"schema": TABLE_SCHEMA, "module": "pkg.kernels", "archs": ["sm_90"], "ptx": {}, "provenance": {}, "kernels": {}}
+
+
+def test_the_table_round_trips_with_a_stable_layout():
+    raw = table_bytes(TABLE)
+    assert parse_table(raw, "t") == TABLE and table_bytes(parse_table(raw, "t")) == raw
+    assert raw == table_bytes(dict(reversed(list(TABLE.items()))))  # key order does not change the bytes
+    assert parse_table(TABLE, "t") is TABLE  # already-decoded JSON is checked, not copied
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"{", "t: corrupt selection table: not valid JSON"),
+        (b"[]", "t: not a hatch-autotune selection table"),
+        (json.dumps({**TABLE, "schema": "1"}), "t: selection table has no valid schema version"),
+        (json.dumps({**TABLE, "schema": 0}), "t: selection table schema 0 is not supported"),
+        (json.dumps({**TABLE, "schema": TABLE_SCHEMA + 1}), rf"t: selection table schema {TABLE_SCHEMA + 1} is newer than this reader understands \(schema {TABLE_SCHEMA}\); upgrade"),
+    ],
+)
+def test_the_table_reader_refuses_with_a_clear_message(data, message):
+    with pytest.raises(TableError, match=message):
+        parse_table(data, "t")
+
+
+def test_the_runtime_refuses_a_table_of_a_newer_schema(tmp_path):
+    (tmp_path / "table.json").write_bytes(table_bytes({**TABLE, "schema": TABLE_SCHEMA + 1}))
+    with pytest.raises(IntegrityError, match=f"schema {TABLE_SCHEMA + 1} is newer than this reader understands"):
+        Library.load(str(tmp_path))
