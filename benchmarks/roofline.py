@@ -11,7 +11,6 @@ stream, the L2 flushed before each repetition; the median is reported.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import tempfile
@@ -83,10 +82,11 @@ def main() -> None:
         })
     speedups = []
     if opts.lock.exists():
-        for eid, e in json.loads(opts.lock.read_text())["entries"].items():
-            win = next((x for x in e["measurements"] if x["config"] == e["config"] and "median_ms" in x), None)
-            if e.get("default_ms") and win:
-                speedups.append({"entry": eid, "winner": e["config"], "speedup_over_default": e["default_ms"] / win["median_ms"]})
+        from hatch_autotune.build.lock import LockFile
+
+        for eid, e in LockFile.read(opts.lock).entries.items():
+            if e.default_ms and e.winner_ms:
+                speedups.append({"entry": eid, "winner": dict(e.config), "speedup_over_default": e.default_ms / e.winner_ms})
     payload = {
         "what": __doc__.strip().splitlines()[0],
         "quick": opts.quick,

@@ -754,7 +754,9 @@ class _OnDevice:
 
     def __exit__(self, *exc: Any) -> None:
         if self.pushed:
-            check_cuda(self.gpu.api.driver.cuCtxPopCurrent(), f"cuCtxPopCurrent (device {self.device})")
+            result = self.gpu.api.driver.cuCtxPopCurrent()
+            if exc[0] is None:  # a failure inside the block is the one to report, not the pop's
+                check_cuda(result, f"cuCtxPopCurrent (device {self.device})")
 
 
 _GPU = GpuState()  # the process's one state; replaced only by use_gpu

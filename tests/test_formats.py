@@ -3,6 +3,7 @@ selection table (runtime.py). Round trips, and the readers' refusals, newer sche
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -143,3 +144,32 @@ def test_the_runtime_refuses_a_table_of_a_newer_schema(tmp_path):
     (tmp_path / "table.json").write_bytes(table_bytes({**TABLE, "schema": TABLE_SCHEMA + 1}))
     with pytest.raises(IntegrityError, match=f"schema {TABLE_SCHEMA + 1} is newer than this reader understands"):
         Library.load(str(tmp_path))
+
+
+def test_a_re_saved_lock_keeps_what_this_version_did_not_write(tmp_path):
+    """The tuner re-saves the whole lock after every bucket: entries it did not tune keep their
+    bytes (keys a newer writer added, ints, empty lists), and merge keeps a 0 ms winner."""
+    odd = {"checksum": "c" * 64, "config": {"B": 1}, "tuned": True, "default_ms": 2, "measurements": [], "provenance": {}, "future_key": [1]}
+    path = tmp_path / "autotune.lock.json"
+    text = json.dumps(lock_json({"k|-|sm_90|n=1": odd}), sort_keys=True, indent=1) + "\n"
+    path.write_text(text)
+    lock = LockFile.load(path)
+    lock.entries["k|-|sm_90|n=2"] = LockEntry("d" * 64, {"B": 2}, tuned=True)  # what a tuner adds
+    lock.save(path)
+    assert json.loads(path.read_text())["entries"]["k|-|sm_90|n=1"] == odd
+    assert LockFile.load(path).entries["k|-|sm_90|n=1"].default_ms == 2 and isinstance(LockFile.load(path).entries["k|-|sm_90|n=1"].default_ms, int)
+    changed = dataclasses.replace(lock.entries["k|-|sm_90|n=1"], config={"B": 3})  # a changed entry is written anew
+    assert changed.to_json()["config"] == {"B": 3} and "future_key" not in changed.to_json()
+
+
+def test_merge_prefers_the_faster_winner_even_at_zero_ms():
+    from hatch_autotune.build.lock import merge
+
+    def lock(config, ms):
+        entry = LockEntry("c" * 64, config, tuned=True, measurements=({"config": config, "status": "ok", "median_ms": ms},))
+        return LockFile(entries={"k|-|sm_90|n=1": entry})
+
+    merged, resolved = merge([("a", lock({"B": 1}, 0.0)), ("b", lock({"B": 2}, 0.5))], prefer="faster")
+    assert resolved == 1 and merged.entries["k|-|sm_90|n=1"].config == {"B": 1}
+    merged, _ = merge([("a", lock({"B": 1}, 0.7)), ("b", lock({"B": 2}, 0.0))], prefer="faster")
+    assert merged.entries["k|-|sm_90|n=1"].config == {"B": 2}

@@ -95,7 +95,7 @@ def test_to_tune_takes_what_a_build_could_not_use(project):
     assert skipped == 1 and [(a, [p.eid for p in ps]) for a, _, ps in todo] == [("sm_90", [p.eid for p in inst.points["sm_90"][1:]])]
     todo, skipped = plan.to_tune(["sm_90"], "retune")
     assert skipped == 0 and len(todo[0][2]) == 3
-    assert plan.to_tune(["sm_90"], "tune", kernels=["other"]) == ([], 0)
+    assert make_plan(project, project.archs, log=quiet, lock=LockFile(), kernels=["other"]).instances == []
     plan.lock.entries[valid.eid] = LockEntry(valid.checksum, WINNER, tuned=False)  # an untuned entry is not a result
     assert plan.to_tune(["sm_90"], "tune")[1] == 0
 
@@ -103,9 +103,11 @@ def test_to_tune_takes_what_a_build_could_not_use(project):
 def test_tuning_and_building_share_one_plan(project, tmp_path, monkeypatch):
     """The hook's pass: one plan, tuned, then built from the same plan, rendering nothing again."""
     cache = CompileCache(tmp_path / "cache")
-    plan = make_plan(project, project.archs, log=quiet)
-    summary = tune(project, gpu_arch="sm_90", client_factory=lambda d: WorkerClient(FAKE), cache=cache, log=quiet, plan=plan)
+    summary = tune(project, gpu_arch="sm_90", client_factory=lambda d: WorkerClient(FAKE), cache=cache, log=quiet)
+    plan = summary.plan
     assert len(summary.tuned) == 3 and all(eid in plan.lock.entries for eid, _ in summary.tuned)
+    assert plan.archs == project.archs  # planned for every target, tuned where a device is
+    assert tune(project, kernels=["scale"], gpu_arch="sm_90", client_factory=lambda d: WorkerClient(FAKE), cache=cache, log=quiet).plan is None
 
     def no_rendering(*a, **k):
         raise AssertionError("the build rendered again")
@@ -134,3 +136,24 @@ def test_show_agrees_with_the_build_when_a_winner_no_longer_compiles(project, tm
     assert {eid: row.config for eid, row in shown.items()} == built
     assert built[points[0].eid] == dict(project.kernels["scale"].default) and built[points[1].eid] == WINNER
     assert shown[points[0].eid].note == "lock winner is not in the space or failed to compile"
+
+
+def test_show_without_archs_or_a_gpu_shows_the_archs_of_the_lock(tmp_path, monkeypatch):
+    """A build here would stop for want of targets; `show` still shows what the lock holds."""
+    from hatch_autotune.inspection import readers
+
+    monkeypatch.setenv("HATCH_AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("hatch_autotune.build.devices.detect_gpus", lambda: [])
+    root = write_tiny_project(tmp_path / "p")
+    text = (root / "pyproject.toml").read_text().replace('archs = ["sm_80", "sm_90"]\n', "")
+    (root / "pyproject.toml").write_text(text)
+    empty = readers.load_source(str(root))
+    assert empty.rows == {} and "no archs declared, no GPU here and none in the lock file: nothing to show" in empty.notes
+    project = load_project(root)
+    plan = make_plan(project, ["sm_90"], log=quiet, lock=LockFile())
+    points = plan.instances[0].points["sm_90"]
+    lock_with(plan, {points[0].eid: WINNER}).save(project.lock_file)
+    shown = readers.load_source(str(root))
+    assert sorted(shown.rows) == sorted(p.eid for p in points)
+    assert shown.rows[points[0].eid].tuned and shown.rows[points[0].eid].config == WINNER
+    assert "no archs declared and no GPU here: showing the archs of the lock file (sm_90)" in shown.notes

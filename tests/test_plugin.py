@@ -157,6 +157,21 @@ def test_a_build_error_is_a_system_exit_with_one_prefix(tmp_path, build_env):
     assert staged(build_env) == []
 
 
+@pytest.mark.parametrize("mode", ["tune", "retune"])
+def test_tune_mode_without_a_gpu_says_so_before_anything_else(tmp_path, build_env, monkeypatch, mode):
+    """Even without `archs`: the tuner's own error, not advice to declare archs."""
+    import hatch_autotune.tuning.tuner as tuner
+
+    root = small_project(tmp_path / "p", extra=f'mode = "{mode}"\n')
+    text = (root / "pyproject.toml").read_text().replace('archs = ["sm_90"]\n', "")
+    (root / "pyproject.toml").write_text(text)
+    monkeypatch.setattr("hatch_autotune.build.devices.detect_gpus", lambda: [])
+    monkeypatch.setattr(tuner, "detect_gpus", lambda: [])
+    builder = WheelBuilder(str(root))
+    with pytest.raises(SystemExit, match=f"hatch-autotune: tuning \\(mode '{mode}'\\) needs a CUDA GPU on this machine and none was found"):
+        hook_of(builder, tmp_path / "dist").initialize("standard", fresh_build_data(builder))
+
+
 # ---- editable installs -------------------------------------------------------------------------
 
 

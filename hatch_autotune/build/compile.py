@@ -192,7 +192,9 @@ def compile_one(job: CompileJob) -> tuple[bool, bytes | None, str]:
             return False, None, f"{log}\nNVRTC produced an empty binary for {job.arch}".strip()
         return True, bytes(binary), log
     finally:
-        check_cuda(nvrtc.nvrtcDestroyProgram(prog), "nvrtcDestroyProgram")
+        destroyed = nvrtc.nvrtcDestroyProgram(prog)
+        if sys.exc_info()[0] is None:  # a failure above is the one to report, not the cleanup's
+            check_cuda(destroyed, "nvrtcDestroyProgram")
 
 
 def compile_all(

@@ -104,7 +104,8 @@ TIMED = ("ok", "eliminated")  # measurement statuses that carry a median time
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """The number as written (an int stays an int, so a re-written file keeps its bytes)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class LockEntry:
     default_ms: float | None = None  # the default's median time
     measurements: tuple[Mapping[str, Any], ...] = ()  # one per config: index, config, status, samples, median_ms, ...
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    read_from: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)  # the JSON it was read from
 
     @classmethod
     def from_json(cls, raw: Any) -> "LockEntry":
@@ -136,9 +138,14 @@ class LockEntry:
             default_ms=_number(raw.get("default_ms")),
             measurements=tuple(dict(m) for m in raw.get("measurements", [])),
             provenance=dict(raw.get("provenance", {})),
+            read_from=raw,
         )
 
     def to_json(self) -> dict[str, Any]:
+        """The entry's JSON; an entry read from a file and not changed since is written back as
+        it was read (keys a newer writer added, and number formats, survive a re-save)."""
+        if self.read_from is not None and LockEntry.from_json(self.read_from) == self:
+            return json.loads(json.dumps(self.read_from))
         out: dict[str, Any] = {"checksum": self.checksum, "config": dict(self.config), "tuned": self.tuned}
         if self.index is not None:
             out["index"] = self.index
@@ -328,6 +335,11 @@ def _refuse(message: str, strict: bool) -> LockFile:
 MERGE_PREFERENCES = ("first", "last", "faster")
 
 
+def _ms_or_inf(entry: LockEntry) -> float:
+    ms = entry.winner_ms
+    return float("inf") if ms is None else ms
+
+
 class MergeConflict(LockFormatError):
     """Entries of the same id that differ, with no rule to choose between them."""
 
@@ -355,8 +367,7 @@ def merge(inputs: Sequence[tuple[str, LockFile]], prefer: str | None = None) -> 
                 conflicts.setdefault(eid, f"{eid} ({why}: {origin[eid]} vs {label})")
                 continue
             resolved += 1
-            inf = float("inf")
-            if prefer == "last" or (prefer == "faster" and (entry.winner_ms or inf) < (have.winner_ms or inf)):
+            if prefer == "last" or (prefer == "faster" and _ms_or_inf(entry) < _ms_or_inf(have)):
                 merged[eid], origin[eid] = entry, label
     if conflicts:
         ids = sorted(conflicts)

@@ -169,15 +169,13 @@ class Plan:
                 return Choice(i, False, {}, f"{reason}; the default config failed to compile, took config #{i}")
         return None  # nothing compiled: the caller reports every variant's failure
 
-    def to_tune(self, archs: Sequence[str], mode: str, kernels: Sequence[str] | None = None) -> tuple[list[tuple[str, Instance, list[Point]]], int]:
+    def to_tune(self, archs: Sequence[str], mode: str) -> tuple[list[tuple[str, Instance, list[Point]]], int]:
         """Per arch and type instance, the points to tune: those a build could not use
         (missing, stale, or refused by exact-nvrtc), or all of them in `retune`; and how many
         were still valid."""
         todo, skipped = [], 0
         for arch in archs:
             for inst in self.instances:
-                if kernels and inst.spec.name not in kernels:
-                    continue
                 points = [p for p in inst.points[arch] if mode == "retune" or self.lock.valid(p.eid, p.checksum, self.policy) is None]
                 skipped += len(inst.points[arch]) - len(points)
                 if points:
@@ -203,10 +201,11 @@ def make_plan(
     log: Log = print,
     compiler: str | None = None,
     lock: LockFile | None = None,
+    kernels: Sequence[str] | None = None,
 ) -> Plan:
-    """Render every kernel once and find every point it serves on `archs`; read the lock file
-    (its warnings are logged; a newer schema is a LockFormatError). `compiler`: NVRTC's
-    major.minor, asked of NVRTC when not given."""
+    """Render every kernel (or only those named in `kernels`) once and find every point it
+    serves on `archs`; read the lock file (its warnings are logged; a newer schema is a
+    LockFormatError). `compiler`: NVRTC's major.minor, asked of NVRTC when not given."""
     from . import compile as compile_mod
 
     archs = tuple(archs)
@@ -217,6 +216,8 @@ def make_plan(
             log(f"warning: {w}")
     instances = []
     for spec in project.kernels.values():
+        if kernels and spec.name not in kernels:
+            continue
         for tkey, variants in render_kernel(spec).items():
             inst = Instance(spec, tkey, variants, [v.config_dict for v in variants].index(dict(spec.default)))
             inst.points = {arch: instance_points(spec, tkey, variants, arch) for arch in archs}

@@ -42,7 +42,6 @@ class AutotuneBuildHook(BuildHookInterface):
         from ..build.devices import detect_gpus
         from ..build.payload import module_relpath, write_package
         from ..build.pipeline import build_payload
-        from ..build.plan import make_plan, resolve_archs
         from ..errors import BuildError
         from ..spec.config import ConfigError, parse_project
 
@@ -54,12 +53,12 @@ class AutotuneBuildHook(BuildHookInterface):
         gpus = [] if project.mode == "offline" else detect_gpus()
         cache = CompileCache(default_cache_dir())
         try:
-            plan = make_plan(project, resolve_archs(project, gpus), log=self._say)
+            plan = None
             if project.mode != "offline":  # tuning.plan_tuning decides what this machine tunes
                 from ..tuning import tune
 
-                tune(project, mode=project.mode, log=self._say, cache=cache, gpus=gpus, plan=plan)
-            result = build_payload(project, cache=cache, log=self._say, plan=plan)
+                plan = tune(project, mode=project.mode, log=self._say, cache=cache, gpus=gpus).plan
+            result = build_payload(project, cache=cache, log=self._say, gpus=gpus, plan=plan)  # one pass: the tuner's plan
         except BuildError as exc:  # the tuner's errors come without the prefix the build's have
             raise SystemExit(f"hatch-autotune: {str(exc).removeprefix('hatch-autotune: ')}") from None
 

@@ -242,14 +242,25 @@ def project_source(root: Path) -> Source:
     from ..build.pipeline import compile_shipped
     from ..build.plan import make_plan, resolve_archs
     from ..errors import BuildError
+    from ..runtime import parse_arch
 
     project = load_project(root)
     lock_path = project.lock_file
     lock = read_lock(lock_path) if lock_path.exists() else LockFile()
     notes = [] if lock_path.exists() else [f"no lock file at {lock_path}: every entry uses its default config"]
+    gpus = [] if project.archs or project.mode == "offline" else detect_gpus()
+    if project.archs or gpus:
+        archs = resolve_archs(project, gpus)  # what a build here would target
+    else:  # a build here would stop for want of targets; show what the lock was tuned for
+        ids = [EntryId.parse(eid) for eid in lock.entries]
+        archs = tuple(sorted({i.arch for i in ids if i.kernel in project.kernels}, key=lambda a: parse_arch(a)[1:]))
+        notes.append(
+            f"no archs declared and no GPU here: showing the archs of the lock file ({', '.join(archs)})"
+            if archs
+            else "no archs declared, no GPU here and none in the lock file: nothing to show"
+        )
     try:
-        gpus = [] if project.archs or project.mode == "offline" else detect_gpus()
-        plan = make_plan(project, resolve_archs(project, gpus), lock=lock)
+        plan = make_plan(project, archs, lock=lock)
         shipping = compile_shipped(plan, CompileCache(default_cache_dir()), log=lambda _: None)
     except BuildError as exc:
         lines = str(exc).removeprefix("hatch-autotune: ").splitlines()

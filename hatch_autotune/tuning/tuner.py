@@ -213,6 +213,7 @@ class BucketJob:
 class TuneSummary:
     tuned: list[tuple[str, LockEntry]] = field(default_factory=list)  # (entry id, lock entry)
     skipped: int = 0  # entries whose lock entry was still valid
+    plan: Plan | None = None  # what was tuned, for the build that follows (None: nothing, or some kernels only)
 
     def table(self) -> str:
         rows = [("entry", "winner", "ms", "vs default", "measured", "rejected/failed")]
@@ -437,14 +438,13 @@ def tune(
     client_factory: Callable[[int], WorkerClient] | None = None,
     cache: CompileCache | None = None,
     gpus: Sequence[Gpu] | None = None,
-    plan: Plan | None = None,
 ) -> TuneSummary:
     """Tune the stale (or, in `retune`, all) entries of `project` for every target arch that has
     a device here (plan_tuning; in `auto`, none is not an error), or only for `gpu_arch`, and
     write them into its lock file as each bucket finishes. `gpus`: this machine's devices when
-    the caller has detected them already (the build hook), else detected here. `plan`: the
-    build's plan (the tuned entries land in its lock, so the build that follows uses them
-    without rendering or reading anything again), else one made here."""
+    the caller has detected them already (the build hook), else detected here. The summary
+    carries the plan it tuned (all kernels only), whose lock holds the new entries: the build
+    that follows uses it, rendering and reading nothing again."""
     if mode == "offline":
         raise TuningError("mode 'offline' never touches a GPU; use mode 'tune' or 'retune' to tune")
     unknown = sorted(set(kernels or []) - set(project.kernels))
@@ -465,9 +465,10 @@ def tune(
     if not tuning.archs:
         return summary
     cache = cache or CompileCache(default_cache_dir())
-    if plan is None:
-        plan = make_plan(project, targets, log=log)
-    todo, summary.skipped = plan.to_tune(tuning.archs, mode, kernels)
+    plan = make_plan(project, targets, log=log, kernels=kernels)
+    if not kernels:
+        summary.plan = plan
+    todo, summary.skipped = plan.to_tune(tuning.archs, mode)
     if summary.skipped:
         log(f"tuning: {summary.skipped} entr(y/ies) still valid in {project.lock_file.name}; not re-tuned")
     factory = client_factory or (lambda device: WorkerClient())
