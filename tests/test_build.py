@@ -146,7 +146,7 @@ def test_cache_get_rejects_foreign_and_mismatched_entries(tmp_path):
 def _write_lock(root, result, winner: dict) -> LockFile:
     """A lock whose every entry names `winner` as tuned (what a GPU tuner would write)."""
     lock = LockFile()
-    for key, (eid, checksum) in result.kernels[0].entries.items():
+    for key, (eid, checksum) in result.kernels[0].lock_ids.items():
         lock.entries[eid] = LockEntry(
             checksum=checksum,
             config=winner,
@@ -188,7 +188,7 @@ def test_one_stale_entry_among_valid_ones(tiny, tmp_path):
     lock.entries[eid] = dataclasses.replace(lock.entries[eid], checksum="0" * 64)
     lock.save(tiny / "autotune.lock.json")
     result = build(tiny, tmp_path / "cache")
-    tuned = {result.kernels[0].entries[k][0]: c.tuned for k, c in result.kernels[0].choices.items()}
+    tuned = {result.kernels[0].lock_ids[k][0]: c.tuned for k, c in result.kernels[0].choices.items()}
     assert tuned.pop(eid) is False and all(tuned.values())
 
 
@@ -330,7 +330,7 @@ def test_configs_sharing_a_source_keep_their_own_launch_config(tmp_path):
     root = write_tiny_project(tmp_path / "p", template=template)
     first = build(root, tmp_path / "cache")
     lock = LockFile()
-    for (tkey, arch, point), (eid, checksum) in first.kernels[0].entries.items():
+    for (tkey, arch, point), (eid, checksum) in first.kernels[0].lock_ids.items():
         block = 64 if point == (1024,) else 256
         lock.entries[eid] = LockEntry(checksum, {"BLOCK": block, "FACTOR": 2, "BAD": False}, tuned=True)
     lock.save(root / "autotune.lock.json")

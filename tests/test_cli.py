@@ -85,7 +85,7 @@ def fixture_lock_entries(result) -> dict[str, dict]:
     configs = [v.config_dict for v in kb.variants["-"]]
     default = dict(kb.spec.default)
     entries = {}
-    for (tkey, arch, point), (eid, checksum) in sorted(kb.entries.items()):
+    for (tkey, arch, point), (eid, checksum) in sorted(kb.lock_ids.items()):
         ms = fixture_measurements(configs, arch, point[0])
         ok = [m for m in ms if m["status"] == "ok"]
         win = min(ok, key=lambda m: m["median_ms"])

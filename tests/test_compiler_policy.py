@@ -95,7 +95,7 @@ def test_exact_nvrtc_makes_them_stale_and_tune_redoes_them(old_lock, tmp_path, m
     project = load_project(old_lock, SM90)
     lock = LockFile.load(project.lock_file)
     policy = NvrtcPolicy(NOW, exact=project.exact_nvrtc)
-    assert all(lock.valid(eid, checksum, policy) is None for eid, checksum in kb.entries.values())  # so tune redoes them
+    assert all(lock.valid(eid, checksum, policy) is None for eid, checksum in kb.lock_ids.values())  # so tune redoes them
 
     summary, _ = tune_with(old_lock, tmp_path, monkeypatch)
     assert len(summary.tuned) == 3 and summary.skipped == 0
@@ -103,9 +103,9 @@ def test_exact_nvrtc_makes_them_stale_and_tune_redoes_them(old_lock, tmp_path, m
 
 
 def test_the_checksum_does_not_depend_on_the_compiler_version(tiny, tmp_path, monkeypatch):
-    now = build(tiny, tmp_path / "cache").kernels[0].entries
+    now = build(tiny, tmp_path / "cache").kernels[0].lock_ids
     monkeypatch.setattr(compile_mod, "nvrtc_version", lambda: OLD)
-    assert build(tiny, tmp_path / "cache").kernels[0].entries == now
+    assert build(tiny, tmp_path / "cache").kernels[0].lock_ids == now
 
 
 def test_show_applies_the_builds_rule(old_lock, capsys):

@@ -131,7 +131,7 @@ def test_show_agrees_with_the_build_when_a_winner_no_longer_compiles(project, tm
     points = plan.instances[0].points["sm_90"]
     lock_with(plan, {points[0].eid: BROKEN, points[1].eid: WINNER}).save(project.lock_file)
     result = build_payload(project, cache=CompileCache(tmp_path / "cache"), log=quiet)
-    built = {eid: result.kernels[0].variants["-"][result.kernels[0].choices[key].variant_index].config_dict for key, (eid, _) in result.kernels[0].entries.items()}
+    built = {eid: result.kernels[0].variants["-"][result.kernels[0].choices[key].variant_index].config_dict for key, (eid, _) in result.kernels[0].lock_ids.items()}
     shown = readers.load_source(str(project.root)).rows
     assert {eid: row.config for eid, row in shown.items()} == built
     assert built[points[0].eid] == dict(project.kernels["scale"].default) and built[points[1].eid] == WINNER

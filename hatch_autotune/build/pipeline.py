@@ -31,7 +31,7 @@ class KernelBuild:
     binaries: dict[tuple[str, str], compile_mod.CompileResult]  # (source_hash, arch) -> result
     choices: dict[tuple[str, str, tuple[int, ...]], Choice]  # (types_key, arch, bucket) -> choice
     failed: dict[str, list[str]] = field(default_factory=dict)  # variant label -> arch: log
-    entries: dict[tuple[str, str, tuple[int, ...]], tuple[str, str]] = field(default_factory=dict)  # -> (lock id, checksum)
+    lock_ids: dict[tuple[str, str, tuple[int, ...]], tuple[str, str]] = field(default_factory=dict)  # -> (lock entry id, checksum)
 
 
 @dataclass
@@ -144,7 +144,7 @@ def build_payload(
                     kb.failed.setdefault(inst.variants[i].label, []).append(f"{arch}: {r.log}")
             for p, choice in shipping.choices[(n, arch)].items():
                 kb.choices[(inst.types_key, arch, p.key)] = choice
-                kb.entries[(inst.types_key, arch, p.key)] = (p.eid, p.checksum)
+                kb.lock_ids[(inst.types_key, arch, p.key)] = (p.eid, p.checksum)
                 if not choice.tuned:
                     untuned.append((p, choice.reason))
     for kb in kernels.values():
