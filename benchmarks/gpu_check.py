@@ -612,13 +612,16 @@ def _digest(path: Path) -> str | None:
 def lock_summary(path: Path, arch: str | None) -> str:
     from hatch_autotune.build.lock import EntryId, LockFile, LockFormatError
 
+    if not path.exists():
+        return f"lock file unreadable: {path}: no such file"
     try:
-        lock = LockFile.read(path)
-    except LockFormatError as exc:
+        lock = LockFile.load(path)  # what the build reads: malformed parts are warnings
+    except LockFormatError as exc:  # a newer schema
         return f"lock file unreadable: {exc}"
     mine = {k: e for k, e in lock.entries.items() if not arch or EntryId.parse(k).arch == arch}
     tuned = sum(e.tuned for e in mine.values())
-    return f"lock: {len(mine)} entries for {arch or 'any arch'}, {tuned} tuned ({len(lock.entries)} in all)"
+    ignored = f"; {len(lock.warnings)} warning(s), the first: {lock.warnings[0]}" if lock.warnings else ""
+    return f"lock: {len(mine)} entries for {arch or 'any arch'}, {tuned} tuned ({len(lock.entries)} in all){ignored}"
 
 
 def _atomic(path: Path, text: str) -> None:

@@ -84,7 +84,7 @@ def main() -> None:
     if opts.lock.exists():
         from hatch_autotune.build.lock import LockFile
 
-        for eid, e in LockFile.read(opts.lock).entries.items():
+        for eid, e in LockFile.load(opts.lock).entries.items():
             if e.default_ms and e.winner_ms:
                 speedups.append({"entry": eid, "winner": dict(e.config), "speedup_over_default": e.default_ms / e.winner_ms})
     payload = {

@@ -240,9 +240,211 @@ class NvrtcPolicy:
 @dataclass
 class LockFile:
     """The entries of a lock file by id, plus the warnings met while reading it. `load` is the
-    build's reader (a corrupt or foreign file or entry is a warning and a miss), `read` the
-    command's (anything malformed is a LockFormatError); both refuse a newer schema, which a
-    build must not overwrite with an older one."""
+    build's reader (a corrupt or foreign file or entry is a warning and a miss); `parse` with
+    strict=True is the command's (anything malformed is a LockFormatError; the command reads
+    the file itself, as it does every JSON file it is given). Both refuse a newer schema, which
+    a build must not overwrite with an older one."""
+
+    entries: dict[str, LockEntry] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path) -> "LockFile":
+        if not path.exists():
+            return cls()
+        try:
+            data = json.loads(path.read_bytes())
+        except (OSError, ValueError) as exc:
+            return cls(warnings=[f"{path}: lock file is unreadable or not JSON ({exc}); ignoring it"])
+        return cls.parse(data, str(path), strict=False)
+
+    @classmethod
+    def parse(cls, text: Any) -> "EntryId":
+        parts = text.split("|") if isinstance(text, str) else []
+        if len(parts) == 4 and all(parts[:3]):
+            items = [_BUCKET_ITEM.match(item) for item in parts[3].split(",")]
+            if all(items):
+                return cls(parts[0], parts[1], parts[2], tuple((m.group(1), int(m.group(2))) for m in items if m))
+        raise LockFormatError(f"entry id {text!r} is not 'kernel|types|arch|dim=value,...'")
+
+
+def entry_checksum(
+    spec: KernelSpec,
+    types_key: str,
+    source_hashes: Sequence[str],
+    arch: str,
+    bucket: Mapping[str, int],
+) -> str:
+    """Hash of what a measurement and its winner depend on: the variant sources (so the template
+    and the space), the compile options, the arguments, how key dims are read, the launch
+    geometry, what verification compares against, the search, the arch and bucket.
+    Expressions enter as parsed trees, so reformatting one does not invalidate the lock; the
+    bucket mapping does not enter (it decides which bucket a call uses, not what was measured).
+    Nor does the NVRTC version: the dependency allows any 13.x, and a builder that resolved
+    another one must not lose every winner; NvrtcPolicy decides what a version change does."""
+    from .compile import CompileJob
+
+    blob = {
+        "kernel": spec.name,
+        "entry": spec.entry,
+        "types": types_key,
+        "sources": list(source_hashes),
+        "options": CompileJob("", arch, spec.entry, spec.nvrtc_options).full_options(),
+        "args": [[a.name, a.dtype, [e.tree for e in a.shape] if a.shape else None, a.intent, a.value.tree if a.value else None] for a in spec.args],
+        "key": [[k.name, k.source, k.axis] for k in spec.key],
+        "launch": [[e.tree for e in spec.grid], [e.tree for e in spec.block], spec.shared.tree],
+        "verification": [spec.reference, spec.inputs, list(spec.tolerance) if spec.tolerance else None],
+        "search": [spec.search.strategy, spec.search.budget, spec.search.seed],
+        "arch": arch,
+        "bucket": dict(bucket),
+    }
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+
+TIMED = ("ok", "eliminated")  # measurement statuses that carry a median time
+
+
+def _number(value: Any) -> float | None:
+    """The number as written (an int stays an int, so a re-written file keeps its bytes)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    """One tuned point: the winning config, every measurement, where it was measured, and the
+    checksum of what it depends on. `from_json` and `to_json` are its one reader and writer."""
+
+    checksum: str
+    config: Mapping[str, Any]
+    tuned: bool
+    index: int | None = None  # the winner's position in the canonical config list
+    default: Mapping[str, Any] | None = None  # the kernel's default config when it was tuned
+    default_ms: float | None = None  # the default's median time
+    measurements: tuple[Mapping[str, Any], ...] = ()  # one per config: index, config, status, samples, median_ms, ...
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+    read_from: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)  # the JSON it was read from
+
+    @classmethod
+    def from_json(cls, raw: Any) -> "LockEntry":
+        """The entry, or LockFormatError saying what is malformed."""
+        problem = _entry_problem(raw)
+        if problem:
+            raise LockFormatError(problem)
+        return cls(
+            checksum=raw["checksum"],
+            config=dict(raw["config"]),
+            tuned=raw["tuned"],
+            index=raw.get("index"),
+            default=dict(raw["default"]) if isinstance(raw.get("default"), dict) else None,
+            default_ms=_number(raw.get("default_ms")),
+            measurements=tuple(dict(m) for m in raw.get("measurements", [])),
+            provenance=dict(raw.get("provenance", {})),
+            read_from=raw,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry's JSON; an entry read from a file and not changed since is written back as
+        it was read (keys a newer writer added, and number formats, survive a re-save)."""
+        if self.read_from is not None and LockEntry.from_json(self.read_from) == self:
+            return json.loads(json.dumps(self.read_from))
+        out: dict[str, Any] = {"checksum": self.checksum, "config": dict(self.config), "tuned": self.tuned}
+        if self.index is not None:
+            out["index"] = self.index
+        if self.default is not None:
+            out["default"] = dict(self.default)
+        if self.default is not None or self.default_ms is not None:
+            out["default_ms"] = self.default_ms
+        if self.measurements:
+            out["measurements"] = [dict(m) for m in self.measurements]
+        if self.provenance:
+            out["provenance"] = dict(self.provenance)
+        return out
+
+    def time_of(self, config: Mapping[str, Any]) -> float | None:
+        """The median time measured for `config` (a fully timed run before an eliminated one)."""
+        times = [
+            (m.get("status") != "ok", t)
+            for m in self.measurements
+            if m.get("config") == dict(config) and m.get("status") in TIMED and (t := _number(m.get("median_ms"))) is not None
+        ]
+        return min(times)[1] if times else None
+
+    @property
+    def winner_ms(self) -> float | None:
+        return self.time_of(self.config)
+
+
+def _entry_problem(raw: Any) -> str | None:
+    if not isinstance(raw, dict):
+        return "not an object"
+    if not isinstance(raw.get("checksum"), str):
+        return "no checksum"
+    if not isinstance(raw.get("config"), dict):
+        return "no config"
+    if not isinstance(raw.get("tuned"), bool):
+        return "no tuned flag"
+    if raw.get("index") is not None and (not isinstance(raw["index"], int) or isinstance(raw["index"], bool)):
+        return "index is not an integer"
+    if raw.get("default") is not None and not isinstance(raw["default"], dict):
+        return "default is not an object"
+    if not isinstance(raw.get("provenance", {}), dict):
+        return "provenance is not an object"
+    ms = raw.get("measurements", [])
+    if not isinstance(ms, list) or not all(isinstance(m, dict) and isinstance(m.get("config"), dict) for m in ms):
+        return "measurements are not a list of objects with a config"
+    if raw.get("default_ms") is not None and _number(raw["default_ms"]) is None:
+        return "default_ms is not a number"
+    return None
+
+
+NOT_RECORDED = "(not recorded)"
+
+
+def tuned_with(provenance: Mapping[str, Any]) -> str:
+    """The NVRTC major.minor an entry was tuned with, as its provenance records it."""
+    return str(provenance.get("nvrtc") or NOT_RECORDED)
+
+
+@dataclass(frozen=True)
+class NvrtcPolicy:
+    """What a change of NVRTC version does to a lock entry. The version an entry was tuned with
+    is recorded in its provenance; by default another one is reported, not invalidating (a
+    winner measured with 13.0 is still the best guess under 13.5). `exact-nvrtc = true` makes an
+    entry tuned with another major.minor stale, for projects that want every shipped winner
+    measured with the compiler that built it."""
+
+    nvrtc: str  # this build's NVRTC, 'major.minor'
+    exact: bool = False
+
+    def problem(self, entry: LockEntry) -> str | None:
+        """Why exact-nvrtc refuses this (tuned, checksum-valid) entry; None if it does not."""
+        version = tuned_with(entry.provenance)
+        if not self.exact or version == self.nvrtc:
+            return None
+        return f"tuned with NVRTC {version}, this build uses {self.nvrtc} and exact-nvrtc = true"
+
+    def warning(self, versions: Counter) -> str | None:
+        """One line about the winners in use that another NVRTC measured, or None;
+        `versions`: NVRTC version -> how many of the entries in use were tuned with it."""
+        others = {v: n for v, n in versions.most_common() if v not in (self.nvrtc, NOT_RECORDED)}
+        if not others:
+            return None
+        n, most = sum(others.values()), next(iter(others))
+        named = most if len(others) == 1 else " and ".join(f"{v} ({k})" for v, k in others.items())
+        return (
+            f"{n} lock entr{'y was' if n == 1 else 'ies were'} tuned with NVRTC {named} and this build uses NVRTC {self.nvrtc}: "
+            f"{'its winner is' if n == 1 else 'their winners are'} used (exact-nvrtc = true re-tunes them instead; "
+            f"pin nvidia-cuda-nvrtc=={most}.* in build-system.requires for byte-identical binaries)"
+        )
+
+
+@dataclass
+class LockFile:
+    """The entries of a lock file by id, plus the warnings met while reading it. `load` is the
+    build's reader (a corrupt or foreign file or entry is a warning and a miss); `parse` with
+    strict=True is the command's (anything malformed is a LockFormatError; the command reads
+    the file itself, as it does every JSON file it is given). Both refuse a newer schema, which
+    a build must not overwrite with an older one."""
 
     entries: dict[str, LockEntry] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
