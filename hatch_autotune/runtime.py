@@ -84,12 +84,34 @@ def table_bytes(table: Mapping[str, Any]) -> bytes:
     return (json.dumps(table, sort_keys=True, indent=1) + "\n").encode()
 
 
+MAX_JSON_DEPTH = 160  # deeper than any file hatch-autotune writes (expression trees included)
+
+
+def load_json(data: bytes | bytearray | str) -> Any:
+    """The one decoder of hatch-autotune's data files (lock file, selection table, cache
+    entries): ValueError for text that is not JSON, or that nests deeper than MAX_JSON_DEPTH,
+    which the decoder, and later whatever walks the value, would recurse into."""
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return value
+
+
 def parse_table(data: Any, where: str) -> dict[str, Any]:
     """The one reader of table.json (bytes, or already-decoded JSON): the table, or TableError
     naming `where` and what is wrong (a newer schema says to upgrade)."""
     if isinstance(data, (bytes, bytearray, str)):
         try:
-            data = json.loads(data)
+            data = load_json(data)
         except ValueError as exc:
             raise TableError(f"{where}: corrupt selection table: not valid JSON ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("kernels"), dict) or "schema" not in data:

@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..runtime import load_json
+
 CACHE_SCHEMA = 1
 
 # What `_paths` and `atomic_write` put in the store: <2 hex>/<64 hex>.json|.bin, and the temp
@@ -67,7 +69,7 @@ class CompileCache:
     def get(self, key: str) -> tuple[dict[str, Any], bytes | None] | None:
         meta_path, bin_path = self._paths(key)
         try:
-            meta = json.loads(meta_path.read_bytes())
+            meta = load_json(meta_path.read_bytes())
             if not isinstance(meta, dict) or meta.get("schema") != CACHE_SCHEMA or meta.get("key") != key:
                 return None
             digest = meta.get("binary_sha256")

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import BuildError
 from ..spec.config import KernelSpec
+from ..runtime import load_json
 from .cache import atomic_write
 
 LOCK_SCHEMA = 1
@@ -28,7 +29,7 @@ class LockFormatError(BuildError):
     """A lock file or entry that a strict reader refuses; the message names the file and why."""
 
 
-_BUCKET_ITEM = re.compile(r"^([A-Za-z_]\w*)=(-?\d+)$")
+_BUCKET_ITEM = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(-?[0-9]+)")  # fullmatch: no trailing newline
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class EntryId:
     def parse(cls, text: Any) -> "EntryId":
         parts = text.split("|") if isinstance(text, str) else []
         if len(parts) == 4 and all(parts[:3]):
-            items = [_BUCKET_ITEM.match(item) for item in parts[3].split(",")]
+            items = [_BUCKET_ITEM.fullmatch(item) for item in parts[3].split(",")]
             if all(items):
                 return cls(parts[0], parts[1], parts[2], tuple((m.group(1), int(m.group(2))) for m in items if m))
         raise LockFormatError(f"entry id {text!r} is not 'kernel|types|arch|dim=value,...'")
@@ -253,7 +254,7 @@ class LockFile:
         if not path.exists():
             return cls()
         try:
-            data = json.loads(path.read_bytes())
+            data = load_json(path.read_bytes())
         except (OSError, ValueError) as exc:
             return cls(warnings=[f"{path}: lock file is unreadable or not JSON ({exc}); ignoring it"])
         return cls.parse(data, str(path), strict=False)

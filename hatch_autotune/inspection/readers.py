@@ -12,13 +12,13 @@ contrast, only warns and falls back).
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import zipfile
 from pathlib import Path
 from typing import Any
 
+from ..runtime import load_json
 from ..build.lock import TIMED, EntryId, LockEntry, LockFile, LockFormatError
 from .errors import CliError
 from .model import LOCK_NO_RESOURCES, PROJECT_NO_RESOURCES, TABLE_NO_TIMES, Row, Source
@@ -38,7 +38,7 @@ def read_json(path: Path, what: str) -> Any:
     if zipfile.is_zipfile(path):
         raise CliError(f"{path}: is a zip archive (a wheel?), expected a {what}")
     try:
-        return json.loads(path.read_bytes())
+        return load_json(path.read_bytes())
     except OSError as exc:
         raise CliError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
