@@ -84,6 +84,7 @@ def table_bytes(table: Mapping[str, Any]) -> bytes:
     return (json.dumps(table, sort_keys=True, indent=1) + "\n").encode()
 
 
+MAX_SIZE = 2**63 - 1  # the largest array size or key value: what an int64 index can reach
 MAX_JSON_DEPTH = 160  # deeper than any file hatch-autotune writes (expression trees included)
 
 
@@ -145,14 +146,53 @@ def cdiv(a: int, b: int) -> int:
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {"cdiv": cdiv, "min": min, "max": max}
 
+# Bounds that keep every evaluation cheap, whatever a config or a table holds: `9**9**9` or a
+# product of huge sizes stops at MAX_INT_BITS instead of taking the machine's time and memory,
+# a string axis never meets arithmetic (`S * 10**10` would build a 10 GB string), and trees
+# deeper than MAX_EXPR_DEPTH are refused before anything recurses into them.
+MAX_INT_BITS = 1024
+MAX_EXPR_DEPTH = 64
+_INT_LIMIT = 1 << MAX_INT_BITS
+
+
+class ExpressionError(ValueError):
+    """An expression that cannot be evaluated within bounds, or a malformed tree (a corrupt or
+    foreign table)."""
+
+
+def _power(a: Any, b: Any) -> Any:
+    """a ** b, refused before it is computed when an integer result would exceed the bound."""
+    if type(a) is int and type(b) is int and b > 0 and (abs(a).bit_length() - 1) * b >= MAX_INT_BITS:
+        raise ExpressionError(f"{short_repr(a)} ** {short_repr(b)} has more than {MAX_INT_BITS} bits")
+    return a**b
+
+
+def _arithmetic(op: str, f: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def run(a: Any, b: Any) -> Any:
+        if type(a) is str or type(b) is str:
+            raise ExpressionError(f"`{op}` applied to a string ({short_repr(a)} {op} {short_repr(b)}); arithmetic takes numbers")
+        value = f(a, b)
+        if type(value) is int:
+            if not -_INT_LIMIT < value < _INT_LIMIT:
+                raise ExpressionError(f"{op} gives an integer of more than {MAX_INT_BITS} bits")
+        elif type(value) is complex:  # a negative base to a fractional power
+            raise ExpressionError(f"{short_repr(a)} ** {short_repr(b)} is not a real number")
+        return value
+
+    return run
+
+
 _OPS: dict[str, Callable[[Any, Any], Any]] = {
-    "+": lambda a, b: a + b,
-    "-": lambda a, b: a - b,
-    "*": lambda a, b: a * b,
-    "/": lambda a, b: a / b,
-    "//": lambda a, b: a // b,
-    "%": lambda a, b: a % b,
-    "**": lambda a, b: a**b,
+    op: _arithmetic(op, f)
+    for op, f in {
+        "+": lambda a, b: a + b,
+        "-": lambda a, b: a - b,
+        "*": lambda a, b: a * b,
+        "/": lambda a, b: a / b,
+        "//": lambda a, b: a // b,
+        "%": lambda a, b: a % b,
+        "**": _power,
+    }.items()
 }
 _CMPS: dict[str, Callable[[Any, Any], bool]] = {
     "==": lambda a, b: a == b,
@@ -164,41 +204,64 @@ _CMPS: dict[str, Callable[[Any, Any], bool]] = {
 }
 
 
-class ExpressionError(ValueError):
-    """A malformed expression tree (a corrupt or foreign table)."""
+def _negate(a: Any) -> Any:
+    if type(a) is str:
+        raise ExpressionError(f"`-` applied to a string ({a!r}); arithmetic takes numbers")
+    return -a
 
 
 def compile_expr(tree: Any) -> Callable[[Mapping[str, Any]], Any]:
-    """Turn a tree into a closure over an environment mapping; built once, called per launch."""
+    """Turn a tree into a closure over an environment mapping; built once, called per launch.
+    Building raises ExpressionError for a malformed or too deep tree; evaluating raises only
+    ExpressionError (a division by zero, a bound exceeded, a string in arithmetic...)."""
+    fn = _compile(tree, 0)
+
+    def evaluate(env: Mapping[str, Any]) -> Any:
+        try:
+            return fn(env)
+        except ExpressionError:
+            raise
+        except (ArithmeticError, LookupError, TypeError, ValueError) as exc:
+            raise ExpressionError(f"{type(exc).__name__}: {exc}") from None
+
+    return evaluate
+
+
+def _compile(tree: Any, depth: int) -> Callable[[Mapping[str, Any]], Any]:
+    if depth > MAX_EXPR_DEPTH:
+        raise ExpressionError(f"expression tree nested deeper than {MAX_EXPR_DEPTH} levels")
     if isinstance(tree, (bool, int, float)):
+        if isinstance(tree, int) and not -_INT_LIMIT < tree < _INT_LIMIT:
+            raise ExpressionError(f"an integer literal of more than {MAX_INT_BITS} bits")
         return lambda env, v=tree: v
     if not isinstance(tree, list) or not tree or not isinstance(tree[0], str):
-        raise ExpressionError(f"not an expression tree: {tree!r}")
+        raise ExpressionError(f"not an expression tree: {short_repr(tree)}")
     op, args = tree[0], tree[1:]
+    d = depth + 1
     if op == "n" and len(args) == 1 and isinstance(args[0], str):
         name = args[0]
         return lambda env: env[name]
     if op in _OPS and len(args) == 2:
-        f, a, b = _OPS[op], compile_expr(args[0]), compile_expr(args[1])
+        f, a, b = _OPS[op], _compile(args[0], d), _compile(args[1], d)
         return lambda env: f(a(env), b(env))
     if op == "neg" and len(args) == 1:
-        a = compile_expr(args[0])
-        return lambda env: -a(env)
+        a = _compile(args[0], d)
+        return lambda env: _negate(a(env))
     if op == "not" and len(args) == 1:
-        a = compile_expr(args[0])
+        a = _compile(args[0], d)
         return lambda env: not a(env)
     if op in ("and", "or") and len(args) >= 2:
-        parts = [compile_expr(x) for x in args]
+        parts = [_compile(x, d) for x in args]
         if op == "and":
             return lambda env: all(p(env) for p in parts)
         return lambda env: any(p(env) for p in parts)
     if op == "cmp" and len(args) >= 2:
-        first = compile_expr(args[0])
+        first = _compile(args[0], d)
         rest = []
         for item in args[1:]:
-            if not (isinstance(item, list) and len(item) == 2 and item[0] in _CMPS):
-                raise ExpressionError(f"bad comparison in expression tree: {item!r}")
-            rest.append((_CMPS[item[0]], compile_expr(item[1])))
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and item[0] in _CMPS):
+                raise ExpressionError(f"bad comparison in expression tree: {short_repr(item)}")
+            rest.append((_CMPS[item[0]], _compile(item[1], d)))
 
         def chained(env: Mapping[str, Any]) -> bool:
             left = first(env)
@@ -211,17 +274,23 @@ def compile_expr(tree: Any) -> Callable[[Mapping[str, Any]], Any]:
 
         return chained
     if op == "if" and len(args) == 3:
-        c, a, b = (compile_expr(x) for x in args)
+        c, a, b = (_compile(x, d) for x in args)
         return lambda env: a(env) if c(env) else b(env)
-    if op == "call" and len(args) >= 1 and args[0] in FUNCTIONS:
+    if op == "call" and len(args) >= 1 and isinstance(args[0], str) and args[0] in FUNCTIONS:
         f = FUNCTIONS[args[0]]
-        parts = [compile_expr(x) for x in args[1:]]
+        parts = [_compile(x, d) for x in args[1:]]
         return lambda env: f(*(p(env) for p in parts))
-    raise ExpressionError(f"unknown expression node {op!r} with {len(args)} operand(s)")
+    raise ExpressionError(f"unknown expression node {short_repr(op)} with {len(args)} operand(s)")
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """A value for an error message, cut to `limit` characters (trees can be huge)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def tree_names(tree: Any) -> set[str]:
-    """The free names an expression tree reads."""
+    """The free names an expression tree reads (of a tree that compile_expr accepted)."""
     if not isinstance(tree, list) or not tree:
         return set()
     if tree[0] == "n":
@@ -272,30 +341,36 @@ def map_to_bucket(value: int, buckets: Sequence[int], mapping: str = "nearest", 
 # --------------------------------------------------------------------------------------------
 # Archs and fallback.
 
-_ARCH_RE = re.compile(r"^(sm|compute)_(\d+)(\d)([af]?)$")
+_ARCH_RE = re.compile(r"(sm|compute)_([0-9]+)([0-9])([af]?)")  # fullmatch: no trailing newline
 
 
 def parse_arch(arch: str) -> tuple[str, int, int, str]:
     """'sm_90a' -> ('sm', 9, 0, 'a'); 'compute_80' -> ('compute', 8, 0, '')."""
-    m = _ARCH_RE.match(arch)
+    m = _ARCH_RE.fullmatch(arch) if isinstance(arch, str) else None
     if not m:
         raise ValueError(f"not a CUDA arch: {arch!r} (expected e.g. 'sm_90' or 'compute_90')")
     return m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
 
 
 def as_compute_capability(arch: Any) -> tuple[int, int]:
-    """Accepts 'sm_86', '8.6', 86, (8, 6) and returns (8, 6)."""
-    if isinstance(arch, tuple) and len(arch) == 2:
-        return int(arch[0]), int(arch[1])
-    if isinstance(arch, int) and not isinstance(arch, bool):
-        return arch // 10, arch % 10
-    if isinstance(arch, str):
-        if re.fullmatch(r"\d+\.\d", arch):
+    """Accepts 'sm_86', '8.6', 86, (8, 6) and returns (8, 6); ValueError for what no GPU has
+    (a major below 1 or above 99, a minor above 9: -1 is not 'sm_-19')."""
+    if isinstance(arch, tuple) and len(arch) == 2 and all(type(v) is int for v in arch):
+        cc = arch
+    elif isinstance(arch, int) and not isinstance(arch, bool):
+        cc = (arch // 10, arch % 10) if arch >= 0 else (-1, 0)
+    elif isinstance(arch, str):
+        if re.fullmatch(r"[0-9]{1,2}\.[0-9]", arch):
             major, minor = arch.split(".")
-            return int(major), int(minor)
-        _, major, minor, _ = parse_arch(arch)
-        return major, minor
-    raise TypeError(f"arch: expected 'sm_XY', 'X.Y', an int XY or a (major, minor) tuple, got {arch!r}")
+            cc = (int(major), int(minor))
+        else:
+            _, major, minor, _ = parse_arch(arch)
+            cc = (major, minor)
+    else:
+        raise TypeError(f"arch: expected 'sm_XY', 'X.Y', an int XY or a (major, minor) tuple, got {short_repr(arch)}")
+    if not (1 <= cc[0] <= 99 and 0 <= cc[1] <= 9):
+        raise ValueError(f"arch: {short_repr(arch)} is not a compute capability (expected e.g. 'sm_90', '9.0', 90 or (9, 0))")
+    return cc
 
 
 def choose_arch(device_cc: tuple[int, int], cubin_archs: Sequence[str], ptx_archs: Sequence[str]) -> tuple[str, str]:
@@ -411,12 +486,10 @@ def array_view(obj: Any, stream_ptr: int = -1) -> ArrayView | None:
     order its pending work before it (-1: no ordering, for checks that launch nothing)."""
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
-        typestr = cai["typestr"]
+        typestr, shape, ptr, readonly, strides = _cai_fields(cai)
         dtype = _DTYPE_OF_TYPESTR.get(typestr[1:]) if typestr[:1] in ("<", "|", "=") else None
-        shape = tuple(cai["shape"])
-        ptr, readonly = cai["data"]
         itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 0
-        return ArrayView(ptr, shape, dtype, _c_contiguous(shape, cai.get("strides"), itemsize), bool(readonly), None)
+        return ArrayView(ptr, shape, dtype, _c_contiguous(shape, strides, itemsize), readonly, None)
     if hasattr(obj, "__dlpack__"):
         where = getattr(obj, "__dlpack_device__", None)
         if where is not None and where()[0] == _DLPACK_CPU:  # NumPy: host memory, and no stream allowed
@@ -433,6 +506,34 @@ def array_view(obj: Any, stream_ptr: int = -1) -> ArrayView | None:
         contiguous = _c_contiguous(shape, strides, 1)  # DLPack strides count elements, not bytes
         return ArrayView(view.ptr, shape, dtype, contiguous, bool(view.readonly), view.device_id if view.is_device_accessible else -1)
     return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _cai_fields(cai: Any) -> tuple[str, tuple[int, ...], int, bool, tuple[int, ...] | None]:
+    """(typestr, shape, pointer, readonly, strides) of a __cuda_array_interface__ (version 3),
+    or ArrayInterfaceError saying which field is missing or malformed."""
+    if not isinstance(cai, dict):
+        raise ArrayInterfaceError(f"__cuda_array_interface__ is {type(cai).__name__}, not a dict")
+    missing = [k for k in ("typestr", "shape", "data") if k not in cai]
+    if missing:
+        raise ArrayInterfaceError(f"__cuda_array_interface__ lacks {', '.join(repr(k) for k in missing)}")
+    typestr, shape, data, strides = cai["typestr"], cai["shape"], cai["data"], cai.get("strides")
+    if not isinstance(typestr, str):
+        raise ArrayInterfaceError(f"__cuda_array_interface__['typestr'] is {short_repr(typestr)}, not a string such as '<f4'")
+    if not isinstance(shape, (tuple, list)) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise ArrayInterfaceError(f"__cuda_array_interface__['shape'] is {short_repr(shape)}, not a tuple of sizes")
+    if not (isinstance(data, (tuple, list)) and len(data) == 2 and _is_int(data[0]) and data[0] >= 0):
+        raise ArrayInterfaceError(f"__cuda_array_interface__['data'] is {short_repr(data)}, not (pointer, read_only)")
+    if strides is not None and not (isinstance(strides, (tuple, list)) and len(strides) == len(shape) and all(map(_is_int, strides))):
+        raise ArrayInterfaceError(f"__cuda_array_interface__['strides'] is {short_repr(strides)}, not None or one int per dim")
+    return typestr, tuple(shape), data[0], bool(data[1]), None if strides is None else tuple(strides)
+
+
+class ArrayInterfaceError(TypeError):
+    """An object whose __cuda_array_interface__ is not one (a field missing or of the wrong type)."""
 
 
 def stream_handle(stream: Any) -> int | None:
@@ -856,10 +957,13 @@ class Library(Binaries):
                 f"(expected {table_sha256}, got {sha256_hex(raw)}); reinstall the package"
             )
         try:
-            table = parse_table(raw, path)
+            return cls(directory, parse_table(raw, path))
         except TableError as exc:
             raise IntegrityError(str(exc)) from None
-        return cls(directory, table)
+        except (LookupError, TypeError, ValueError, AttributeError) as exc:
+            # parse_table checks the frame; what is inside is read by the constructors, and a
+            # table whose sha256 matched but whose content is malformed was built wrong
+            raise IntegrityError(f"{path}: malformed selection table ({type(exc).__name__}: {short_repr(str(exc), 200)}); rebuild the wheel") from None
 
     def binary_for(self, cc: tuple[int, int]) -> tuple[str, str]:
         """(table arch, binary arch) for a compute capability, memoised per device."""
@@ -1016,7 +1120,12 @@ class Kernel:
         for n in self._key_names:
             value = given[n]
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{self.name}.select(): key dim {n} must be an int, got {value!r}")
+                raise TypeError(f"{self.name}.select(): key dim {n} must be an int, got {short_repr(value)}")
+            if not 1 <= value <= MAX_SIZE:
+                raise ValueError(
+                    f"{self.name}.select(): key dim {n}={short_repr(value)} is not a problem size: expected 1 to {MAX_SIZE}"
+                    + (" (a call with an empty array launches nothing, so nothing is selected)" if value == 0 else "")
+                )
         cc = as_compute_capability(arch) if arch is not None else current_device_cc()
         return self._selection(cc, types, given)
 
@@ -1074,7 +1183,10 @@ class Kernel:
             if a["kind"] != "array":
                 continue
             arg, obj = a["name"], values[a["name"]]
-            view = array_view(obj, stream_ptr)
+            try:
+                view = array_view(obj, stream_ptr)
+            except ArrayInterfaceError as exc:
+                raise TypeError(f"{name}(): argument {arg!r}: {exc}") from None
             if view is None:
                 raise TypeError(
                     f"{name}(): argument {arg!r} must be a GPU array exposing __cuda_array_interface__ or DLPack "
@@ -1125,6 +1237,8 @@ class Kernel:
                 value = values[source]
                 if isinstance(value, bool) or not isinstance(value, _integral_types()):
                     raise TypeError(f"{name}(): argument {source!r} must be an integer (it defines key dim {k['name']}), got {value!r}")
+                if not 0 <= value <= MAX_SIZE:
+                    raise ValueError(f"{name}(): argument {source!r}={value} defines key dim {k['name']}, a size: expected 0 to {MAX_SIZE}")
                 key[k["name"]] = int(value)
         for arg, view in arrays.items():
             expected = tuple(fn(key) for fn in self._shape_fns[arg])
@@ -1159,8 +1273,11 @@ class Kernel:
                 cai = getattr(obj, "__cuda_array_interface__", None)
                 if cai is None:
                     return self._call_checked(list(args), stream, None)
-                data = cai["data"]
-                sig.append((cai["typestr"], cai["shape"], data[1], cai.get("strides")))
+                try:
+                    data = cai["data"]
+                    sig.append((cai["typestr"], cai["shape"], data[1], cai.get("strides")))
+                except (LookupError, TypeError):  # not a real interface: the checked path names it
+                    return self._call_checked(list(args), stream, None)
                 ptrs.append(data[0])
             elif kind is _KEY_SCALAR:
                 sig.append((type(obj), obj))  # its value picks the bucket

@@ -5,6 +5,7 @@ Nothing here mocks NVRTC: every build in the tests really compiles. Only the GPU
 
 from __future__ import annotations
 
+import shutil
 import textwrap
 import tomllib
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hatch_autotune.build.cache import CompileCache
+from hatch_autotune.build.lock import LockEntry, LockFile
 from hatch_autotune.spec.config import ProjectSpec, parse_project
 from hatch_autotune.build.pipeline import BuildResult, build_payload
 
@@ -76,6 +78,28 @@ def write_tiny_project(path: Path, *, bad: str = "[false]", extra: str = "", tem
     (path / "tinypkg").mkdir(exist_ok=True)
     (path / "tinypkg" / "__init__.py").write_text("")
     return path
+
+
+def copy_example(dest: Path) -> Path:
+    """example_pkg's sources (no builds, no generated package) copied to `dest`."""
+    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("dist", "kernels", "__pycache__"))
+    return dest
+
+
+def write_lock(root: Path, result: BuildResult, winner: dict) -> LockFile:
+    """A lock whose every entry of the first kernel names `winner` as tuned (what a GPU tuner
+    would write)."""
+    lock = LockFile()
+    for key, (eid, checksum) in result.kernels[0].lock_ids.items():
+        lock.entries[eid] = LockEntry(
+            checksum=checksum,
+            config=winner,
+            tuned=True,
+            measurements=({"config": winner, "median_ms": 0.01, "status": "ok"},),
+            provenance={"gpu": "recorded-for-test", "arch": key[1]},
+        )
+    lock.save(root / "autotune.lock.json")
+    return lock
 
 
 def hook_table(project_dir: Path) -> dict:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hatch_autotune.build.cache import CompileCache
+from hatch_autotune.build.cache import CacheEntry, CompileCache
 from hatch_autotune.build.lock import LockEntry, LockFile
 from hatch_autotune.build.payload import write_package
 from hatch_autotune.errors import BuildError
@@ -19,7 +19,7 @@ from hatch_autotune.build.render import TemplateError
 from hatch_autotune.runtime import IntegrityError, Library
 from cuda_standin import cubin_sm
 
-from conftest import SCALE_TEMPLATE, build, load_project, write_tiny_project
+from conftest import SCALE_TEMPLATE, build, load_project, write_lock, write_tiny_project
 
 
 def failing_default(root):
@@ -54,14 +54,14 @@ def test_an_offline_build_compiles_only_what_it_ships(tmp_path):
     first = build(root, tmp_path / "cache")
     assert first.counts["compiled"] == 2 + 1  # the default on 2 archs + its PTX: not the 24 variants of the space
     winner = {"BLOCK": 256, "FACTOR": 3, "BAD": False}
-    _write_lock(root, first, winner)
+    write_lock(root, first, winner)
     logs: list[str] = []
     tuned = build(root, tmp_path / "fresh-cache", logs)
     assert "hatch-autotune: compiling 4 variant binaries (the lock's winners and the defaults)" in logs
     assert tuned.counts["compiled"] == 4 + 1  # winner and default on 2 archs + the winner's PTX
     assert all(c.tuned for c in tuned.kernels[0].choices.values())
     # A winner that no longer compiles falls back to the default, and nothing more is compiled.
-    _write_lock(root, first, {"BLOCK": 256, "FACTOR": 3, "BAD": True})
+    write_lock(root, first, {"BLOCK": 256, "FACTOR": 3, "BAD": True})
     logs = []
     fallback = build(root, tmp_path / "fresh-cache", logs)
     kb = fallback.kernels[0]
@@ -80,7 +80,7 @@ def test_an_offline_build_gives_the_same_table_as_compiling_the_whole_space(tmp_
 
     root = write_tiny_project(tmp_path / "p", bad="[false, true]")
     first = build(root, tmp_path / "cache")
-    lock = _write_lock(root, first, {"BLOCK": 64, "FACTOR": 3, "BAD": False})
+    lock = write_lock(root, first, {"BLOCK": 64, "FACTOR": 3, "BAD": False})
     stale = sorted(lock.entries)[0]
     lock.entries[stale] = LockEntry.from_json({**lock.entries[stale].to_json(), "config": {"BLOCK": 256, "FACTOR": 2, "BAD": True}})
     lock.save(root / "autotune.lock.json")
@@ -131,8 +131,9 @@ def test_corrupt_cache_entries_are_misses(tiny, tmp_path):
 
 def test_cache_get_rejects_foreign_and_mismatched_entries(tmp_path):
     cache = CompileCache(tmp_path)
-    cache.put("ab" * 32, {"ok": True, "log": ""}, b"\x7fELF-binary")
-    assert cache.get("ab" * 32)[1] == b"\x7fELF-binary"
+    entry = CacheEntry(ok=True, log="", label="", resources=None, binary=b"\x7fELF-binary")
+    cache.put("ab" * 32, entry)
+    assert cache.get("ab" * 32) == entry
     meta_path = next(tmp_path.rglob("*.json"))
     meta = json.loads(meta_path.read_text())
     meta_path.write_text(json.dumps({**meta, "schema": 999}))
@@ -143,27 +144,12 @@ def test_cache_get_rejects_foreign_and_mismatched_entries(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))  # atomic writes leave no temp files
 
 
-def _write_lock(root, result, winner: dict) -> LockFile:
-    """A lock whose every entry names `winner` as tuned (what a GPU tuner would write)."""
-    lock = LockFile()
-    for key, (eid, checksum) in result.kernels[0].lock_ids.items():
-        lock.entries[eid] = LockEntry(
-            checksum=checksum,
-            config=winner,
-            tuned=True,
-            measurements=({"config": winner, "median_ms": 0.01, "status": "ok"},),
-            provenance={"gpu": "recorded-for-test", "arch": key[1]},
-        )
-    lock.save(root / "autotune.lock.json")
-    return lock
-
-
 def test_lock_winners_are_used_and_stale_entries_ignored(tiny, tmp_path):
     cache_dir = tmp_path / "cache"
     first = build(tiny, cache_dir)
     assert not any(c.tuned for c in first.kernels[0].choices.values())
     winner = {"BLOCK": 256, "FACTOR": 3, "BAD": False}
-    _write_lock(tiny, first, winner)
+    write_lock(tiny, first, winner)
     tuned = build(tiny, cache_dir)
     kb = tuned.kernels[0]
     assert all(c.tuned for c in kb.choices.values())
@@ -183,7 +169,7 @@ def test_lock_winners_are_used_and_stale_entries_ignored(tiny, tmp_path):
 
 def test_one_stale_entry_among_valid_ones(tiny, tmp_path):
     first = build(tiny, tmp_path / "cache")
-    lock = _write_lock(tiny, first, {"BLOCK": 64, "FACTOR": 2, "BAD": False})
+    lock = write_lock(tiny, first, {"BLOCK": 64, "FACTOR": 2, "BAD": False})
     eid = sorted(lock.entries)[0]
     lock.entries[eid] = dataclasses.replace(lock.entries[eid], checksum="0" * 64)
     lock.save(tiny / "autotune.lock.json")
@@ -368,7 +354,7 @@ def test_any_error_while_rendering_names_the_template_line(tmp_path):
 
 def test_lock_with_malformed_measurements_is_ignored_not_a_crash(tiny, tmp_path):
     first = build(tiny, tmp_path / "cache")
-    lock = _write_lock(tiny, first, {"BLOCK": 64, "FACTOR": 2, "BAD": False})
+    lock = write_lock(tiny, first, {"BLOCK": 64, "FACTOR": 2, "BAD": False})
     eid = sorted(lock.entries)[0]
     data = json.loads(lock.to_json())
     data["entries"][eid]["measurements"] = [1, "x"]

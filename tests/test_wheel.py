@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,7 +19,7 @@ import pytest
 from hatch_autotune.runtime import parse_arch
 from cuda_standin import cubin_sm
 
-from conftest import EXAMPLE, pip_constraints
+from conftest import copy_example, pip_constraints
 
 pytestmark = pytest.mark.slow
 
@@ -43,11 +42,6 @@ def pip_env(plugin_dist: Path, cache: Path, tmp: Path) -> dict[str, str]:
     }
     env.pop("HATCH_AUTOTUNE_MODE", None)
     return env
-
-
-def copy_example(dest: Path) -> Path:
-    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("dist", "kernels", "__pycache__"))
-    return dest
 
 
 def pip_wheel_example(env: dict, out: Path, src: Path, isolated: bool = True) -> tuple[Path, str]:

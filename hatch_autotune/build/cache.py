@@ -1,22 +1,31 @@
 """Content-addressed on-disk store for compiled binaries.
 
 The store is `<root>/v<schema>/<first 2 hex of key>/`; an entry there is `<key>.bin` (the
-binary) plus `<key>.json` (metadata with the binary's sha256), both written atomically (temp
-file + os.replace), the JSON last so that its presence commits the entry. A missing, truncated,
-corrupt or foreign entry is a miss, never an error. Anything else in the store was not written
-here (`foreign_path`), and `clear` deletes nothing while it is there.
+binary) plus `<key>.json` (metadata: the binary's size and sha256, and a sha256 of its own),
+both written atomically (temp file + os.replace), the JSON last so that its presence commits
+the entry. `CacheEntry` is the one definition of an entry: what `put` writes and what `get`
+accepts. `get` returns exactly what was put, or None (a miss) for anything else: absent, not a
+regular file, truncated, corrupt, foreign, of another schema or key, a field missing, unknown or
+of the wrong type, metadata or a binary whose size or sha256 differs from the one recorded (an
+entry written before the metadata carried its own sha256 is a miss too). It reads no more than
+an entry can hold and never raises; the caller compiles again and `put` overwrites the entry.
+Anything else in the store was not written here (`foreign_path`), and `clear` deletes nothing
+while it is there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..runtime import load_json
 
@@ -26,6 +35,121 @@ CACHE_SCHEMA = 1
 # file `.<name>.<random>.tmp` of a write in progress (or one a killed process left behind).
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _STORE_FILE = re.compile(r"([0-9a-f]{64}\.(json|bin)|\.[0-9a-f]{64}\.(json|bin)\.[^/]*\.tmp)")
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_RECORD_KEYS = frozenset({"schema", "key", "ok", "log", "label", "resources", "binary_size", "binary_sha256", "metadata_sha256"})
+MAX_METADATA_BYTES = 4 << 20  # a compile log is kilobytes; a larger file is not an entry and is not read
+
+
+def _resource_fields() -> frozenset[str]:
+    """The field names of compile.Resources, which owns them (it imports this module, so the
+    import waits until an entry is checked)."""
+    from .compile import Resources
+
+    return frozenset(f.name for f in dataclasses.fields(Resources))
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One compile's outcome as the store keeps it: a success with its (non-empty) binary and,
+    for a cubin, ptxas's resource counts; or a failure with its log and nothing else. Only a
+    valid entry can be made (ValueError otherwise), so `put` never writes a damaged one."""
+
+    ok: bool
+    log: str
+    label: str
+    resources: dict[str, int] | None
+    binary: bytes | None
+
+    def __post_init__(self) -> None:
+        problem = self._problem()
+        if problem is not None:
+            raise ValueError(f"not a valid compile cache entry: {problem}")
+
+    def _problem(self) -> str | None:
+        """What is wrong with the fields, exact types included (JSON's true is not 1), or None."""
+        if type(self.ok) is not bool:
+            return "ok is not a boolean"
+        if type(self.log) is not str or type(self.label) is not str:
+            return "log and label must be strings"
+        if self.resources is not None:
+            if type(self.resources) is not dict or set(self.resources) != _resource_fields():
+                return "resources must be None or a dict of exactly the Resources fields"
+            if not all(type(v) is int and v >= 0 for v in self.resources.values()):
+                return "resource counts must be non-negative integers"
+        if self.ok:
+            if type(self.binary) is not bytes or not self.binary:
+                return "a successful compile needs a non-empty binary"
+        elif self.binary is not None or self.resources is not None:
+            return "a failed compile has neither a binary nor resources"
+        return None
+
+    def record(self, key: str) -> dict[str, Any]:
+        """The metadata JSON: every field but the binary, which is named by its size and sha256,
+        and the sha256 of the rest, so that a flipped bit in the log or a resource count is a
+        miss too."""
+        fields = {
+            "schema": CACHE_SCHEMA,
+            "key": key,
+            "ok": self.ok,
+            "log": self.log,
+            "label": self.label,
+            "resources": self.resources,
+            "binary_size": len(self.binary) if self.binary is not None else None,
+            "binary_sha256": hashlib.sha256(self.binary).hexdigest() if self.binary is not None else None,
+        }
+        return {**fields, "metadata_sha256": _metadata_digest(fields)}
+
+    @classmethod
+    def from_record(cls, record: Any, key: str, read_binary: Callable[[int], bytes]) -> CacheEntry | None:
+        """The entry that `record` (decoded metadata) and the binary describe, or None for
+        anything `record()` would not have written. The binary is read, given its recorded
+        size, only for a success."""
+        if type(record) is not dict or record.keys() != _RECORD_KEYS:
+            return None
+        fields = {k: v for k, v in record.items() if k != "metadata_sha256"}
+        if record["metadata_sha256"] != _metadata_digest(fields):
+            return None
+        if type(record["schema"]) is not int or record["schema"] != CACHE_SCHEMA or record["key"] != key:
+            return None
+        ok, size, digest = record["ok"], record["binary_size"], record["binary_sha256"]
+        if ok is True:
+            if type(size) is not int or size < 1 or type(digest) is not str or not _SHA256.fullmatch(digest):
+                return None
+            binary = read_binary(size)
+            if hashlib.sha256(binary).hexdigest() != digest:
+                return None
+        elif ok is False and size is None and digest is None:
+            binary = None
+        else:
+            return None
+        try:
+            return cls(ok=ok, log=record["log"], label=record["label"], resources=record["resources"], binary=binary)
+        except ValueError:
+            return None
+
+
+def _metadata_digest(fields: dict[str, Any]) -> str:
+    """sha256 of the metadata's fields in one canonical form (a decoded record re-encodes to it)."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _read_file(path: Path, limit: int, exact: bool = False) -> bytes:
+    """A regular file's bytes; ValueError for anything else (a directory, a FIFO, which would
+    block, a device) and for a file of more than `limit` bytes (with `exact`: not of `limit`
+    bytes), which is refused before it is read."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        wrong_size = (lambda n: n != limit) if exact else (lambda n: n > limit)
+        if wrong_size(info.st_size):
+            raise ValueError(f"{path} has {info.st_size} bytes, expected {'' if exact else 'at most '}{limit}")
+        data = f.read(limit + 1)  # the file may have changed since fstat
+        if wrong_size(len(data)):
+            raise ValueError(f"{path} changed while it was read")
+        return data
 
 
 def default_cache_dir() -> Path:
@@ -66,34 +190,25 @@ class CompileCache:
         d = self.root / key[:2]
         return d / f"{key}.json", d / f"{key}.bin"
 
-    def get(self, key: str) -> tuple[dict[str, Any], bytes | None] | None:
+    def get(self, key: str) -> CacheEntry | None:
+        """The entry put under `key`, or None (a miss); never raises, whatever the files hold."""
         meta_path, bin_path = self._paths(key)
         try:
-            meta = load_json(meta_path.read_bytes())
-            if not isinstance(meta, dict) or meta.get("schema") != CACHE_SCHEMA or meta.get("key") != key:
-                return None
-            digest = meta.get("binary_sha256")
-            if digest is None:
-                return meta, None
-            binary = bin_path.read_bytes()
-        except (OSError, ValueError):
+            record = load_json(_read_file(meta_path, MAX_METADATA_BYTES))
+            return CacheEntry.from_record(record, key, lambda size: _read_file(bin_path, size, exact=True))
+        except (OSError, ValueError):  # load_json: ValueError for any text that is not JSON
             return None
-        if hashlib.sha256(binary).hexdigest() != digest:
-            return None
-        return meta, binary
 
-    def put(self, key: str, meta: dict[str, Any], binary: bytes | None) -> None:
+    def put(self, key: str, entry: CacheEntry) -> None:
         """Store an entry; a store that cannot be written (read-only, full) is a warning, not a
         failed build: the first error is kept in `write_error` and later puts are skipped."""
         if self.write_error is not None:
             return
         meta_path, bin_path = self._paths(key)
-        record = dict(meta, schema=CACHE_SCHEMA, key=key)
-        record["binary_sha256"] = hashlib.sha256(binary).hexdigest() if binary is not None else None
         try:
-            if binary is not None:
-                atomic_write(bin_path, binary)
-            atomic_write(meta_path, json.dumps(record, sort_keys=True).encode())
+            if entry.binary is not None:
+                atomic_write(bin_path, entry.binary)
+            atomic_write(meta_path, json.dumps(entry.record(key), sort_keys=True).encode())
         except OSError as exc:
             self.write_error = f"cannot write the compile cache at {self.root} ({exc}); going on without it"
 

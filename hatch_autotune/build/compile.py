@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
 from ..runtime import check_cuda
-from .cache import CompileCache
+from .cache import CacheEntry, CompileCache
 
 BASE_OPTIONS = ("--std=c++17",)
 
@@ -214,9 +214,8 @@ def compile_all(
     for key, job in unique.items():
         hit = cache.get(key) if cache is not None else None
         if hit is not None:
-            meta, binary = hit
-            res = meta.get("resources")
-            done[key] = CompileResult(job, bool(meta.get("ok")), binary, meta.get("log", ""), Resources(**res) if res else None, True)
+            resources = Resources(**hit.resources) if hit.resources is not None else None
+            done[key] = CompileResult(job, hit.ok, hit.binary, hit.log, resources, True)
             if on_result:
                 on_result(done[key])
         else:
@@ -298,8 +297,7 @@ def _collect(
     for (key, job), (ok, binary, log) in zip(todo, outputs):
         resources = parse_ptxas_log(log, job.entry) if ok and not job.is_ptx else None
         if cache is not None:
-            meta = {"ok": ok, "log": log, "resources": asdict(resources) if resources else None, "label": job.label}
-            cache.put(key, meta, binary)
+            cache.put(key, CacheEntry(ok=ok, log=log, label=job.label, resources=asdict(resources) if resources else None, binary=binary))
         done[key] = CompileResult(job, ok, binary, log, resources, False)
         if on_result:
             on_result(done[key])

@@ -7,6 +7,7 @@ validators does the checking, rather than a hand-written property per key.
 
 from __future__ import annotations
 
+import itertools
 import keyword
 import re
 from dataclasses import dataclass
@@ -15,8 +16,8 @@ from typing import Any, Callable, Mapping
 
 from . import expr as expr_mod
 from .expr import Expr
-from ..runtime import DTYPE_SIZES, MAPPINGS, parse_arch, type_sizes
-from .space import enumerate_configs
+from ..runtime import DTYPE_SIZES, MAPPINGS, MAX_SIZE, ExpressionError, parse_arch, short_repr, type_sizes
+from .space import ConstraintError, bucket_points, corner_points, enumerate_configs, grid_size, space_size
 
 # dtype name -> C type used in templates. float16 maps to `at_half`, a two-byte struct defined
 # in templates/_dtypes.cuh (NVRTC ships no cuda_fp16.h).
@@ -45,8 +46,13 @@ BUILTIN_PREFIX = "builtin:"
 DEFAULT_LOCK_FILE = "autotune.lock.json"
 DEFAULT_TABLE_PATH = "tool.hatch.build.targets.wheel.hooks.autotune"
 MIN_SM = 75  # the oldest arch NVRTC 13 targets
+# Bounds that keep the config check (and what follows it) finite; see the README's table.
+DEFAULT_MAX_CONFIGS = 100_000  # axis combinations before constraints, per kernel (`max-configs`)
+MAX_BUCKET_POINTS = 10_000  # points of a kernel's key grid (tuning runs at every one)
+GEOMETRY_CHECKS = 200_000  # (config, point) pairs whose launch geometry is checked in full
+_WHEEL_TAG = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+")  # python-abi-platform
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # always fullmatch: `$` would accept a trailing newline
 _BAD = object()  # a validator's "already reported" result
 
 
@@ -120,6 +126,7 @@ class KernelSpec:
     inputs: str | None = None  # "module:function" generating a bucket's inputs
     tolerance: tuple[float, float] | None = None  # (rtol, atol); None: by dtype
     search: SearchSpec = SearchSpec()
+    max_configs: int = DEFAULT_MAX_CONFIGS  # a larger space is refused before it is enumerated
 
     def type_instances(self) -> list[dict[str, str]]:
         """Every assignment of the type parameters, in declaration order."""
@@ -180,7 +187,7 @@ def _type_name(value: Any) -> str:
 
 
 def _fail(errors: list, path: str, expected: str, value: Any) -> Any:
-    errors.append(f"{path}: expected {expected}, got {_type_name(value)} {value!r}")
+    errors.append(f"{path}: expected {expected}, got {_type_name(value)} {short_repr(value)}")
     return _BAD
 
 
@@ -193,17 +200,19 @@ def v_bool(value: Any, path: str, errors: list) -> Any:
 
 
 def v_ident(value: Any, path: str, errors: list) -> Any:
-    if isinstance(value, str) and _IDENT.match(value) and not keyword.iskeyword(value):
+    if isinstance(value, str) and _IDENT.fullmatch(value) and not keyword.iskeyword(value):
         return value
     return _fail(errors, path, "an identifier (letters, digits, _; not starting with a digit)", value)
 
 
-def v_int(minimum: int | None = None) -> Validator:
+def v_int(minimum: int | None = None, maximum: int | None = None) -> Validator:
     def check(value: Any, path: str, errors: list) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             return _fail(errors, path, "an integer", value)
         if minimum is not None and value < minimum:
             return _fail(errors, path, f"an integer >= {minimum}", value)
+        if maximum is not None and value > maximum:
+            return _fail(errors, path, f"an integer <= {maximum}", value)
         return value
 
     return check
@@ -266,6 +275,12 @@ def v_entry_point(value: Any, path: str, errors: list) -> Any:
     return _fail(errors, path, "'module:function' (e.g. 'mypkg.reference:saxpy')", value)
 
 
+def v_wheel_tag(value: Any, path: str, errors: list) -> Any:
+    if isinstance(value, str) and _WHEEL_TAG.fullmatch(value):
+        return value
+    return _fail(errors, path, "a wheel tag 'python-abi-platform' of letters, digits, '_' and '.' (e.g. 'py3-none-manylinux_2_28_x86_64')", value)
+
+
 def v_arch(value: Any, path: str, errors: list) -> Any:
     try:
         kind, major, minor, _ = parse_arch(value) if isinstance(value, str) else ("", 0, 0, "")
@@ -296,7 +311,7 @@ class _Table:
         self.seen: set[str] = set()
 
     def sub(self, key: str) -> str:
-        return f"{self.path}.{key}" if _IDENT.match(key.replace("-", "_")) else f'{self.path}."{key}"'
+        return f"{self.path}.{key}" if _IDENT.fullmatch(key.replace("-", "_")) else f'{self.path}."{key}"'
 
     def get(self, key: str, validator: Validator, default: Any = _BAD, required: bool = False) -> Any:
         self.seen.add(key)
@@ -345,7 +360,8 @@ def parse_project(table: Any, root: Path, path: str = DEFAULT_TABLE_PATH, env: M
     strict = t.get("strict", v_bool, default=False)
     ptx = t.get("ptx", v_bool, default=True)
     mode = t.get("mode", v_choice(MODES), default="auto")
-    wheel_tag = t.get("wheel-tag", v_str, default=None)
+    wheel_tag = t.get("wheel-tag", v_wheel_tag, default=None)
+    lock_outside = t.get("lock-file-outside-project", v_bool, default=False)
     exact_nvrtc = t.get("exact-nvrtc", v_bool, default=False)
     tuning_t = t.table("tuning")
     tuning = _parse_tuning(tuning_t) if tuning_t is not None else TuningSpec()
@@ -360,6 +376,7 @@ def parse_project(table: Any, root: Path, path: str = DEFAULT_TABLE_PATH, env: M
             "environment variable HATCH_AUTOTUNE_ARCHS",
             errors,
         )
+    lock_path = _lock_path(lock, root, lock_outside, f"{path}.lock-file", errors) if lock is not _BAD and lock_outside is not _BAD else _BAD
     if archs not in (None, _BAD) and len(set(archs)) != len(archs):
         errors.append(f"{path}.archs: expected distinct archs, got {list(archs)!r}")
 
@@ -383,7 +400,7 @@ def parse_project(table: Any, root: Path, path: str = DEFAULT_TABLE_PATH, env: M
         root=root,
         module=module,
         archs=tuple(archs) if archs else None,
-        lock_file=(root / lock),
+        lock_file=lock_path,
         strict=strict,
         ptx=ptx,
         mode=mode,
@@ -392,6 +409,22 @@ def parse_project(table: Any, root: Path, path: str = DEFAULT_TABLE_PATH, env: M
         tuning=tuning,
         exact_nvrtc=exact_nvrtc,
     )
+
+
+def _lock_path(lock: str, root: Path, outside_allowed: bool, path: str, errors: list) -> Any:
+    """The lock file's path: inside the project (a tune replaces the file, so a mistyped
+    `/etc/...` or `../..` must not point it elsewhere) unless `lock-file-outside-project`."""
+    candidate = (root / lock).resolve()
+    if not outside_allowed and not candidate.is_relative_to(root.resolve()):
+        errors.append(
+            f"{path}: {lock!r} is outside the project ({candidate}); tuning replaces this file, so it must be "
+            "inside the project, unless `lock-file-outside-project = true` says otherwise"
+        )
+        return _BAD
+    if candidate.is_dir():
+        errors.append(f"{path}: {lock!r} is a directory; expected the lock file's path (e.g. 'autotune.lock.json')")
+        return _BAD
+    return root / lock
 
 
 def _parse_tuning(t: _Table) -> TuningSpec:
@@ -424,12 +457,14 @@ def _parse_search(t: _Table) -> SearchSpec:
 
 def _module_path(value: Any, path: str, errors: list) -> Any:
     parts = value.split(".") if isinstance(value, str) else []
-    if len(parts) >= 2 and all(_IDENT.match(p) and not keyword.iskeyword(p) for p in parts):
+    if len(parts) >= 2 and all(_IDENT.fullmatch(p) and not keyword.iskeyword(p) for p in parts):
         return value
     return _fail(errors, path, "a dotted module path inside your package, e.g. 'mypkg.kernels'", value)
 
 
 def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
+    if not t.ok:  # not a table: reported when the _Table was made
+        return None
     errors = t.errors
     n_errors = len(errors)
     template_ref = t.get("template", v_str, required=True)
@@ -437,6 +472,7 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
     entry = t.get("entry", v_ident, default=name)
     doc = t.get("doc", v_str, default="")
     nvrtc_options = t.get("nvrtc-options", v_list(v_str, nonempty=False), default=())
+    max_configs = t.get("max-configs", v_int(1), default=DEFAULT_MAX_CONFIGS)
     reference = t.get("reference", v_entry_point, default=None)
     inputs = t.get("inputs", v_entry_point, default=None)
     tolerance = None
@@ -572,6 +608,7 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
         inputs=inputs,
         tolerance=tolerance,
         search=search,
+        max_configs=max_configs,
     )
     clash = _name_clashes(spec)
     if clash:
@@ -584,13 +621,33 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
             "or the lock checksum; include them through the template ({% include \"file\" %}) instead"
         )
         return None
-    # Checks that need the whole kernel: constraints and the default, per type instance.
+    # Checks that need the whole kernel. Both spaces are counted before anything walks them.
+    n_configs = space_size(spec.space)
+    if n_configs > spec.max_configs:
+        sizes = " x ".join(f"{len(v)} {a}" for a, v in spec.space.items())
+        errors.append(
+            f"{t.sub('space')}: {n_configs:,} configs ({sizes}) before constraints, more than `max-configs` "
+            f"({spec.max_configs:,}) allows; each would be rendered and compiled, and checked here first. "
+            "Shrink the axes, or raise `max-configs` for this kernel if you mean it"
+        )
+        return None
+    n_points = grid_size([k.buckets for k in spec.key])
+    if n_points > MAX_BUCKET_POINTS:
+        errors.append(f"{t.sub('key')}: the buckets make {n_points:,} tuning points; at most {MAX_BUCKET_POINTS:,} are allowed")
+        return None
+    size_error = _check_sizes(spec)
+    if size_error:
+        errors.append(f"{t.path}: {size_error}")
+        return None
     for types_ in spec.type_instances():
         label = f" (for {', '.join(f'{k}={v}' for k, v in types_.items())})" if types_ else ""
         try:
             configs = spec.configs(types_)
-        except Exception as exc:  # an expression that fails to evaluate (e.g. division by zero)
-            errors.append(f"{t.sub('constraints')}: cannot be evaluated{label}: {exc}")
+        except ConstraintError as exc:  # e.g. division by zero for some config, or a bound exceeded
+            errors.append(
+                f"{t.sub('constraints')}[{exc.index}]: {spec.constraints[exc.index].text!r} cannot be evaluated for "
+                f"{exc.config}{label}: {exc.cause}"
+            )
             return None
         if not configs:
             errors.append(f"{t.sub('constraints')}: the constraints exclude every config of the space{label}")
@@ -618,26 +675,88 @@ def _name_clashes(spec: KernelSpec) -> str | None:
 
 
 def _check_geometry(spec: KernelSpec, types: Mapping[str, str], configs: list[dict[str, Any]]) -> str | None:
-    """grid/block/shared must give positive integers for every config at every bucket."""
-    from .space import bucket_points
-
+    """grid/block/shared must give positive integers for every config at every bucket. Above
+    GEOMETRY_CHECKS pairs, every config is checked at the grid's corners (each dim's smallest
+    and largest bucket) and every point with the default config: bounded time, and what the
+    geometry usually depends on monotonically is still covered."""
+    points = bucket_points([k.buckets for k in spec.key])
+    pairs: Any = ((p, c) for p in points for c in configs)
+    if len(points) * len(configs) > GEOMETRY_CHECKS:
+        corners = corner_points([k.buckets for k in spec.key])
+        pairs = itertools.chain(((p, c) for p in corners for c in configs), ((p, dict(spec.default)) for p in points))
     type_env = spec.type_env(types)
-    for point in bucket_points([k.buckets for k in spec.key]):
-        key = dict(zip((k.name for k in spec.key), point))
-        for config in configs:
-            env = {**key, **config, **type_env}
-            for what, exprs, minimum in (("grid", spec.grid, 1), ("block", spec.block, 1), ("shared", (spec.shared,), 0)):
-                for e in exprs:
-                    try:
-                        value = e(env)
-                    except Exception as exc:  # e.g. division by zero for some config
-                        return f"{what} expression {e.text!r} fails for {config} at {key}: {type(exc).__name__}: {exc}"
-                    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                        return f"{what} expression {e.text!r} gives {value!r} for {config} at {key}; expected an integer >= {minimum} (use // or cdiv for division)"
+    names = [k.name for k in spec.key]
+    for point, config in pairs:
+        key = dict(zip(names, point))
+        env = {**key, **config, **type_env}
+        for what, exprs, minimum in (("grid", spec.grid, 1), ("block", spec.block, 1), ("shared", (spec.shared,), 0)):
+            for e in exprs:
+                try:
+                    value = e(env)
+                except ExpressionError as exc:  # e.g. division by zero for some config, or a bound exceeded
+                    return f"{what} expression {e.text!r} fails for {config} at {key}: {exc}"
+                if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= _GEOMETRY_MAX[what]:
+                    return (
+                        f"{what} expression {e.text!r} gives {short_repr(value)} for {config} at {key}; expected an integer "
+                        f"from {minimum} to {_GEOMETRY_MAX[what]} (use // or cdiv for division)"
+                    )
+    return None
+
+
+# What a launch can take at most, whatever the GPU: a grid dim up to 2**31 - 1 blocks, a block of at most
+# 1024 threads, and no GPU has 4 GiB of shared memory per block.
+_GEOMETRY_MAX = {"grid": 2**31 - 1, "block": 1024, "shared": 2**32 - 1}
+
+# integer dtype -> (min, max): what a scalar of that type can hold
+_INT_RANGES = {
+    name: (-(2 ** (8 * size - 1)), 2 ** (8 * size - 1) - 1) if name.startswith("int") else (0, 2 ** (8 * size) - 1)
+    for name, (_, size) in DTYPES.items()
+    if name.startswith(("int", "uint"))
+}
+
+
+def _check_sizes(spec: KernelSpec) -> str | None:
+    """Every bucket point gives array shapes that are sizes and scalars that fit their declared
+    type: a bucket of 2**62 feeding an int32 is an error here, not an overflow at call time."""
+    by_name = {a.name: a for a in spec.args}
+    for k in spec.key:
+        arg = by_name[k.source]
+        if not arg.is_array and arg.dtype in _INT_RANGES:
+            lo, hi = _INT_RANGES[arg.dtype]
+            if k.buckets[-1] > hi:
+                return f"key dim {k.name!r} has bucket {k.buckets[-1]}, which does not fit in argument {arg.name!r} ({arg.dtype}, at most {hi})"
+    names = [k.name for k in spec.key]
+    for point in bucket_points([k.buckets for k in spec.key]):  # at most MAX_BUCKET_POINTS
+        key = dict(zip(names, point))
+        for a in spec.args:
+            for i, e in enumerate(a.shape or ()):
+                what = f"shape[{i}] of argument {a.name!r}"
+                problem = _evaluate_int(e, key, 0, MAX_SIZE)
+                if problem:
+                    return f"{what}: {e.text!r} {problem} at {key}"
+            if a.value is not None and a.dtype in _INT_RANGES:
+                problem = _evaluate_int(a.value, key, *_INT_RANGES[a.dtype])
+                if problem:
+                    return f"value of argument {a.name!r} ({a.dtype}): {a.value.text!r} {problem} at {key}"
+    return None
+
+
+def _evaluate_int(e: Expr, env: Mapping[str, Any], lo: int, hi: int) -> str | None:
+    """What is wrong with an expression's value as an integer in [lo, hi], or None."""
+    try:
+        value = e(env)
+    except ExpressionError as exc:  # e.g. division by zero at some bucket, or a bound exceeded
+        return f"fails ({exc})"
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"gives {short_repr(value)}, not an integer"
+    if not lo <= value <= hi:
+        return f"gives {value}, outside [{lo}, {hi}]"
     return None
 
 
 def _parse_arg(t: _Table, key_names: set[str], types: Mapping[str, tuple[str, ...]]) -> ArgSpec | None:
+    if not t.ok:  # not a table: reported when the _Table was made
+        return None
     errors = t.errors
     n = len(errors)
     name = t.get("name", v_ident, required=True)
@@ -665,13 +784,15 @@ def _parse_arg(t: _Table, key_names: set[str], types: Mapping[str, tuple[str, ..
 
 
 def _parse_key_dim(dim: str, t: _Table, args: Mapping[str, ArgSpec], args_ok: bool) -> KeyDim | None:
+    if not t.ok:  # not a table: reported when the _Table was made
+        return None
     errors = t.errors
     n = len(errors)
     if v_ident(dim, t.path, errors) is _BAD:
         return None
     source = t.get("from", v_ident, default=None)
     axis = t.get("axis", v_int(0), default=None)
-    buckets = t.get("buckets", v_list(v_int(1), what=" of positive integers"), required=True)
+    buckets = t.get("buckets", v_list(v_int(1, MAX_SIZE), what=" of positive integers"), required=True)
     mapping = t.get("mapping", v_choice(MAPPINGS), default="nearest")
     t.finish()
     if buckets not in (_BAD, None) and list(buckets) != sorted(set(buckets)):

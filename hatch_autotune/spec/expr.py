@@ -8,10 +8,11 @@ JSON-able tree (see runtime.compile_expr) that the wheel ships, so nothing is ev
 from __future__ import annotations
 
 import ast
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ..runtime import FUNCTIONS, compile_expr, tree_names
+from ..runtime import FUNCTIONS, MAX_EXPR_DEPTH, MAX_INT_BITS, ExpressionError, compile_expr, short_repr, tree_names
 
 _BINOPS = {
     ast.Add: "+",
@@ -25,8 +26,11 @@ _BINOPS = {
 _CMPOPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
 
 
+MAX_EXPR_CHARS = 1000  # a config expression is a line, not a program
+
+
 class ExprSyntaxError(ValueError):
-    """An expression outside the whitelist; the message says what is allowed."""
+    """An expression outside the whitelist or its bounds; the message says what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -48,47 +52,61 @@ def parse(text: str | int | float | bool) -> Expr:
         return Expr(str(text), text, frozenset(), compile_expr(text))
     if not isinstance(text, str):
         raise ExprSyntaxError(f"expected an expression string or a number, got {type(text).__name__}")
+    if len(text) > MAX_EXPR_CHARS:
+        raise ExprSyntaxError(f"expression of {len(text)} characters; at most {MAX_EXPR_CHARS} are allowed")
     try:
-        node = ast.parse(text.strip(), mode="eval").body
+        with warnings.catch_warnings():  # e.g. "invalid decimal literal" for `1if`: the error below says more
+            warnings.simplefilter("ignore", SyntaxWarning)
+            node = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as exc:
-        raise ExprSyntaxError(f"invalid expression {text!r}: {exc.msg}") from None
-    tree = _to_tree(node, text)
-    return Expr(text, tree, frozenset(tree_names(tree)), compile_expr(tree))
+        raise ExprSyntaxError(f"invalid expression {short_repr(text)}: {exc.msg}") from None
+    except (RecursionError, MemoryError):  # CPython's parser gives up on deep nesting this way
+        raise ExprSyntaxError(f"expression {short_repr(text)} is nested too deeply (at most {MAX_EXPR_DEPTH} levels)") from None
+    tree = _to_tree(node, text, 0)
+    try:
+        return Expr(text, tree, frozenset(tree_names(tree)), compile_expr(tree))
+    except ExpressionError as exc:  # the bounds _to_tree checks too; the runtime's word is final
+        raise ExprSyntaxError(f"expression {short_repr(text)}: {exc}") from None
 
 
-def _to_tree(node: ast.AST, text: str) -> Any:
+def _to_tree(node: ast.AST, text: str, depth: int) -> Any:
     def bad(what: str) -> ExprSyntaxError:
         return ExprSyntaxError(
-            f"{what} is not allowed in expression {text!r}; allowed: integers, names, "
+            f"{what} is not allowed in expression {short_repr(text)}; allowed: integers, names, "
             "+ - * / // % **, comparisons, and/or/not, `a if c else b`, cdiv(), min(), max()"
         )
 
+    if depth > MAX_EXPR_DEPTH:
+        raise ExprSyntaxError(f"expression {short_repr(text)} is nested too deeply (at most {MAX_EXPR_DEPTH} levels)")
+    d = depth + 1
     if isinstance(node, ast.Constant):
+        if isinstance(node.value, int) and not isinstance(node.value, bool) and abs(node.value).bit_length() > MAX_INT_BITS:
+            raise ExprSyntaxError(f"an integer literal of more than {MAX_INT_BITS} bits in expression {short_repr(text)}")
         if isinstance(node.value, (bool, int, float)):
             return node.value
         raise bad(f"the constant {node.value!r}")
     if isinstance(node, ast.Name):
         return ["n", node.id]
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        return [_BINOPS[type(node.op)], _to_tree(node.left, text), _to_tree(node.right, text)]
+        return [_BINOPS[type(node.op)], _to_tree(node.left, text, d), _to_tree(node.right, text, d)]
     if isinstance(node, ast.UnaryOp):
         if isinstance(node.op, ast.USub):
-            return ["neg", _to_tree(node.operand, text)]
+            return ["neg", _to_tree(node.operand, text, d)]
         if isinstance(node.op, ast.UAdd):
-            return _to_tree(node.operand, text)
+            return _to_tree(node.operand, text, d)
         if isinstance(node.op, ast.Not):
-            return ["not", _to_tree(node.operand, text)]
+            return ["not", _to_tree(node.operand, text, d)]
     if isinstance(node, ast.BoolOp):
         op = "and" if isinstance(node.op, ast.And) else "or"
-        return [op, *(_to_tree(v, text) for v in node.values)]
+        return [op, *(_to_tree(v, text, d) for v in node.values)]
     if isinstance(node, ast.Compare) and all(type(o) in _CMPOPS for o in node.ops):
         return [
             "cmp",
-            _to_tree(node.left, text),
-            *([_CMPOPS[type(o)], _to_tree(c, text)] for o, c in zip(node.ops, node.comparators)),
+            _to_tree(node.left, text, d),
+            *([_CMPOPS[type(o)], _to_tree(c, text, d)] for o, c in zip(node.ops, node.comparators)),
         ]
     if isinstance(node, ast.IfExp):
-        return ["if", _to_tree(node.test, text), _to_tree(node.body, text), _to_tree(node.orelse, text)]
+        return ["if", _to_tree(node.test, text, d), _to_tree(node.body, text, d), _to_tree(node.orelse, text, d)]
     if isinstance(node, ast.Call):
         if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
             raise bad(f"calling {ast.unparse(node.func)}()")
@@ -98,5 +116,5 @@ def _to_tree(node: ast.AST, text: str) -> Any:
             raise bad("cdiv() with other than 2 arguments")
         if node.func.id in ("min", "max") and len(node.args) < 2:
             raise bad(f"{node.func.id}() with fewer than 2 arguments")
-        return ["call", node.func.id, *(_to_tree(a, text) for a in node.args)]
+        return ["call", node.func.id, *(_to_tree(a, text, d) for a in node.args)]
     raise bad(type(node).__name__)

@@ -3,12 +3,35 @@
 Key -> bucket mapping itself lives in runtime.py (the wheel needs it); this module enumerates
 what the build tunes and packs. Canonical order is the product of the axes in declared order,
 so a config's index is stable while the space is unchanged (ties resolve to the lowest index).
+Both spaces are counted before anything enumerates them (`space_size`, `grid_size`), so that
+the config check can refuse one too large to walk instead of walking it for minutes.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from ..runtime import ExpressionError
+
+
+class ConstraintError(ValueError):
+    """Constraint number `index` could not be evaluated for `config`; `cause` says why."""
+
+    def __init__(self, index: int, config: Mapping[str, Any], cause: ExpressionError):
+        self.index, self.config, self.cause = index, dict(config), cause
+        super().__init__(f"constraint #{index} fails for {self.config}: {cause}")
+
+
+def space_size(space: Mapping[str, Sequence[Any]]) -> int:
+    """How many assignments of the axes there are before constraints: what enumerating walks."""
+    return math.prod(len(values) for values in space.values())
+
+
+def grid_size(buckets_per_dim: Sequence[Sequence[int]]) -> int:
+    """How many bucket points the key dims' buckets make."""
+    return math.prod(len(b) for b in buckets_per_dim)
 
 
 def enumerate_configs(
@@ -16,15 +39,23 @@ def enumerate_configs(
     constraints: Iterable[Callable[[Mapping[str, Any]], Any]],
     extra_env: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every assignment of the axes that satisfies all constraints, in canonical order."""
+    """Every assignment of the axes that satisfies all constraints, in canonical order;
+    ConstraintError naming the first constraint that cannot be evaluated."""
     axes = list(space)
-    checks = list(constraints)
+    checks = list(enumerate(constraints))
     extra = dict(extra_env or {})
     out = []
     for values in itertools.product(*(space[a] for a in axes)):
         config = dict(zip(axes, values))
         env = {**extra, **config}
-        if all(c(env) for c in checks):
+        for index, check in checks:
+            try:
+                holds = check(env)
+            except ExpressionError as exc:  # e.g. division by zero for this config, or a bound exceeded
+                raise ConstraintError(index, config, exc) from None
+            if not holds:
+                break
+        else:
             out.append(config)
     return out
 
@@ -32,3 +63,8 @@ def enumerate_configs(
 def bucket_points(buckets_per_dim: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
     """The Cartesian product of each key dim's buckets: the points where tuning happens."""
     return [tuple(p) for p in itertools.product(*buckets_per_dim)]
+
+
+def corner_points(buckets_per_dim: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    """The points made of each dim's smallest and largest bucket (at most 2 ** dims)."""
+    return sorted(set(itertools.product(*({b[0], b[-1]} for b in buckets_per_dim))))
