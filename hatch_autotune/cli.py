@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
+import math
 import os
 import sys
 from pathlib import Path
@@ -28,9 +30,47 @@ from .inspection.readers import load_project, load_source, read_lock
 PROG = "hatch-autotune"
 EXIT_OK, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2
 EXIT_DECLINED = 1  # `cache clear` answered "no"
+LIST_LIMIT = 500  # rows `show` and `diff` print unless told --limit N or --all: a 50k-entry lock is not a page
+RICH_MAX_ROWS = 1000  # a terminal gets rich's tables up to this size; they take about 2 ms a row to lay out
+PROGRESS_LINES = 100  # plain progress (not a terminal) prints about this many lines, however many steps
 
 # --------------------------------------------------------------------------------------------
 # Output: rich tables and progress on a terminal, plain text otherwise.
+
+
+class TextTable:
+    """A table drawn as rich draws it with its ASCII box (what a pipe or a file gets), in one
+    pass: rich measures and lays out every cell, about 2 ms a row, which made `show` of a
+    50k-entry lock take half a minute. Cells are never wrapped or cut."""
+
+    def __init__(self, title: str | None, columns: Sequence[str], right: Sequence[str] = (), header: bool = True):
+        self.title, self.columns, self.header = title, list(columns), header
+        self.right = [c in right for c in columns]
+        self.rows: list[Sequence[str]] = []
+
+    def add_row(self, *cells: str, style: str | None = None) -> None:  # style: a terminal's; none here
+        self.rows.append(cells)
+
+    def text(self) -> str:
+        from rich.cells import cell_len
+
+        width = lambda s: len(s) if s.isascii() else cell_len(s)  # noqa: E731
+        body = ([self.columns] if self.header else []) + [list(map(str, r)) for r in self.rows]
+        widths = [max((width(r[i]) for r in body), default=0) for i in range(len(self.columns))]
+
+        def line(cells: Sequence[str]) -> str:
+            padded = (
+                " " * (w - width(c)) + c if right else c + " " * (w - width(c)) for c, w, right in zip(cells, widths, self.right)
+            )
+            return "| " + " | ".join(padded) + " |"
+
+        border = "+" + "-" * (sum(widths) + 3 * len(widths) - 1) + "+"
+        out = ([self.title] if self.title else []) + [border]
+        if self.header:
+            out += [line(self.columns), "|" + "+".join("-" * (w + 2) for w in widths) + "|"]
+        out += [line(r) for r in body[1 if self.header else 0 :]]
+        out.append(border)
+        return "\n".join(out) + "\n"
 
 
 class UI:
@@ -47,22 +87,23 @@ class UI:
         if not self.err.is_terminal:
             self.err.width = max(self.err.width, 200)
 
-    def table(self, title: str | None, columns: Sequence[str], right: Sequence[str] = (), header: bool = True) -> Any:
+    def table(self, title: str | None, columns: Sequence[str], right: Sequence[str] = (), header: bool = True, rows: int = 0) -> Any:
+        """A table to fill with add_row and print: rich's on a terminal, unless it will hold
+        more than RICH_MAX_ROWS `rows`; the same ASCII lines as rich's otherwise, written at once."""
+        if not self.tty or rows > RICH_MAX_ROWS:
+            return TextTable(title, columns, right, header)
         from rich import box
         from rich.table import Table
 
-        t = Table(
-            title=title,
-            title_justify="left",
-            box=box.SIMPLE_HEAD if self.tty else box.ASCII,
-            header_style="bold" if self.tty else "",
-            show_header=header,
-        )
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, header_style="bold", show_header=header)
         for c in columns:
-            t.add_column(c, justify="right" if c in right else "left", no_wrap=not self.tty)
+            t.add_column(c, justify="right" if c in right else "left")
         return t
 
     def print(self, *things: Any, style: str | None = None) -> None:
+        if len(things) == 1 and isinstance(things[0], TextTable):
+            self.out.file.write(things[0].text())
+            return
         self.out.print(*things, style=style, soft_wrap=True)
 
     @contextlib.contextmanager
@@ -71,12 +112,13 @@ class UI:
         With total=None, each call is a log line under a spinner."""
         if not self.err.is_terminal:
             done = [0]
+            every = max(1, math.ceil((total or 0) / PROGRESS_LINES))
 
             def step(label: str) -> None:
                 done[0] += 1
                 if total is None:
                     self.err.print(label, soft_wrap=True)
-                else:
+                elif done[0] % every == 0 or done[0] == total:
                     self.err.print(f"{what}: {done[0]}/{total} {label}", soft_wrap=True)
 
             yield step
@@ -125,16 +167,29 @@ def cmd_tune(args: argparse.Namespace, ui: UI) -> int:
     return EXIT_OK
 
 
+def _limit(args: argparse.Namespace) -> int | None:
+    """How many rows to print: --limit N, none with --all, else LIST_LIMIT."""
+    return None if args.all else args.limit or LIST_LIMIT
+
+
 def cmd_show(args: argparse.Namespace, ui: UI) -> int:
     src = load_source(args.source)
     groups = src.by_kernel(args.kernel)
     if args.kernel and not groups:
         raise CliError(f"no kernel named {', '.join(args.kernel)} in {src.label}; its kernels: {', '.join(src.kernels)}")
+    shown = [r for _, rows in groups for r in rows]
+    limit = _limit(args)
+    left = len(shown) if limit is None else min(limit, len(shown))
+    listed = left  # one kind of table for all of them: rich's or plain
     for kernel, rows in groups:
+        if left <= 0:
+            break
         has_types = any(r.types != "-" for r in rows)
         has_notes = any(r.note for r in rows)
+        rows = rows[:left]
+        left -= len(rows)
         columns = ["arch", *(["types"] if has_types else []), "bucket", "config", "time (ms)", "speedup", "status", *(["note"] if has_notes else [])]
-        t = ui.table(kernel, columns, right=("time (ms)", "speedup"))
+        t = ui.table(kernel, columns, right=("time (ms)", "speedup"), rows=listed)
         for r in rows:
             cells = [r.arch, *([r.types] if has_types else []), fmt_bucket(r.bucket), fmt_config(r.config), fmt_ms(r.time_ms), fmt_speedup(r.speedup)]
             cells.append("tuned" if r.tuned else "default")
@@ -142,7 +197,11 @@ def cmd_show(args: argparse.Namespace, ui: UI) -> int:
                 cells.append(r.note)
             t.add_row(*cells, style=None if r.tuned or not ui.tty else "yellow")
         ui.print(t)
-    shown = [r for _, rows in groups for r in rows]
+    if limit is not None and len(shown) > limit:
+        ui.print(
+            f"... {len(shown) - limit} more entries not shown (the first {limit} of {len(shown)}): "
+            "--all shows every one, --limit N the first N, --kernel K one kernel's"
+        )
     n_tuned = sum(r.tuned for r in shown)
     ui.print(f"{src.label} ({src.kind}): {len(shown)} entries, {n_tuned} tuned, {len(shown) - n_tuned} default")
     for line in provenance_lines(shown) + src.notes:
@@ -155,9 +214,16 @@ def cmd_diff(args: argparse.Namespace, ui: UI) -> int:
         raise CliError(f"--threshold must be >= 0, got {args.threshold}")
     a, b = load_source(args.a), load_source(args.b)
     diff = diff_sources(a, b, args.threshold / 100)
-    if diff.changes:
-        t = ui.table(f"{a.label} -> {b.label}", ["entry", "change", "old config", "new config", "old ms", "new ms", "delta", "flag"], right=("old ms", "new ms", "delta"))
-        for c in diff.changes:
+    limit = _limit(args)
+    listed = diff.changes if limit is None else diff.changes[:limit]
+    if listed:
+        t = ui.table(
+            f"{a.label} -> {b.label}",
+            ["entry", "change", "old config", "new config", "old ms", "new ms", "delta", "flag"],
+            right=("old ms", "new ms", "delta"),
+            rows=len(listed),
+        )
+        for c in listed:
             t.add_row(
                 c.eid,
                 f"{c.kind}: {', '.join(c.what)}" if c.kind == "changed" else c.kind,
@@ -170,6 +236,13 @@ def cmd_diff(args: argparse.Namespace, ui: UI) -> int:
                 style="bold red" if c.regression and ui.tty else None,
             )
         ui.print(t)
+    hidden = diff.changes[len(listed) :]
+    if hidden:
+        regressions = sum(c.regression for c in hidden)
+        ui.print(
+            f"... {len(hidden)} more changes not shown (the first {len(listed)} of {len(diff.changes)}; "
+            f"{regressions} of those not shown are regressions): --all lists every change, --limit N the first N"
+        )
     counts = ", ".join(f"{diff.count(kind)} {kind}" for kind in KINDS)
     ui.print(f"{counts}, {diff.unchanged} unchanged; {len(diff.regressions)} regression(s) over {args.threshold:g}%")
     if diff.regressions and args.fail_on_regression:
@@ -284,6 +357,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_ERROR, f"{PROG}: error: {message} (see {self.prog} --help)\n")
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
+def _limit_options(s: argparse.ArgumentParser, what: str) -> None:
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--limit", type=_positive, metavar="N", help=f"list the first N {what} (default {LIST_LIMIT}); the totals count them all")
+    g.add_argument("--all", action="store_true", help=f"list every one of the {what}")
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Tune, inspect, compare and merge hatch-autotune lock files and wheels.")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -300,33 +389,51 @@ def make_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="per kernel: arch, bucket, chosen config, time, speedup, tuned or default")
     s.add_argument("source", nargs="?", default=".", metavar="PROJECT|WHEEL|LOCK|PACKAGE", help="default: .")
     s.add_argument("--kernel", "-k", action="append", metavar="K", help="only this kernel (repeatable)")
-    s.set_defaults(func=cmd_show)
+    _limit_options(s, "entries")
+    s.set_defaults(func=cmd_show, pause_gc=True)
 
     s = sub.add_parser("report", help="a self-contained HTML report with charts (and PNGs)")
     s.add_argument("sources", nargs="+", metavar="PROJECT|WHEEL|LOCK|PACKAGE", help="one or more; e.g. the lock file (times) and the wheel (resources)")
     s.add_argument("-o", "--output", metavar="HTML", help="the HTML file to write")
     s.add_argument("--png", metavar="DIR", help="also write every chart as a PNG into DIR (needs matplotlib)")
     s.add_argument("--title", default="hatch-autotune report")
-    s.set_defaults(func=cmd_report)
+    s.set_defaults(func=cmd_report, pause_gc=True)
 
     s = sub.add_parser("diff", help="what changed between two lock files or wheels, regressions marked")
     s.add_argument("a", metavar="A")
     s.add_argument("b", metavar="B")
     s.add_argument("--threshold", type=float, default=5.0, metavar="PCT", help="slower by more than this is a regression (default 5)")
     s.add_argument("--fail-on-regression", action="store_true", help="exit code 1 if there is a regression")
-    s.set_defaults(func=cmd_diff)
+    _limit_options(s, "changes")
+    s.set_defaults(func=cmd_diff, pause_gc=True)
 
     s = sub.add_parser("merge", help="one lock file from the lock files of several builders")
     s.add_argument("inputs", nargs="+", metavar="LOCK")
     s.add_argument("-o", "--output", required=True, metavar="OUT")
     s.add_argument("--prefer", choices=MERGE_PREFERENCES, help="resolve conflicting entries: first/last input, or the faster winner")
-    s.set_defaults(func=cmd_merge)
+    s.set_defaults(func=cmd_merge, pause_gc=True)
 
     s = sub.add_parser("cache", help="location and size of the compile cache, or clear it")
     s.add_argument("action", choices=("info", "clear"))
     s.add_argument("--yes", "-y", action="store_true", help="clear without asking")
     s.set_defaults(func=cmd_cache)
     return p
+
+
+@contextlib.contextmanager
+def _gc_paused(pause: bool) -> Iterator[None]:
+    """The cyclic garbage collector off while a command reads and draws whole lock files: they
+    make millions of containers, none of them garbage, and the collector walked the growing
+    heap again and again (40% of the time of `show` on a 50k-entry lock). Reference counting
+    still frees everything; the collector comes back when the command ends."""
+    if not pause or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -336,7 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     try:
         ui = UI()
-        return args.func(args, ui)
+        with _gc_paused(getattr(args, "pause_gc", False)):
+            return args.func(args, ui)
     except CliError as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")
         for line in exc.details:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from hatch_autotune import cli
-from hatch_autotune.build.cache import CompileCache
+from hatch_autotune.build.cache import CacheEntry, CompileCache
 from hatch_autotune.build.lock import LOCK_SCHEMA, EntryId, LockEntry, LockFile
 from hatch_autotune.inspection.fmt import fmt_bytes, fmt_ms
 
@@ -493,7 +493,7 @@ def _store_with_entries(root: Path) -> CompileCache:
     write leaves behind: everything in it is hatch-autotune's."""
     cache = CompileCache(root)
     for key in ("ab" + "0" * 62, "cd" + "1" * 62):
-        cache.put(key, {"ok": True}, b"binary")
+        cache.put(key, CacheEntry(ok=True, log="", label="", resources=None, binary=b"binary"))
     (cache.root / "ab" / f".{'ab' + '0' * 62}.json.k3j_x9.tmp").write_bytes(b"half")
     return cache
 
@@ -604,10 +604,11 @@ def test_tune_rejects_unknown_kernels_and_non_projects(tmp_path, capsys):
 
 
 def expected_charts(entries: dict, with_resources: bool) -> int:
-    """One bar chart per entry with timed configs, one speedup chart per kernel, one of resources."""
-    timed = sum(any(m.get("median_ms") for m in e["measurements"]) for e in entries.values())
+    """One times chart per kernel, type instance and arch with timed configs (its buckets are
+    panels inside it), one speedup chart per kernel, one of resources."""
+    timed = {eid.rsplit("|", 1)[0] for eid, e in entries.items() if any(m.get("median_ms") for m in e["measurements"])}
     kernels = {eid.split("|")[0] for eid in entries}
-    return timed + len(kernels) + int(with_resources)
+    return len(timed) + len(kernels) + int(with_resources)
 
 
 @pytest.fixture(scope="module")
@@ -623,7 +624,11 @@ def report_files(tiny_lock, tiny_wheel, tmp_path_factory):
 def test_report_html_is_self_contained_with_every_chart(report_files):
     html_path, _, n_charts = report_files
     text = html_path.read_text()
-    assert text.count('<svg class="chart"') == n_charts == 8
+    assert text.count('<svg class="chart"') == n_charts == 4  # speedup, resources, and one per arch with its 3 buckets
+    for arch in ("sm_80", "sm_90"):
+        chart = text[text.index(f'<svg class="chart" id="times-scale-{arch.replace("_", "-")}"') :]
+        chart = chart[: chart.index("</svg>")]
+        assert [b in chart for b in ("n=1024", "n=65536", "n=1048576")] == [True] * 3, arch
     for external in ("http://", "https://", "<script", "<link", "src=", "url("):
         assert external not in text, external
     assert "Resource usage of the chosen variants" in text and "registers per thread" in text
@@ -637,7 +642,7 @@ def test_report_pngs(report_files):
     _, png_dir, n_charts = report_files
     pngs = sorted(png_dir.glob("*.png"))
     assert len(pngs) == n_charts
-    assert {"speedup-scale.png", "resources.png", "times-scale-sm-90-n-1024.png"} <= {p.name for p in pngs}
+    assert {"speedup-scale.png", "resources.png", "times-scale-sm-80.png", "times-scale-sm-90.png"} == {p.name for p in pngs}
     for p in pngs:
         with Image.open(p) as im:
             assert im.size[0] >= 800 and len(im.convert("RGB").getcolors(1 << 20)) > 20
@@ -656,12 +661,13 @@ def test_report_from_lock_alone_says_resources_are_missing(tiny_lock, tmp_path, 
 
 
 def test_terminal_gets_rich_tables_and_a_progress_bar(tiny_lock, tmp_path, monkeypatch, capsys):
-    root, _ = tiny_lock
+    root, entries = tiny_lock
+    n = expected_charts(entries, with_resources=False)
     monkeypatch.setenv("FORCE_COLOR", "1")  # rich treats stdout and stderr as terminals
     code, out, err = run_cli(capsys, "report", root / "autotune.lock.json", "-o", tmp_path / "r.html")
     assert code == 0, err
-    assert "7/7" in err and "\u2501" in err  # a bar, not plain "drawing charts: 1/7" lines
-    assert "drawing charts: 1/7" not in err
+    assert f"{n}/{n}" in err and "\u2501" in err  # a bar, not plain "drawing charts: 1/3" lines
+    assert f"drawing charts: 1/{n}" not in err
     code, out, err = run_cli(capsys, "show", root / "autotune.lock.json")
     assert code == 0, err
     assert "arch" in out and "| arch" not in out  # rich's table, not the plain ASCII one

@@ -10,6 +10,7 @@ one input (project, lock file, wheel, table, package) plus notes on what that in
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -83,7 +84,8 @@ class Source:
         return [(k, sorted(rows, key=Row.sort_key)) for k, rows in groups.items() if rows and (not only or k in only)]
 
 
-def _arch_key(arch: str) -> tuple:
+@functools.lru_cache(maxsize=None)
+def _arch_key(arch: str) -> tuple:  # cached: sorting 50k rows asked it 50k times about a few archs
     from ..runtime import parse_arch
 
     try:

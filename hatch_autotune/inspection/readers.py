@@ -64,8 +64,10 @@ def read_lock(path: Path) -> LockFile:
 
 
 def row_from_lock(where: EntryId, entry: LockEntry) -> Row:
-    """The row a lock entry records: its winner, times, measurements and provenance."""
-    ms = [dict(m) for m in entry.measurements]
+    """The row a lock entry records: its winner, times, measurements and provenance. The
+    measurements are the entry's own (read-only here): a copy of each was a third of the time
+    of reading a big lock file."""
+    ms = list(entry.measurements)
     default_config = dict(entry.default) if entry.default is not None else None
     if default_config is None and entry.default_ms is not None:  # older entries: the default's time identifies it
         same = [m["config"] for m in ms if m.get("status") in TIMED and m.get("median_ms") == entry.default_ms]

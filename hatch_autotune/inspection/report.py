@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import datetime
 import html
+import itertools
 import math
 import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .. import __version__
 from ..build.lock import TIMED
@@ -36,7 +37,7 @@ Progress = Callable[[str], None]
 @dataclass
 class Bar:
     label: str
-    value: float
+    value: float | None  # None: nothing to draw in this panel (the text says why: 'rejected', '-')
     color: str
     text: str  # printed at the end of the bar
     tip: str  # hover text (an SVG <title>)
@@ -47,6 +48,7 @@ class Panel:
     axis: str
     bars: list[Bar]
     ref: float | None = None  # a dashed reference line, e.g. speedup 1.0
+    title: str = ""  # above the panel: which bucket, in a chart of one panel per bucket
 
 
 @dataclass
@@ -55,7 +57,7 @@ class Chart:
     section: str  # 'speedup', 'resources' or a kernel's name
     title: str
     subtitle: str
-    panels: list[Panel]  # side by side, sharing the row labels of the first
+    panels: list[Panel]  # side by side (wrapping into rows), sharing the row labels of the first
     legend: list[tuple[str, str]] = field(default_factory=list)  # (label, colour)
     notes: list[str] = field(default_factory=list)  # under the chart: configs not timed, and why
 
@@ -140,51 +142,139 @@ def resources_chart(all_rows: Sequence[Row], used: set[str]) -> Chart | None:
     )
 
 
-def times_chart(e: Row, used: set[str]) -> Chart | None:
-    timed = [m for m in e.measurements if m.get("status") in TIMED and isinstance(m.get("median_ms"), (int, float))]
-    if not timed:
-        return None
-    bars = []
-    for m in sorted(timed, key=lambda m: m["median_ms"]):
-        config, ms = m["config"], float(m["median_ms"])
-        is_winner, is_default = config == e.config, e.default_config is not None and config == e.default_config
-        color = WINNER if is_winner else DEFAULT if is_default else ELIMINATED if m["status"] == "eliminated" else OTHER
-        role = " (winner, default)" if is_winner and is_default else " (winner)" if is_winner else " (default)" if is_default else ""
-        spread = m.get("spread_ms")
-        tip = f"{_cfg(config)}{role}: median {_ms(ms)} ms" + (f", spread {_ms(spread)} ms" if isinstance(spread, (int, float)) else "")
-        tip += f", {m.get('samples', '?')} samples" + (", eliminated early" if m["status"] == "eliminated" else "")
-        bars.append(Bar(_cfg(config) + role, ms, color, f"{_ms(ms)}", tip))
-    by_status: dict[str, list[str]] = {}
+MAX_CONFIG_ROWS = 24  # configs drawn per chart; the rest (slower than these in every bucket) are named in a note
+
+
+def _timed(m: Mapping[str, Any]) -> bool:
+    return m.get("status") in TIMED and isinstance(m.get("median_ms"), (int, float)) and not isinstance(m.get("median_ms"), bool)
+
+
+def _by_config(e: Row) -> dict[str, Mapping[str, Any]]:
+    """The measurement of each config of an entry, keyed by its written form; a fully timed run
+    wins over an eliminated or untimed one of the same config."""
+    out: dict[str, Mapping[str, Any]] = {}
+    rank = lambda m: 2 if _timed(m) and m.get("status") == "ok" else 1 if _timed(m) else 0  # noqa: E731
     for m in e.measurements:
-        if m not in timed:
-            reason = f" ({m['reason']})" if m.get("reason") else ""
-            by_status.setdefault(str(m.get("status", "unknown")), []).append(_cfg(m.get("config")) + reason)
-    notes = [f"{status} ({len(items)}): {_listing(items, 8)}" for status, items in sorted(by_status.items())]
-    speed = f", {e.speedup:.2f}x the default" if e.speedup is not None else ""
-    winner = f"winner {_cfg(e.config)}" + (f": {_ms(e.time_ms)} ms" if e.time_ms else "") + speed
-    legend = [("winner", WINNER), ("default", DEFAULT), ("other configs", OTHER)]
-    if any(m["status"] == "eliminated" for m in timed):
-        legend.append(("eliminated early", ELIMINATED))
+        key = _cfg(m.get("config"))
+        if key not in out or rank(m) > rank(out[key]):
+            out[key] = m
+    return out
+
+
+def _instance(e: Row) -> str:
+    """'saxpy T=float32 sm_90': what one times chart covers."""
+    return " ".join([e.kernel] + ([e.types] if e.types != "-" else []) + [e.arch])
+
+
+def _drawn_configs(per_bucket: Sequence[tuple[Row, dict[str, Mapping[str, Any]]]], keep: set[str]) -> list[str]:
+    """The configs a chart draws: every timed one, or when there are more than MAX_CONFIG_ROWS,
+    those among the k fastest of some bucket (the largest k that fits), plus `keep` (the
+    default and the winners)."""
+    rank: dict[str, int] = {}
+    for _, ms in per_bucket:
+        timed = sorted((float(m["median_ms"]), key) for key, m in ms.items() if _timed(m))
+        for i, (_, key) in enumerate(timed):
+            rank[key] = min(rank.get(key, i), i)
+    if len(rank) <= MAX_CONFIG_ROWS:
+        return list(rank)
+    for k in range(MAX_CONFIG_ROWS, 0, -1):
+        chosen = [key for key, r in rank.items() if r < k or key in keep]
+        if len(chosen) <= MAX_CONFIG_ROWS:
+            return chosen
+    return [key for key in rank if key in keep]
+
+
+def times_chart(rows: Sequence[Row], used: set[str]) -> Chart | None:
+    """Every measured config's time in every bucket of one kernel, type instance and arch: a
+    panel per bucket (small multiples, each on its own scale: a bigger bucket takes longer), a
+    row per config. One chart per instance, not per bucket, keeps a report of a lock file with
+    tens of thousands of entries a few thousand charts."""
+    per_bucket = [(e, _by_config(e)) for e in rows]
+    timed_buckets = [(e, ms) for e, ms in per_bucket if any(_timed(m) for m in ms.values())]
+    if not timed_buckets:
+        return None
+    first = rows[0]
+    default = next((_cfg(e.default_config) for e in rows if e.default_config is not None), None)
+    winners = {_cfg(e.config) for e, _ in timed_buckets}
+    drawn = _drawn_configs(timed_buckets, winners | ({default} if default else set()))
+    order: dict[str, tuple] = {}
+    for n, (_, ms) in enumerate(timed_buckets):
+        for key, m in ms.items():
+            index = m.get("index")
+            order.setdefault(key, (index if isinstance(index, int) and not isinstance(index, bool) else 1 << 30, n))
+    drawn.sort(key=lambda key: (order[key], key))  # the space's canonical order: rows line up across charts
+    labels = {key: key + (" (default)" if key == default else "") for key in drawn}
+    panels = []
+    eliminated = False
+    for e, ms in timed_buckets:
+        where, winner = fmt_bucket(e.bucket), _cfg(e.config)
+        bars = []
+        for key in drawn:
+            m = ms.get(key)
+            if m is None or not _timed(m):
+                status = str(m.get("status", "unknown")) if m is not None else "-"
+                bars.append(Bar(labels[key], None, OTHER, status, f"{where}: {key}: {status if m is not None else 'not measured'}"))
+                continue
+            ms_ = float(m["median_ms"])
+            is_winner, is_default = key == winner, key == default
+            eliminated |= m["status"] == "eliminated"
+            color = WINNER if is_winner else DEFAULT if is_default else ELIMINATED if m["status"] == "eliminated" else OTHER
+            role = " (winner, default)" if is_winner and is_default else " (winner)" if is_winner else " (default)" if is_default else ""
+            spread = m.get("spread_ms")
+            tip = f"{key}{role}: median {_ms(ms_)} ms" + (f", spread {_ms(spread)} ms" if isinstance(spread, (int, float)) else "")
+            tip += f", {m.get('samples', '?')} samples" + (", eliminated early" if m["status"] == "eliminated" else "")
+            bars.append(Bar(labels[key], ms_, color, _ms(ms_), tip))
+        speed = f": {e.speedup:.2f}x" if e.speedup is not None else ""
+        panels.append(Panel("median time (ms)", bars, title=f"{where}{speed}"))
+    notes = _untimed_notes(timed_buckets)
+    hidden = sorted({key for _, ms in timed_buckets for key, m in ms.items() if _timed(m)} - set(drawn))
+    if hidden:
+        notes.append(f"{len(hidden)} more timed config(s) not drawn, slower than the {len(drawn)} drawn in every bucket: {_listing(hidden, 8)}")
+    timed_rows = {id(e) for e, _ in timed_buckets}
+    untimed = [fmt_bucket(e.bucket) + f" ({'tuned' if e.tuned else 'default'} {_cfg(e.config)})" for e in rows if id(e) not in timed_rows]
+    if untimed:
+        notes.append(f"no measurements for {_listing(untimed, 8)}")
+    legend = [("winner", WINNER), ("default", DEFAULT), ("other configs", OTHER)] + ([("eliminated early", ELIMINATED)] if eliminated else [])
+    title = _instance(first)
     return Chart(
-        slug=_slug(f"times {_where(e, with_kernel=True)}", used),
-        section=e.kernel,
-        title=_where(e, with_kernel=True),
-        subtitle=f"median time of every measured config ({len(timed)} of {len(e.measurements)}); {winner}",
-        panels=[Panel("median time (ms)", bars)],
+        slug=_slug(f"times {title}", used),
+        section=first.kernel,
+        title=title,
+        subtitle=f"median time of each measured config, a panel per bucket ({len(panels)}) on its own scale, titled with the winner's speedup over the default",
+        panels=panels,
         legend=legend,
         notes=notes,
     )
 
 
+def _untimed_notes(per_bucket: Sequence[tuple[Row, dict[str, Mapping[str, Any]]]]) -> list[str]:
+    """Configs that were not timed, by status: 'rejected (3): cfg (why)', naming the buckets
+    when it was not all of them."""
+    where: dict[tuple[str, str, str], list[str]] = {}
+    for e, ms in per_bucket:
+        for key, m in ms.items():
+            if not _timed(m):
+                reason = f" ({m['reason']})" if m.get("reason") else ""
+                where.setdefault((str(m.get("status", "unknown")), key, reason), []).append(fmt_bucket(e.bucket))
+    by_status: dict[str, list[str]] = {}
+    for (status, key, reason), buckets in where.items():
+        scope = "" if len(buckets) == len(per_bucket) else f" in {', '.join(buckets)}"
+        by_status.setdefault(status, []).append(key + reason + scope)
+    return [f"{status} ({len(items)}): {_listing(items, 8)}" for status, items in sorted(by_status.items())]
+
+
 def build_charts(src: Source) -> list[Chart]:
-    """Winner-vs-default per kernel, resource usage, then every variant's time per bucket."""
+    """Winner-vs-default per kernel, resource usage, then per kernel, type instance and arch
+    every variant's time in every bucket."""
     used: set[str] = set()
     groups = src.by_kernel()
     charts = [c for kernel, rows in groups if (c := speedup_chart(kernel, rows, used))]
     if (c := resources_chart(list(src.rows.values()), used)) is not None:
         charts.append(c)
-    for _, rows in groups:
-        charts += [c for e in rows if (c := times_chart(e, used))]
+    for _, rows in groups:  # sorted by types, arch, bucket: each instance's rows are adjacent
+        for _, instance in itertools.groupby(rows, key=lambda e: (e.types, e.arch)):
+            if (c := times_chart(list(instance), used)) is not None:
+                charts.append(c)
     return charts
 
 
@@ -196,11 +286,13 @@ _ROW, _BAR = 18, 12
 _CHAR = 6.7  # width of a label character at 11px monospace
 _VALUE_W = 60  # room for the value printed after a bar
 _GAP = 28  # between panels
+_MIN_PANEL = 200  # narrower panels wrap into another row
 
 
-def _ticks(vmax: float) -> tuple[list[float], float]:
+def _ticks(vmax: float, n: int = 5) -> tuple[list[float], float]:
+    """About n round ticks from 0 past vmax, and the last one (the axis' end)."""
     vmax = vmax if vmax > 0 else 1.0
-    raw = vmax / 5
+    raw = vmax / n
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     n = math.ceil(vmax / step - 1e-9)
@@ -215,16 +307,34 @@ def _clip(text: str, chars: int) -> str:
     return text if len(text) <= chars else text[: max(1, chars - 1)] + "\u2026"
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Where a chart's parts go; one owner, so the SVG and the PNG wrap panels alike."""
+
+    label_w: int  # the row labels' column, repeated left of every row of panels
+    per_row: int  # panels side by side
+    grid_rows: int  # rows of panels
+
+    @classmethod
+    def of(cls, chart: Chart) -> "_Layout":
+        longest = max((len(b.label) for b in chart.panels[0].bars), default=0)
+        label_w = int(min(max(longest * _CHAR + 24, 120), 440))
+        n = len(chart.panels)
+        fit = max(1, int((_WIDTH - label_w - 12 + _GAP) // (_MIN_PANEL + _GAP)))
+        grid_rows = math.ceil(n / fit)
+        return cls(label_w, math.ceil(n / grid_rows), grid_rows)
+
+
 def svg(chart: Chart) -> str:
     rows = len(chart.panels[0].bars)
-    longest = max(len(b.label) for b in chart.panels[0].bars)
-    label_w = int(min(max(longest * _CHAR + 24, 120), 440))
-    label_chars = int((label_w - 16) / _CHAR)
-    n = len(chart.panels)
-    panel_w = (_WIDTH - label_w - 12 - _GAP * (n - 1)) / n
+    lay = _Layout.of(chart)
+    label_w, label_chars = lay.label_w, int((lay.label_w - 16) / _CHAR)
+    panel_w = (_WIDTH - label_w - 12 - _GAP * (lay.per_row - 1)) / lay.per_row
+    head = 18 if any(p.title for p in chart.panels) else 0  # panel titles
     top = 50 + (20 if chart.legend else 0)
     plot_h = rows * _ROW
-    height = top + plot_h + 44
+    block_h = head + plot_h + 44  # one row of panels: titles, bars, ticks, axis title
+    height = top + block_h * lay.grid_rows
     out = [
         f'<svg class="chart" id="{_esc(chart.slug)}" viewBox="0 0 {_WIDTH} {height}" width="{_WIDTH}" height="{height}" '
         f'role="img" aria-label="{_esc(chart.title)}" font-family="system-ui, sans-serif" font-size="12">',
@@ -238,37 +348,54 @@ def svg(chart: Chart) -> str:
         out.append(f'<rect x="{x}" y="50" width="12" height="12" fill="{color}"/>')
         out.append(f'<text x="{x + 16}" y="60" fill="#495057">{_esc(label)}</text>')
         x += 16 + len(label) * 6.5 + 18
-    for i, b in enumerate(chart.panels[0].bars):
-        y = top + i * _ROW + _ROW / 2 + 4
-        out.append(
-            f'<text x="{label_w - 8}" y="{y:.1f}" text-anchor="end" font-family="ui-monospace, Menlo, Consolas, monospace" '
-            f'font-size="11" fill="#212529"><title>{_esc(b.label)}</title>{_esc(_clip(b.label, label_chars))}</text>'
-        )
-    for p, panel in enumerate(chart.panels):
-        x0 = label_w + p * (panel_w + _GAP)
-        values = [b.value for b in panel.bars] + ([panel.ref] if panel.ref is not None else [])
-        ticks, vmax = _ticks(max(values))
-        scale = (panel_w - _VALUE_W) / vmax
-        for t in ticks:
-            tx = x0 + t * scale
-            out.append(f'<line x1="{tx:.1f}" y1="{top - 4}" x2="{tx:.1f}" y2="{top + plot_h}" stroke="#e9ecef"/>')
-            out.append(f'<text x="{tx:.1f}" y="{top + plot_h + 14}" text-anchor="middle" font-size="10" fill="#868e96">{t:g}</text>')
-        out.append(f'<line x1="{x0:.1f}" y1="{top - 4}" x2="{x0:.1f}" y2="{top + plot_h}" stroke="#adb5bd"/>')
-        for i, b in enumerate(panel.bars):
-            y = top + i * _ROW + (_ROW - _BAR) / 2
-            w = max(b.value * scale, 1.0)
-            out.append(
-                f'<rect x="{x0:.1f}" y="{y:.1f}" width="{w:.1f}" height="{_BAR}" fill="{b.color}"><title>{_esc(b.tip)}</title></rect>'
-            )
-            out.append(f'<text x="{x0 + w + 4:.1f}" y="{y + _BAR - 2:.1f}" font-size="10" fill="#343a40">{_esc(b.text)}</text>')
-        if panel.ref is not None:
-            rx = x0 + panel.ref * scale
-            out.append(f'<line x1="{rx:.1f}" y1="{top - 6}" x2="{rx:.1f}" y2="{top + plot_h + 2}" stroke="#343a40" stroke-dasharray="4 3"/>')
-        out.append(
-            f'<text x="{x0 + (panel_w - _VALUE_W) / 2:.1f}" y="{top + plot_h + 32}" text-anchor="middle" fill="#495057">{_esc(panel.axis)}</text>'
-        )
+    labels = [
+        (f"<title>{_esc(b.label)}</title>" if len(b.label) > label_chars else "") + _esc(_clip(b.label, label_chars))  # full text on hover when cut
+        for b in chart.panels[0].bars
+    ]
+    for g in range(lay.grid_rows):
+        y_plot = top + g * block_h + head
+        out.append('<g text-anchor="end" font-family="ui-monospace, Menlo, Consolas, monospace" font-size="11" fill="#212529">')
+        out += [f'<text x="{label_w - 8}" y="{y_plot + i * _ROW + _ROW / 2 + 4:.1f}">{label}</text>' for i, label in enumerate(labels)]
+        out.append("</g>")
+        for p, panel in enumerate(chart.panels[g * lay.per_row : (g + 1) * lay.per_row]):
+            out += _svg_panel(panel, label_w + p * (panel_w + _GAP), y_plot, panel_w, plot_h)
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _svg_panel(panel: Panel, x0: float, top: float, panel_w: float, plot_h: int) -> list[str]:
+    """One panel's grid, bars and values; shared attributes sit on groups (a report of a big
+    lock file draws hundreds of thousands of these)."""
+    out = []
+    if panel.title:
+        out.append(f'<text x="{x0:.1f}" y="{top - 8}" font-size="11" font-weight="600" fill="#343a40">{_esc(_clip(panel.title, int(panel_w / 7)))}</text>')
+    values = [b.value for b in panel.bars if b.value is not None] + ([panel.ref] if panel.ref is not None else [])
+    ticks, vmax = _ticks(max(values, default=0.0), 5 if panel_w >= 300 else 3)
+    scale = (panel_w - _VALUE_W) / vmax
+    xs = [(t, x0 + t * scale) for t in ticks]
+    out.append('<g stroke="#e9ecef">' + "".join(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{top + plot_h}"/>' for _, x in xs) + "</g>")
+    out.append(
+        '<g text-anchor="middle" font-size="10" fill="#868e96">'
+        + "".join(f'<text x="{x:.1f}" y="{top + plot_h + 14}">{t:g}</text>' for t, x in xs)
+        + "</g>"
+    )
+    out.append(f'<line x1="{x0:.1f}" y1="{top - 4}" x2="{x0:.1f}" y2="{top + plot_h}" stroke="#adb5bd"/>')
+    bars, texts = [], []
+    for i, b in enumerate(panel.bars):
+        y = top + i * _ROW + (_ROW - _BAR) / 2
+        if b.value is None:  # not timed here: say why where the bar would be
+            texts.append(f'<text x="{x0 + 4:.1f}" y="{y + _BAR - 2:.1f}" font-style="italic" fill="#868e96"><title>{_esc(b.tip)}</title>{_esc(b.text)}</text>')
+            continue
+        w = max(b.value * scale, 1.0)
+        bars.append(f'<rect x="{x0:.1f}" y="{y:.1f}" width="{w:.1f}" height="{_BAR}" fill="{b.color}"><title>{_esc(b.tip)}</title></rect>')
+        texts.append(f'<text x="{x0 + w + 4:.1f}" y="{y + _BAR - 2:.1f}">{_esc(b.text)}</text>')
+    out += bars
+    out += ['<g font-size="10" fill="#343a40">', *texts, "</g>"]
+    if panel.ref is not None:
+        rx = x0 + panel.ref * scale
+        out.append(f'<line x1="{rx:.1f}" y1="{top - 6}" x2="{rx:.1f}" y2="{top + plot_h + 2}" stroke="#343a40" stroke-dasharray="4 3"/>')
+    out.append(f'<text x="{x0 + (panel_w - _VALUE_W) / 2:.1f}" y="{top + plot_h + 32}" text-anchor="middle" fill="#495057">{_esc(panel.axis)}</text>')
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,8 +482,8 @@ def render_html(src: Source, charts: Sequence[Chart], *, title: str = "hatch-aut
         parts.append(f'<h2 id="kernel-{_esc(kernel)}">{_esc(kernel)}: time of every variant</h2>')
         own = by_section.get(kernel, [])
         parts += [figures[c.slug] for c in own]
-        charted = {c.title for c in own}
-        untimed = [_where(e) + f" ({'tuned' if e.tuned else 'default'} {_cfg(e.config)})" for e in rows if _where(e, True) not in charted]
+        charted = {c.title for c in own}  # instances with a chart; its notes name its untimed buckets
+        untimed = [_where(e) + f" ({'tuned' if e.tuned else 'default'} {_cfg(e.config)})" for e in rows if _instance(e) not in charted]
         if untimed:
             parts.append(f'<p class="note">No measurements for {len(untimed)} entr{"y" if len(untimed) == 1 else "ies"}: {_esc(_listing(untimed, 20))}</p>')
     parts.append("</body></html>\n")
@@ -375,18 +502,24 @@ def write_pngs(charts: Sequence[Chart], out_dir: Path, *, progress: Progress = l
     written = []
     for chart in charts:
         rows = len(chart.panels[0].bars)
-        fig = Figure(figsize=(11, 1.6 + 0.24 * rows), dpi=100, layout="constrained")
-        axes = fig.subplots(1, len(chart.panels), sharey=True, squeeze=False)[0]
+        lay = _Layout.of(chart)
+        fig = Figure(figsize=(11, 1.2 + lay.grid_rows * (0.6 + 0.24 * rows)), dpi=100, layout="constrained")
+        axes = fig.subplots(lay.grid_rows, lay.per_row, sharey=True, squeeze=False).ravel()
+        for ax in axes[len(chart.panels) :]:
+            ax.set_visible(False)
+        ys = list(range(rows))
         for ax, panel in zip(axes, chart.panels):
-            ys = list(range(rows))
-            ax.barh(ys, [b.value for b in panel.bars], color=[b.color for b in panel.bars], height=0.7)
+            drawn = [(y, b) for y, b in zip(ys, panel.bars) if b.value is not None]
+            ax.barh([y for y, _ in drawn], [b.value for _, b in drawn], color=[b.color for _, b in drawn], height=0.7)
             ax.set_yticks(ys, [b.label for b in chart.panels[0].bars], fontsize=8, family="monospace")
             for y, b in zip(ys, panel.bars):
-                ax.text(b.value, y, " " + b.text, va="center", fontsize=7, color="#343a40")
+                ax.text(b.value or 0.0, y, " " + b.text, va="center", fontsize=7, color="#343a40" if b.value is not None else "#868e96")
             if panel.ref is not None:
                 ax.axvline(panel.ref, color="#343a40", linewidth=1, linestyle="--")
+            if panel.title:
+                ax.set_title(panel.title, fontsize=8, loc="left")
             ax.set_xlabel(panel.axis, fontsize=9)
-            top = max([b.value for b in panel.bars] + ([panel.ref] if panel.ref is not None else []))
+            top = max([b.value for _, b in drawn] + ([panel.ref] if panel.ref is not None else []), default=0.0)
             ax.set_xlim(0, top * 1.12 if top > 0 else 1.0)
             ax.spines[["top", "right"]].set_visible(False)
             ax.grid(axis="x", color="#e9ecef")
