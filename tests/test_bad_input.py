@@ -88,6 +88,7 @@ CASES = [
     ("unbounded power in shared", lambda t, k: k.update(shared="2 ** (BLOCK * 1000)"), f"{K}: shared expression '2 ** (BLOCK * 1000)' fails"),
     ("a string axis in arithmetic", _string_axis, "`*` applied to a string ('a' * 10000000000); arithmetic takes numbers"),
     ("a huge literal", lambda t, k: k.update(constraints=["1" + "0" * 400 + " > 0"]), f"{K}.constraints[0]: an integer literal of more than 1024 bits"),
+    ("a huge number as an expression", lambda t, k: k.update(grid=[10**400]), f"{K}.grid[0]: an integer literal of more than 1024 bits in expression '1000"),
     ("5000 unary minuses", lambda t, k: k.update(constraints=["-" * 5000 + "1"]), f"{K}.constraints[0]: expression of 5001 characters; at most 1000"),
     ("100k terms", lambda t, k: k.update(constraints=["+".join(["1"] * 100_000)]), f"{K}.constraints[0]: expression of 199999 characters"),
     ("deep unary nesting", lambda t, k: k.update(constraints=["-" * 900 + "1"]), "is nested too deeply (at most 64 levels)"),

@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ..runtime import FUNCTIONS, MAX_EXPR_DEPTH, MAX_INT_BITS, ExpressionError, compile_expr, short_repr, tree_names
+from ..runtime import FUNCTIONS, MAX_EXPR_DEPTH, ExpressionError, compile_expr, short_repr, tree_names
 
 _BINOPS = {
     ast.Add: "+",
@@ -49,7 +49,7 @@ class Expr:
 def parse(text: str | int | float | bool) -> Expr:
     """Parse one expression (a literal number is accepted as its own expression)."""
     if isinstance(text, (bool, int, float)):
-        return Expr(str(text), text, frozenset(), compile_expr(text))
+        return _expr(str(text), text)
     if not isinstance(text, str):
         raise ExprSyntaxError(f"expected an expression string or a number, got {type(text).__name__}")
     if len(text) > MAX_EXPR_CHARS:
@@ -62,11 +62,16 @@ def parse(text: str | int | float | bool) -> Expr:
         raise ExprSyntaxError(f"invalid expression {short_repr(text)}: {exc.msg}") from None
     except (RecursionError, MemoryError):  # CPython's parser gives up on deep nesting this way
         raise ExprSyntaxError(f"expression {short_repr(text)} is nested too deeply (at most {MAX_EXPR_DEPTH} levels)") from None
-    tree = _to_tree(node, text, 0)
+    return _expr(text, _to_tree(node, text, 0))
+
+
+def _expr(text: str, tree: Any) -> Expr:
+    """The Expr of a whitelisted tree; the runtime's bounds (e.g. on literals) apply, as they
+    will when the wheel compiles the same tree."""
     try:
         return Expr(text, tree, frozenset(tree_names(tree)), compile_expr(tree))
-    except ExpressionError as exc:  # the bounds _to_tree checks too; the runtime's word is final
-        raise ExprSyntaxError(f"expression {short_repr(text)}: {exc}") from None
+    except ExpressionError as exc:
+        raise ExprSyntaxError(f"{exc} in expression {short_repr(text)}") from None
 
 
 def _to_tree(node: ast.AST, text: str, depth: int) -> Any:
@@ -80,8 +85,6 @@ def _to_tree(node: ast.AST, text: str, depth: int) -> Any:
         raise ExprSyntaxError(f"expression {short_repr(text)} is nested too deeply (at most {MAX_EXPR_DEPTH} levels)")
     d = depth + 1
     if isinstance(node, ast.Constant):
-        if isinstance(node.value, int) and not isinstance(node.value, bool) and abs(node.value).bit_length() > MAX_INT_BITS:
-            raise ExprSyntaxError(f"an integer literal of more than {MAX_INT_BITS} bits in expression {short_repr(text)}")
         if isinstance(node.value, (bool, int, float)):
             return node.value
         raise bad(f"the constant {node.value!r}")
