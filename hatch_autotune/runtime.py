@@ -444,6 +444,12 @@ TYPESTRS = {
 }  # fmt: skip
 _DTYPE_OF_TYPESTR = {v: k for k, v in TYPESTRS.items()}
 DTYPE_SIZES = {name: int(typestr[1:]) for name, typestr in TYPESTRS.items()}  # bytes
+# integer dtype -> (min, max): what a scalar of that type holds (the config check and the call agree)
+INT_RANGES = {
+    name: (-(1 << (8 * size - 1)), (1 << (8 * size - 1)) - 1) if name[0] == "i" else (0, (1 << (8 * size)) - 1)
+    for name, size in DTYPE_SIZES.items()
+    if name.startswith(("int", "uint"))
+}
 
 
 def type_sizes(types: Mapping[str, str]) -> dict[str, int]:
@@ -597,9 +603,8 @@ def _converter(dtype: str, kernel: str, arg: str) -> Callable[[Any], Any]:
         fast = lambda v: numpy.float16(v).view(numpy.uint16)  # noqa: E731
     else:
         fast = numpy.dtype(dtype).type
-        if dtype.startswith(("int", "uint")):
-            info = numpy.iinfo(fast)
-            lo, hi, np_type = info.min, info.max, fast
+        if dtype in INT_RANGES:
+            (lo, hi), np_type = INT_RANGES[dtype], fast
 
             def fast(v: Any) -> Any:  # noqa: F811 - bounds checked explicitly (numpy casts numpy ints silently)
                 if not lo <= v <= hi:
@@ -616,12 +621,12 @@ def _scalar(value: Any, dtype: str, kernel: str, arg: str) -> Any:
     if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, (int, float, numpy.number)):
         raise TypeError(f"{kernel}(): argument {arg!r} must be a number ({dtype}), got {type(value).__name__}")
     np_type = numpy.dtype(dtype).type
-    if dtype.startswith(("int", "uint")):
+    if dtype in INT_RANGES:
         if not isinstance(value, (int, numpy.integer)):
             raise TypeError(f"{kernel}(): argument {arg!r} must be an integer ({dtype}), got {value!r}")
-        info = numpy.iinfo(np_type)
-        if not info.min <= int(value) <= info.max:
-            raise ValueError(f"{kernel}(): argument {arg!r}={value} does not fit in {dtype} [{info.min}, {info.max}]")
+        lo, hi = INT_RANGES[dtype]
+        if not lo <= int(value) <= hi:
+            raise ValueError(f"{kernel}(): argument {arg!r}={value} does not fit in {dtype} [{lo}, {hi}]")
         return np_type(int(value))
     if dtype == "float16":
         return numpy.float16(value).view(numpy.uint16)  # the kernel sees at_half: 16 raw bits

@@ -16,8 +16,8 @@ from typing import Any, Callable, Mapping
 
 from . import expr as expr_mod
 from .expr import Expr
-from ..runtime import DTYPE_SIZES, MAPPINGS, MAX_SIZE, ExpressionError, parse_arch, short_repr, type_sizes
-from .space import ConstraintError, bucket_points, corner_points, enumerate_configs, grid_size, space_size
+from ..runtime import DTYPE_SIZES, INT_RANGES, MAPPINGS, MAX_SIZE, ExpressionError, parse_arch, short_repr, type_sizes
+from .space import ConstraintError, bucket_points, corner_points, count_points, enumerate_configs
 
 # dtype name -> C type used in templates. float16 maps to `at_half`, a two-byte struct defined
 # in templates/_dtypes.cuh (NVRTC ships no cuda_fp16.h).
@@ -622,7 +622,7 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
         )
         return None
     # Checks that need the whole kernel. Both spaces are counted before anything walks them.
-    n_configs = space_size(spec.space)
+    n_configs = count_points(spec.space.values())
     if n_configs > spec.max_configs:
         sizes = " x ".join(f"{len(v)} {a}" for a, v in spec.space.items())
         errors.append(
@@ -631,7 +631,7 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
             "Shrink the axes, or raise `max-configs` for this kernel if you mean it"
         )
         return None
-    n_points = grid_size([k.buckets for k in spec.key])
+    n_points = count_points(k.buckets for k in spec.key)
     if n_points > MAX_BUCKET_POINTS:
         errors.append(f"{t.sub('key')}: the buckets make {n_points:,} tuning points; at most {MAX_BUCKET_POINTS:,} are allowed")
         return None
@@ -707,13 +707,6 @@ def _check_geometry(spec: KernelSpec, types: Mapping[str, str], configs: list[di
 # 1024 threads, and no GPU has 4 GiB of shared memory per block.
 _GEOMETRY_MAX = {"grid": 2**31 - 1, "block": 1024, "shared": 2**32 - 1}
 
-# integer dtype -> (min, max): what a scalar of that type can hold
-_INT_RANGES = {
-    name: (-(2 ** (8 * size - 1)), 2 ** (8 * size - 1) - 1) if name.startswith("int") else (0, 2 ** (8 * size) - 1)
-    for name, (_, size) in DTYPES.items()
-    if name.startswith(("int", "uint"))
-}
-
 
 def _check_sizes(spec: KernelSpec) -> str | None:
     """Every bucket point gives array shapes that are sizes and scalars that fit their declared
@@ -721,8 +714,8 @@ def _check_sizes(spec: KernelSpec) -> str | None:
     by_name = {a.name: a for a in spec.args}
     for k in spec.key:
         arg = by_name[k.source]
-        if not arg.is_array and arg.dtype in _INT_RANGES:
-            lo, hi = _INT_RANGES[arg.dtype]
+        if not arg.is_array and arg.dtype in INT_RANGES:
+            lo, hi = INT_RANGES[arg.dtype]
             if k.buckets[-1] > hi:
                 return f"key dim {k.name!r} has bucket {k.buckets[-1]}, which does not fit in argument {arg.name!r} ({arg.dtype}, at most {hi})"
     names = [k.name for k in spec.key]
@@ -734,8 +727,8 @@ def _check_sizes(spec: KernelSpec) -> str | None:
                 problem = _evaluate_int(e, key, 0, MAX_SIZE)
                 if problem:
                     return f"{what}: {e.text!r} {problem} at {key}"
-            if a.value is not None and a.dtype in _INT_RANGES:
-                problem = _evaluate_int(a.value, key, *_INT_RANGES[a.dtype])
+            if a.value is not None and a.dtype in INT_RANGES:
+                problem = _evaluate_int(a.value, key, *INT_RANGES[a.dtype])
                 if problem:
                     return f"value of argument {a.name!r} ({a.dtype}): {a.value.text!r} {problem} at {key}"
     return None

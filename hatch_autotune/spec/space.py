@@ -3,7 +3,7 @@
 Key -> bucket mapping itself lives in runtime.py (the wheel needs it); this module enumerates
 what the build tunes and packs. Canonical order is the product of the axes in declared order,
 so a config's index is stable while the space is unchanged (ties resolve to the lowest index).
-Both spaces are counted before anything enumerates them (`space_size`, `grid_size`), so that
+Both spaces are counted before anything enumerates them (`count_points`), so that
 the config check can refuse one too large to walk instead of walking it for minutes.
 """
 
@@ -24,14 +24,10 @@ class ConstraintError(ValueError):
         super().__init__(f"constraint #{index} fails for {self.config}: {cause}")
 
 
-def space_size(space: Mapping[str, Sequence[Any]]) -> int:
-    """How many assignments of the axes there are before constraints: what enumerating walks."""
-    return math.prod(len(values) for values in space.values())
-
-
-def grid_size(buckets_per_dim: Sequence[Sequence[int]]) -> int:
-    """How many bucket points the key dims' buckets make."""
-    return math.prod(len(b) for b in buckets_per_dim)
+def count_points(values_per_dim: Iterable[Sequence[Any]]) -> int:
+    """How many points the product of these value lists has: the configs of a space's axes
+    (before constraints), or the tuning points of the key dims' buckets."""
+    return math.prod(len(values) for values in values_per_dim)
 
 
 def enumerate_configs(
