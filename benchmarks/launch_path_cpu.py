@@ -58,7 +58,7 @@ def main() -> None:
         saxpy(2.0, x, y)
         results[label] = per_call_us(lambda: saxpy(2.0, x, y), calls)
         if device == 1:
-            results["checked_path_us"] = per_call_us(lambda: saxpy._call_checked([2.0, x, y], None, None), calls)
+            results["checked_path_us"] = per_call_us(lambda: saxpy._call_checked([2.0, x, y], None, None, {}), calls)
     results["two_gpus_vs_one"] = results["two_gpus_fast_path_us"] / results["one_gpu_fast_path_us"]
     payload = {"what": __doc__.strip().splitlines()[0], "calls": calls, "repeats": REPEATS, "results": results, "machine": host}
     print(write_result("launch_path_cpu.json", payload, opts.out).read_text())

@@ -154,9 +154,9 @@ class Retimer:
     def kernel(self, spec: Any, variant: Any) -> Any:
         from cuda.core import ObjectCode
 
-        from hatch_autotune.build.compile import CompileJob, compile_all
+        from hatch_autotune.build.compile import compile_all
 
-        (result,) = compile_all([CompileJob(variant.source, self.arch, spec.entry, spec.nvrtc_options, variant.label)], self.cache)
+        (result,) = compile_all([variant.compile_job(self.arch, spec.entry, spec.nvrtc_options)], self.cache)
         if not result.ok:
             raise RuntimeError(f"{variant.label} does not compile: {result.log}")
         return ObjectCode.from_cubin(result.binary).get_kernel(spec.entry)

@@ -66,6 +66,7 @@ class _Record:
 # tuning worker and the command read it with `parse_table`. Shape (schema 1):
 #   {"schema": 1, "module": str, "archs": [table arch], "ptx": {table arch: PTX arch},
 #    "provenance": {...}, "kernels": {name: {entry, doc, args, key, type_params, launch,
+#      "constants": [{name, values}],
 #      "variants": {variant id: {config, types, index, binaries: {arch: {file, sha256, ...}},
 #                                resources: {arch: {...}}}},
 #      "select": {types key: {table arch: [{bucket: [int], variant, tuned, provenance}]}}}}}
@@ -344,6 +345,9 @@ def map_to_bucket(value: int, buckets: Sequence[int], mapping: str = "nearest", 
 _ARCH_RE = re.compile(r"(sm|compute)_([0-9]+)([0-9])([af]?)")  # fullmatch: no trailing newline
 
 
+MIN_SM = 75  # the oldest arch NVRTC 13 targets (sm_75): no build can serve an older GPU
+
+
 def parse_arch(arch: str) -> tuple[str, int, int, str]:
     """'sm_90a' -> ('sm', 9, 0, 'a'); 'compute_80' -> ('compute', 8, 0, '')."""
     m = _ARCH_RE.fullmatch(arch) if isinstance(arch, str) else None
@@ -395,10 +399,16 @@ def choose_arch(device_cc: tuple[int, int], cubin_archs: Sequence[str], ptx_arch
     usable = [a for a in ptx_archs if parse_arch(a)[1:3] <= (major, minor)]
     if usable:
         return max(usable, key=lambda a: parse_arch(a)[1:3]), "ptx"
+    fix = (
+        f"rebuild the wheel with sm_{major}{minor} in `archs`"
+        if major * 10 + minor >= MIN_SM
+        else f"no wheel can: NVRTC 13, which hatch-autotune builds with, targets sm_{MIN_SM} and newer, so kernels "
+        f"of such a wheel need a GPU of compute capability {MIN_SM // 10}.{MIN_SM % 10} or newer"
+    )
     raise RuntimeError(
         f"no binary in this wheel runs on a device of compute capability {major}.{minor} "
         f"(sm_{major}{minor}): it has cubins for {', '.join(cubin_archs) or 'no arch'} and PTX for "
-        f"{', '.join(ptx_archs) or 'no arch'}; rebuild the wheel with sm_{major}{minor} in `archs`"
+        f"{', '.join(ptx_archs) or 'no arch'}; {fix}"
     )
 
 
@@ -417,20 +427,27 @@ def sha256_hex(data: bytes) -> str:
 class Selection(_Record):
     """What `Kernel.select` answers: which variant runs, with which config, and why."""
 
-    __slots__ = ("kernel", "variant", "config", "types", "bucket", "tuned", "arch", "binary")
+    __slots__ = ("kernel", "variant", "config", "types", "constants", "bucket", "tuned", "arch", "binary")
     kernel: str
     variant: str
     config: Mapping[str, Any]
-    types: Mapping[str, str]
+    types: Mapping[str, str]  # type parameter -> dtype
+    constants: Mapping[str, Any]  # caller-chosen constant -> its value
     bucket: Mapping[str, int]
     tuned: bool
     arch: str  # the table arch whose choice this is (e.g. 'sm_80' on an sm_86 device)
     binary: str  # the binary that runs: 'sm_80' (cubin) or 'compute_90' (PTX, JIT-compiled)
 
 
-def types_key(types: Mapping[str, str]) -> str:
-    """'T=float32' (sorted, comma-joined), or '-' for a kernel without type parameters."""
-    return ",".join(f"{k}={types[k]}" for k in sorted(types)) or "-"
+def types_key(types: Mapping[str, Any]) -> str:
+    """'T=float32' or 'CAUSAL=true,RADIUS=2,T=float16': an instance's type parameters and
+    constants (sorted, comma-joined), or '-' for a kernel with neither."""
+    return ",".join(f"{k}={value_text(types[k])}" for k in sorted(types)) or "-"
+
+
+def value_text(value: Any) -> str:
+    """A dtype name or a constant's value as TOML and C++ write it: `true`, not `True`."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 # Arrays, scalars and streams at the call boundary. Everything here runs before any GPU call,
@@ -452,10 +469,11 @@ INT_RANGES = {
 }
 
 
-def type_sizes(types: Mapping[str, str]) -> dict[str, int]:
-    """`<T>_size` in bytes per type parameter: the names that config expressions may use (the
-    build side's spec imports this, so the wheel and the build agree)."""
-    return {f"{tp}_size": DTYPE_SIZES[dtype] for tp, dtype in types.items()}
+def instance_env(instance: Mapping[str, Any]) -> dict[str, Any]:
+    """The names an instance gives expressions: `<T>_size` in bytes per type parameter (whose
+    value is a dtype name) and each constant by name (an int or bool). The build side's spec
+    imports this, so the wheel and the build evaluate the same shapes and geometry."""
+    return {(f"{name}_size" if type(v) is str else name): (DTYPE_SIZES[v] if type(v) is str else v) for name, v in instance.items()}
 
 
 class ArrayView(_Record):
@@ -1016,6 +1034,8 @@ class Kernel:
         self.args: list[dict[str, Any]] = spec["args"]
         self.key: list[dict[str, Any]] = spec["key"]
         self.type_params: dict[str, list[str]] = spec["type_params"]
+        # name -> the values a caller may pass, in declared order (the keywords' order)
+        self.constants: dict[str, list[Any]] = {c["name"]: c["values"] for c in spec.get("constants", [])}
         self.launch_trees: dict[str, Any] = spec["launch"]
         self.variants: dict[str, dict[str, Any]] = spec["variants"]
         self._binaries = binaries
@@ -1034,6 +1054,7 @@ class Kernel:
         self._memo: dict[Any, Any] = {}
         self._fast: dict[tuple, _FastPlan] = {}
         self._n_user = len(self.user_args)
+        self._constant_names = tuple(self.constants)
         key_scalars = {k["from"] for k in self.key if k["axis"] is None}
         kinds = {a["name"]: (_ARRAY if a["kind"] == "array" else _KEY_SCALAR if a["name"] in key_scalars else _SCALAR) for a in self.args}
         self._user_kinds = tuple(kinds[n] for n in self.user_args)
@@ -1062,7 +1083,8 @@ class Kernel:
         return out
 
     def _docstring(self) -> str:
-        lines = [f"{self.name}({', '.join(self.user_args)}, *, stream=None)", ""]
+        keywords = [f"{c}={self.constants[c][0]!r}" if len(self.constants[c]) == 1 else c for c in self.constants]
+        lines = [f"{self.name}({', '.join(self.user_args)}, *, {''.join(k + ', ' for k in keywords)}stream=None)", ""]
         if self.doc:
             lines += [self.doc, ""]
         lines.append("Arguments:")
@@ -1077,6 +1099,8 @@ class Kernel:
                 lines.append(f"  {a['name']}: GPU array, {dtype}, shape ({shape}), C-contiguous, intent {a['intent']}")
             else:
                 lines.append(f"  {a['name']}: scalar, {dtype}")
+        for c, values in self.constants.items():
+            lines.append(f"  {c}: constant, keyword only, one of {values!r}" + (" (the only value)" if len(values) == 1 else ""))
         lines.append("  stream: None (the device's default stream), a cuda.core/CuPy/PyTorch stream, or a raw handle")
         lines.append("Key (selects the variant): " + ", ".join(f"{k['name']} in {k['buckets']} ({k['mapping']})" for k in self.key))
         return "\n".join(lines)
@@ -1090,13 +1114,35 @@ class Kernel:
         import inspect
 
         params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in self.user_args]
+        for c, values in self.constants.items():
+            default = values[0] if len(values) == 1 else inspect.Parameter.empty
+            params.append(inspect.Parameter(c, inspect.Parameter.KEYWORD_ONLY, default=default))
         params.append(inspect.Parameter("stream", inspect.Parameter.KEYWORD_ONLY, default=None))
         return inspect.Signature(params)
 
     # ---- selection --------------------------------------------------------------------------
 
-    def _resolve_types(self, given: dict[str, Any]) -> dict[str, str]:
-        types: dict[str, str] = {}
+    def _resolve_constants(self, given: dict[str, Any], where: str) -> dict[str, Any]:
+        """Each constant's value: given by keyword (taken out of `given`), exactly one of the
+        declared values (an int for an integer constant, a bool for a boolean one), or the
+        only declared value when it has one."""
+        out: dict[str, Any] = {}
+        for c, allowed in self.constants.items():
+            if c not in given:
+                if len(allowed) != 1:
+                    raise TypeError(f"{where} needs constant {c}= (one of {allowed!r})")
+                out[c] = allowed[0]
+                continue
+            value = given.pop(c)
+            kind = bool if type(allowed[0]) is bool else int
+            exact = _as_constant(value, kind)
+            if exact is None or exact not in allowed:
+                raise ValueError(f"{where}: constant {c}={short_repr(value)}; expected one of {allowed!r}")
+            out[c] = exact
+        return out
+
+    def _resolve_types(self, given: dict[str, Any]) -> dict[str, Any]:
+        types: dict[str, Any] = {}
         for tp, allowed in self.type_params.items():
             if tp in given:
                 value = str(given.pop(tp))
@@ -1107,10 +1153,11 @@ class Kernel:
                 types[tp] = allowed[0]
             else:
                 raise TypeError(f"{self.name}.select() needs type parameter {tp}= (one of {allowed})")
+        types.update(self._resolve_constants(given, f"{self.name}.select()"))
         return types
 
     def select(self, arch: Any = None, **key: Any) -> Selection:
-        """Choose the variant for key dims (and type parameters) on a device arch.
+        """Choose the variant for key dims (and type parameters and constants) on a device arch.
 
         ``arch`` is 'sm_86', '8.6', 86 or (8, 6); None asks the current CUDA device.
         """
@@ -1143,7 +1190,8 @@ class Kernel:
             kernel=self.name,
             variant=entry["variant"],
             config=dict(variant["config"]),
-            types=dict(types),
+            types={tp: types[tp] for tp in self.type_params},
+            constants={c: types[c] for c in self.constants},
             bucket=dict(zip(self._key_names, bucket)),
             tuned=bool(entry["tuned"]),
             arch=table_arch,
@@ -1160,7 +1208,8 @@ class Kernel:
         if not kwargs and len(args) == len(self.user_args):
             return list(args)
         if len(args) > len(self.user_args):
-            raise TypeError(f"{self.name}() takes {len(self.user_args)} arguments ({', '.join(self.user_args)}), got {len(args)}")
+            keywords = f"; constants are passed by keyword ({', '.join(f'{c}=' for c in self.constants)})" if self.constants else ""
+            raise TypeError(f"{self.name}() takes {len(self.user_args)} arguments ({', '.join(self.user_args)}), got {len(args)}{keywords}")
         values = list(args) + [_MISSING] * (len(self.user_args) - len(args))
         for k, v in kwargs.items():
             if k not in self.user_args:
@@ -1175,10 +1224,15 @@ class Kernel:
         return values
 
     def prepare(self, *args: Any, **kwargs: Any) -> PreparedCall:
-        """Check and convert a call's arguments without touching the GPU."""
-        return self._prepare(self._bind(args, kwargs), -1)
+        """Check and convert a call's arguments (and constants) without touching the GPU."""
+        constants = self._take_constants(kwargs)
+        return self._prepare(self._bind(args, kwargs), -1, constants)
 
-    def _prepare(self, bound: list[Any], stream_ptr: int) -> PreparedCall:
+    def _take_constants(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The constants among a call's keywords, taken out of `kwargs`."""
+        return {c: kwargs.pop(c) for c in self._constant_names if c in kwargs} if kwargs and self._constant_names else {}
+
+    def _prepare(self, bound: list[Any], stream_ptr: int, constants: Mapping[str, Any]) -> PreparedCall:
         values = dict(zip(self.user_args, bound))
         name = self.name
         arrays: dict[str, ArrayView] = {}
@@ -1232,6 +1286,8 @@ class Kernel:
                 if len(allowed) != 1:
                     raise TypeError(f"{name}(): cannot infer type parameter {tp} from the arguments")
                 types[tp] = allowed[0]
+        chosen = self._resolve_constants(dict(constants), f"{name}()")
+        types.update(chosen)
 
         key: dict[str, int] = {}
         for k in self.key:
@@ -1245,8 +1301,9 @@ class Kernel:
                 if not 0 <= value <= MAX_SIZE:
                     raise ValueError(f"{name}(): argument {source!r}={value} defines key dim {k['name']}, a size: expected 0 to {MAX_SIZE}")
                 key[k["name"]] = int(value)
+        env = {**key, **chosen} if chosen else key  # shapes and computed scalars may use the constants
         for arg, view in arrays.items():
-            expected = tuple(fn(key) for fn in self._shape_fns[arg])
+            expected = tuple(fn(env) for fn in self._shape_fns[arg])
             if view.shape != expected:
                 dims = ", ".join(f"{n}={v}" for n, v in key.items())
                 raise ValueError(f"{name}(): argument {arg!r} has shape {view.shape}; expected {expected} (from {dims})")
@@ -1258,7 +1315,7 @@ class Kernel:
                 c_args.append(arrays[arg].ptr)
                 continue
             dtype = types.get(a["dtype"], a["dtype"])
-            value = self._value_fns[arg](key) if arg in self._value_fns else values[arg]
+            value = self._value_fns[arg](env) if arg in self._value_fns else values[arg]
             c_args.append(_scalar(value, dtype, name, arg))
         return PreparedCall(types, key, tuple(c_args), arrays)
 
@@ -1269,20 +1326,25 @@ class Kernel:
     # device is known; with several, each call asks the driver which device its arrays are on.
 
     def __call__(self, *args: Any, stream: Any = None, **kwargs: Any) -> None:
+        constants = self._take_constants(kwargs) if kwargs else {}
         if kwargs or len(args) != self._n_user:
-            return self._call_checked(self._bind(args, kwargs), stream, None)
+            return self._call_checked(self._bind(args, kwargs), stream, None, constants)
         sig: list[Any] = [stream if stream is None or type(stream) is int else id(stream)]
+        if constants:  # their values pick the instance; the type too (True == 1, but not for a constant)
+            if any(type(v) not in (int, bool) for v in constants.values()):
+                return self._call_checked(list(args), stream, None, constants)  # names what is wrong, or converts
+            sig.append(tuple((c, type(v), v) for c, v in constants.items()))
         ptrs = []
         for obj, kind in zip(args, self._user_kinds):
             if kind is _ARRAY:
                 cai = getattr(obj, "__cuda_array_interface__", None)
                 if cai is None:
-                    return self._call_checked(list(args), stream, None)
+                    return self._call_checked(list(args), stream, None, constants)
                 try:
                     data = cai["data"]
                     sig.append((cai["typestr"], cai["shape"], data[1], cai.get("strides")))
                 except (LookupError, TypeError):  # not a real interface: the checked path names it
-                    return self._call_checked(list(args), stream, None)
+                    return self._call_checked(list(args), stream, None, constants)
                 ptrs.append(data[0])
             elif kind is _KEY_SCALAR:
                 sig.append((type(obj), obj))  # its value picks the bucket
@@ -1290,20 +1352,20 @@ class Kernel:
                 sig.append(type(obj))
         gpu = _GPU
         if gpu.api is None:  # the first call in this process: checks first, then the driver
-            return self._call_checked(list(args), stream, tuple(sig))
+            return self._call_checked(list(args), stream, tuple(sig), constants)
         device = gpu.single_device
         if device is None:
             device = self._arrays_device(gpu, ptrs)
             if device is None:  # unknown, mixed or zero-sized: the checked path says which
-                return self._call_checked(list(args), stream, tuple(sig))
+                return self._call_checked(list(args), stream, tuple(sig), constants)
         sig.append(device)
         plan = self._fast.get(tuple(sig))
         if plan is None or (stream is not None and plan.stream_ref is not stream and type(stream) is not int):
-            return self._call_checked(list(args), stream, tuple(sig[:-1]))
+            return self._call_checked(list(args), stream, tuple(sig[:-1]), constants)
         c_args = plan.c_args.copy()
         for slot, ptr, align in zip(plan.ptr_slots, ptrs, plan.aligns):
             if ptr % align:
-                return self._call_checked(list(args), stream, None)  # raises the alignment error
+                return self._call_checked(list(args), stream, None, constants)  # raises the alignment error
             c_args[slot] = ptr
         for slot, index, convert in plan.scalar_slots:
             c_args[slot] = convert(args[index])
@@ -1323,10 +1385,10 @@ class Kernel:
                 found = device
         return found
 
-    def _call_checked(self, bound: list[Any], stream: Any, fast_sig: tuple | None) -> None:
+    def _call_checked(self, bound: list[Any], stream: Any, fast_sig: tuple | None, constants: Mapping[str, Any]) -> None:
         """Every check, then the launch; records a fast plan under `fast_sig` + device."""
         handle = stream_handle(stream)
-        call = self._prepare(bound, handle or 1)  # DLPack forbids stream 0; 1 is the legacy default stream
+        call = self._prepare(bound, handle or 1, constants)  # DLPack forbids stream 0; 1 is the legacy default stream
         gpu = _GPU
         gpu.start()  # NoDriverError only now, after every check that needs no driver
         gpu.planners.add(self)  # so that use_gpu() drops the plans made below
@@ -1380,7 +1442,7 @@ class Kernel:
 
     def geometry(self, config: Mapping[str, Any], types: Mapping[str, str], key: Mapping[str, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
         """(grid, block, dynamic shared bytes) of a config at a key: the declared expressions."""
-        env = {**key, **config, **type_sizes(types)}
+        env = {**key, **config, **instance_env(types)}
         grid = tuple(int(f(env)) for f in self._grid)
         block = tuple(int(f(env)) for f in self._block)
         shared = int(self._shared(env))
@@ -1427,6 +1489,19 @@ class Kernel:
 
 
 _MISSING = object()
+
+
+def _as_constant(value: Any, kind: type) -> Any:
+    """`value` as an exact int or bool of `kind` (numpy's too), else None: True is not 1."""
+    try:
+        import numpy
+
+        ints, bools = (int, numpy.integer), (bool, numpy.bool_)
+    except ImportError:  # pragma: no cover - numpy is a dependency of every generated wheel
+        ints, bools = (int,), (bool,)
+    if kind is bool:
+        return bool(value) if isinstance(value, bools) else None
+    return int(value) if isinstance(value, ints) and not isinstance(value, bools) else None
 _ARRAY, _KEY_SCALAR, _SCALAR = "array", "key scalar", "scalar"
 
 

@@ -29,10 +29,22 @@ def scale(standin, kernel, launch):
     return 0.010 + 0.002 * 256 / block  # SYNTHETIC milliseconds: larger blocks are "faster"
 
 
+def halo(standin, kernel, launch):
+    """tests/test_constants.py's `halo` kernel: y[i] = x[i] + ... + x[i + 2 RADIUS] for i < m, its
+    RADIUS a caller-chosen constant; SKEW=true adds 1 (a wrong variant)."""
+    x_ptr, y_ptr = (int.from_bytes(p, "little") for p in launch.params[:2])
+    m = int(np.frombuffer(launch.params[2], np.int32)[0])
+    radius, block = int(kernel.tag["RADIUS"]), int(kernel.tag["BLOCK"])
+    x, y = standin.view(x_ptr, "float32", m + 2 * radius), standin.view(y_ptr, "float32", m)
+    y[:] = sum(x[d : m + d] for d in range(2 * radius + 1)) + (1.0 if kernel.tag["SKEW"] == "true" else 0.0)
+    return 0.010 + 0.002 * 256 / block  # SYNTHETIC milliseconds
+
+
 if __name__ == "__main__":
     ccs = [tuple(int(p) for p in cc.split(".")) for cc in os.environ.get("STANDIN_CCS", "9.0").split(",")]
     cuda_standin.install_globally(ccs)
     cuda_standin.EMULATORS["scale"] = scale
+    cuda_standin.EMULATORS["halo"] = halo
     from hatch_autotune.tuning.worker import main
 
     main()

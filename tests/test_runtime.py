@@ -15,7 +15,7 @@ from hatch_autotune.runtime import (
     choose_arch,
     compile_expr,
     map_to_bucket,
-    type_sizes,
+    instance_env,
 )
 
 BUCKETS = [1024, 4096, 65536]
@@ -128,12 +128,14 @@ def test_foreign_trees_are_rejected(tree):
         compile_expr(tree)
 
 
-def test_type_sizes_are_the_dtypes_byte_sizes():
+def test_instance_env_gives_byte_sizes_and_constants():
     import numpy as np
 
     assert DTYPE_SIZES == {name: np.dtype(name).itemsize for name in DTYPE_SIZES}
-    assert type_sizes({"T": "float16", "U": "uint64"}) == {"T_size": 2, "U_size": 8}
-    assert type_sizes({}) == {}
+    assert instance_env({"T": "float16", "U": "uint64"}) == {"T_size": 2, "U_size": 8}
+    assert instance_env({}) == {}
+    # constants are named as they are: the same names shapes, constraints and geometry use
+    assert instance_env({"T": "float32", "RADIUS": 3, "CAUSAL": False}) == {"T_size": 4, "RADIUS": 3, "CAUSAL": False}
 
 
 def test_check_cuda_is_one_funnel_for_driver_and_nvrtc_results():

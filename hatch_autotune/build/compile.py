@@ -51,6 +51,9 @@ class CompileJob:
     entry: str
     options: tuple[str, ...] = ()
     label: str = ""
+    # (name, source) of each header a `#include "name"` of the source (or of a header) reaches:
+    # NVRTC gets them by name, so they are part of the cache key like the source itself
+    headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_ptx(self) -> bool:
@@ -65,7 +68,8 @@ class CompileJob:
     def cache_key(self, compiler: str) -> str:
         blob = json.dumps(
             # entry: the cached resource usage is parsed for this entry's ptxas section
-            {"source": self.source, "options": self.full_options(), "compiler": compiler, "arch": self.arch, "entry": self.entry},
+            {"source": self.source, "options": self.full_options(), "compiler": compiler, "arch": self.arch, "entry": self.entry}
+            | ({"headers": [list(h) for h in self.headers]} if self.headers else {}),  # the keys of header-less jobs stay as they were
             sort_keys=True,
         )
         return hashlib.sha256(blob.encode()).hexdigest()
@@ -169,7 +173,11 @@ def compile_one(job: CompileJob) -> tuple[bool, bytes | None, str]:
     ensure_nvrtc()
     from cuda.bindings import nvrtc
 
-    prog = check_cuda(nvrtc.nvrtcCreateProgram(job.source.encode(), f"{job.entry}.cu".encode(), 0, [], []), "nvrtcCreateProgram")
+    names = [name.encode() for name, _ in job.headers]
+    sources = [text.encode() for _, text in job.headers]
+    prog = check_cuda(
+        nvrtc.nvrtcCreateProgram(job.source.encode(), f"{job.entry}.cu".encode(), len(names), sources, names), "nvrtcCreateProgram"
+    )
     try:
         opts = [o.encode() for o in job.full_options()]
         # Not check_cuda: a compile error is a result (with its log), not an exception.
@@ -304,12 +312,18 @@ def _collect(
 
 
 def count(results: Iterable[CompileResult]) -> dict[str, int]:
-    """How many distinct compiles ran, came from the cache, and failed."""
-    seen: dict[int, CompileResult] = {}
+    """How many distinct binaries NVRTC compiled (and succeeded), came from the cache (and had
+    compiled), and failed (now, or in the build that filled the cache): each binary in exactly
+    one of the three, so the counts add up. Configs that render the same source share a
+    binary; one compiled now and found in the cache later counts as compiled."""
+    seen: dict[tuple, CompileResult] = {}
     for r in results:
-        seen[id(r)] = r
+        j = r.job
+        key = (j.source, j.arch, j.entry, j.options, j.headers)
+        if key not in seen or (seen[key].cached and not r.cached):
+            seen[key] = r
     return {
-        "compiled": sum(1 for r in seen.values() if not r.cached),
-        "cached": sum(1 for r in seen.values() if r.cached),
+        "compiled": sum(1 for r in seen.values() if r.ok and not r.cached),
+        "cached": sum(1 for r in seen.values() if r.ok and r.cached),
         "failed": sum(1 for r in seen.values() if not r.ok),
     }

@@ -15,6 +15,7 @@ import contextvars
 import hashlib
 import json
 import os
+import re
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, Mapping
 
 from ..spec.config import DTYPES, KernelSpec, builtin_templates_dir
 from ..errors import BuildError
-from ..runtime import types_key
+from ..runtime import types_key, value_text
 
 
 class TemplateError(BuildError):
@@ -31,6 +32,8 @@ class TemplateError(BuildError):
 
 MAX_RANGE_ITEMS = 100_000  # range() items one variant's rendering may ask for, all calls together
 MAX_SOURCE_MIB = 16  # source one variant may render to, in MiB of characters
+MAX_HEADERS = 256  # distinct headers one variant's `#include "..."` directives may reach
+MAX_HEADER_MIB = 16  # size of one header, in MiB
 
 
 class _RangeBudgetExceeded(Exception):
@@ -67,11 +70,12 @@ class Variant:
     """One rendered config of one type instance of a kernel."""
 
     kernel: str
-    types: tuple[tuple[str, str], ...]
+    types: tuple[tuple[str, Any], ...]  # type parameters (dtype names) and constants (values)
     config: tuple[tuple[str, Any], ...]
     index: int  # position in the type instance's canonical config list
     source: str
-    source_hash: str
+    source_hash: str  # of the source and its headers: what the binary is compiled from
+    headers: tuple[tuple[str, str], ...] = ()  # (name as #included, text) of each header it reaches
 
     @property
     def types_dict(self) -> dict[str, str]:
@@ -88,9 +92,15 @@ class Variant:
         blob = self.source_hash + json.dumps(self.config_dict, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    def compile_job(self, arch: str, entry: str, options: tuple[str, ...]) -> Any:
+        """The NVRTC job for this variant on `arch` (a `compute_` arch gives PTX)."""
+        from .compile import CompileJob
+
+        return CompileJob(self.source, arch, entry, options, self.label, self.headers)
+
     @property
     def label(self) -> str:
-        parts = [f"{k}={v}" for k, v in self.types + self.config]
+        parts = [f"{k}={value_text(v)}" for k, v in self.types + self.config]
         return f"{self.kernel}[{', '.join(parts)}]"
 
 
@@ -107,20 +117,120 @@ def _environment(template_dir: Path) -> Any:
             undefined=jinja2.StrictUndefined,
             keep_trailing_newline=True,
             autoescape=False,
+            finalize=cpp_output,
         )
         env.globals["range"] = _bounded_range
         _ENVS[template_dir] = env
     return env
 
 
-def render_context(spec: KernelSpec, types: Mapping[str, str], config: Mapping[str, Any]) -> dict[str, Any]:
-    """What a template sees: axes, each type parameter as its C type, <T>_dtype, <T>_size, entry."""
+def cpp_output(value: Any) -> Any:
+    """What `{{ ... }}` writes for a value: a boolean as C++'s `true`/`false` (Python's `True`
+    is no C++ identifier); the value itself stays a boolean for `{% if %}` and `is true`."""
+    return ("true" if value else "false") if isinstance(value, bool) else value
+
+
+def render_context(spec: KernelSpec, types: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """What a template sees: axes and constants by name (booleans written as C++'s `true` and
+    `false`, see cpp_output), each type parameter as its C type, <T>_dtype, <T>_size, entry."""
     ctx: dict[str, Any] = {"entry": spec.entry}
-    for tp, dtype in types.items():
-        ctype, size = DTYPES[dtype]
-        ctx.update({tp: ctype, f"{tp}_dtype": dtype, f"{tp}_size": size})
+    for name, value in types.items():
+        if name in spec.types:
+            ctype, size = DTYPES[value]
+            ctx.update({name: ctype, f"{name}_dtype": value, f"{name}_size": size})
+        else:  # a caller-chosen constant
+            ctx[name] = value
     ctx.update(config)
     return ctx
+
+
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.MULTILINE)
+_COMMENT = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.DOTALL)  # strings kept: `"//"` is no comment
+
+
+def _strip_comments(code: str) -> str:
+    """The code with its comments blanked (newlines kept, so line numbers still hold)."""
+    return _COMMENT.sub(lambda m: m.group(0) if m.group(0).startswith('"') else re.sub(r"[^\n]", " ", m.group(0)), code)
+
+
+class _Headers:
+    """The headers a kernel's variants `#include "..."`: each name resolved against the
+    including file's folder (then the built-in templates), read once, and kept to the project
+    (or the built-ins). NVRTC matches an include by the name as written, so one name must mean
+    one file across the kernel."""
+
+    def __init__(self, spec: KernelSpec):
+        self.spec = spec
+        self.allowed = [d.resolve() for d in ([spec.root] if spec.root else []) + [builtin_templates_dir()]]
+        self.files: dict[Path, str] = {}
+        self.by_name: dict[str, Path] = {}
+        self._resolved: dict[tuple[str, Path], Path] = {}  # (name, including folder) -> file
+
+    def _read(self, path: Path, where: str) -> str:
+        text = self.files.get(path)
+        if text is None:
+            if path.stat().st_size > MAX_HEADER_MIB << 20:
+                raise TemplateError(f"{where}: {path} is larger than {MAX_HEADER_MIB} MiB, the most a header may have")
+            try:
+                text = path.read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise TemplateError(f"{where}: cannot read {path}: {exc}") from None
+            self.files[path] = text
+        return text
+
+    def _resolve(self, name: str, folder: Path, where: str) -> Path:
+        tried = []
+        for base in (folder, builtin_templates_dir()):
+            candidate = (base / name).resolve()
+            tried.append(str(candidate))
+            if candidate.is_file():
+                if not any(candidate.is_relative_to(d) for d in self.allowed):
+                    raise TemplateError(
+                        f'{where}: #include "{name}" is {candidate}, outside the project ({self.allowed[0]}); headers '
+                        "must be inside the project (they are part of the cache key and the lock checksum)"
+                    )
+                known = self.by_name.setdefault(name, candidate)
+                if known != candidate:
+                    raise TemplateError(
+                        f'{where}: #include "{name}" means {candidate} here but {known} elsewhere; NVRTC finds headers by '
+                        "the name as written, so give the two files different names or paths"
+                    )
+                return candidate
+        raise TemplateError(f'{where}: #include "{name}" not found (looked for {" and ".join(tried)})')
+
+    def of(self, source: str, label: str) -> tuple[tuple[str, str], ...]:
+        """(name, text) of every header the variant's source reaches, in name order."""
+        try:
+            return self._reached(source)
+        except TemplateError as exc:
+            raise TemplateError(f"{exc} ({label})") from None
+
+    def _reached(self, source: str) -> tuple[tuple[str, str], ...]:
+        found: dict[str, str] = {}
+        todo = [(source, self.spec.template.parent, f"{self.spec.template} (as rendered)")]
+        while todo:
+            code, folder, what = todo.pop()
+            stripped = _strip_comments(code)
+            for m in _INCLUDE.finditer(stripped):
+                name = m.group(1)
+                line = stripped.count("\n", 0, m.start()) + 1
+                path = self._resolved.get((name, folder))
+                if path is None:
+                    path = self._resolved[(name, folder)] = self._resolve(name, folder, f"{what}:{line}")
+                if name in found:
+                    continue
+                if len(found) >= MAX_HEADERS:
+                    raise TemplateError(f"{what}:{line}: more than {MAX_HEADERS} headers reached by #include")
+                found[name] = self._read(path, f"{what}:{line}")
+                todo.append((found[name], path.parent, str(path)))
+        return tuple(sorted(found.items()))
+
+
+def source_hash(source: str, headers: tuple[tuple[str, str], ...]) -> str:
+    """What a binary is compiled from: the source, and the headers it includes by name (a
+    variant without headers hashes as its source alone, as before headers existed)."""
+    blob = source if not headers else source + "\0" + json.dumps(headers)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _template_location(exc: BaseException, search_dirs: list[str]) -> str:
@@ -179,10 +289,11 @@ def render_kernel(spec: KernelSpec) -> dict[str, list[Variant]]:
     except jinja2.TemplateError as exc:
         raise TemplateError(f"{_template_location(exc, dirs)}: {exc} (kernel {spec.name})") from None
     out: dict[str, list[Variant]] = {}
+    headers = _Headers(spec)
     for types in spec.type_instances():
         variants = []
         for index, config in enumerate(spec.configs(types)):
-            cfg = ", ".join(f"{k}={v}" for k, v in {**types, **config}.items())
+            cfg = ", ".join(f"{k}={value_text(v)}" for k, v in {**types, **config}.items())
             try:
                 source = _render(template, render_context(spec, types, config))
             except _SourceTooLong:
@@ -199,6 +310,7 @@ def render_kernel(spec: KernelSpec) -> dict[str, list[Variant]]:
                 else:
                     what = f"{type(exc).__name__}: {exc}"
                 raise TemplateError(f"{where}: {what} (kernel {spec.name}, {cfg})") from None
+            included = headers.of(source, f"kernel {spec.name}, {cfg}")
             variants.append(
                 Variant(
                     kernel=spec.name,
@@ -206,7 +318,8 @@ def render_kernel(spec: KernelSpec) -> dict[str, list[Variant]]:
                     config=tuple(config.items()),
                     index=index,
                     source=source,
-                    source_hash=hashlib.sha256(source.encode()).hexdigest(),
+                    source_hash=source_hash(source, included),
+                    headers=included,
                 )
             )
         out[types_key(types)] = variants

@@ -31,7 +31,7 @@ def _arg_json(a: ArgSpec) -> dict[str, Any]:
 
 
 def kernel_json(spec: KernelSpec) -> dict[str, Any]:
-    """A kernel's declaration as the runtime reads it: entry, arguments, key, types, launch."""
+    """A kernel's declaration as the runtime reads it: entry, arguments, key, types, constants, launch."""
     return {
         "entry": spec.entry,
         "doc": spec.doc,
@@ -41,6 +41,7 @@ def kernel_json(spec: KernelSpec) -> dict[str, Any]:
             for k in spec.key
         ],
         "type_params": {tp: list(values) for tp, values in spec.types.items()},
+        "constants": [{"name": c, "values": list(values)} for c, values in spec.constants.items()],  # a list: declared order
         "launch": {"grid": [e.tree for e in spec.grid], "block": [e.tree for e in spec.block], "shared": spec.shared.tree},
     }
 

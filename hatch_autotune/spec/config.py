@@ -10,13 +10,13 @@ from __future__ import annotations
 import itertools
 import keyword
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from . import expr as expr_mod
 from .expr import Expr
-from ..runtime import DTYPE_SIZES, INT_RANGES, MAPPINGS, MAX_SIZE, ExpressionError, parse_arch, short_repr, type_sizes
+from ..runtime import DTYPE_SIZES, INT_RANGES, MAPPINGS, MAX_SIZE, MIN_SM, ExpressionError, instance_env, parse_arch, short_repr, value_text
 from .space import ConstraintError, bucket_points, corner_points, count_points, enumerate_configs
 
 # dtype name -> C type used in templates. float16 maps to `at_half`, a two-byte struct defined
@@ -45,10 +45,10 @@ HATCHLING_HOOK_KEYS = frozenset(
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_LOCK_FILE = "autotune.lock.json"
 DEFAULT_TABLE_PATH = "tool.hatch.build.targets.wheel.hooks.autotune"
-MIN_SM = 75  # the oldest arch NVRTC 13 targets
 # Bounds that keep the config check (and what follows it) finite; see the README's table.
 DEFAULT_MAX_CONFIGS = 100_000  # axis combinations before constraints, per kernel (`max-configs`)
 MAX_BUCKET_POINTS = 10_000  # points of a kernel's key grid (tuning runs at every one)
+MAX_INSTANCES = 1_000  # combinations of a kernel's type parameters and constants
 GEOMETRY_CHECKS = 200_000  # (config, point) pairs whose launch geometry is checked in full
 _WHEEL_TAG = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+")  # python-abi-platform
 
@@ -127,18 +127,24 @@ class KernelSpec:
     tolerance: tuple[float, float] | None = None  # (rtol, atol); None: by dtype
     search: SearchSpec = SearchSpec()
     max_configs: int = DEFAULT_MAX_CONFIGS  # a larger space is refused before it is enumerated
+    # Caller-chosen constants: name -> the values a caller may pass (integers or booleans). Each
+    # value is a specialisation like a type parameter's dtype: rendered, compiled, tuned and
+    # selected exactly, never tuned over.
+    constants: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    root: Path | None = None  # the project folder: `#include "..."` may reach headers inside it
 
-    def type_instances(self) -> list[dict[str, str]]:
-        """Every assignment of the type parameters, in declaration order."""
-        out: list[dict[str, str]] = [{}]
-        for tp, values in self.types.items():
-            out = [{**o, tp: v} for o in out for v in values]
+    def type_instances(self) -> list[dict[str, Any]]:
+        """Every assignment of the type parameters (dtype names) and the constants (their
+        values), in declaration order: the instances that are rendered, tuned and selected."""
+        out: list[dict[str, Any]] = [{}]
+        for name, values in [*self.types.items(), *self.constants.items()]:
+            out = [{**o, name: v} for o in out for v in values]
         return out
 
-    def type_env(self, types: Mapping[str, str]) -> dict[str, int]:
-        """Names that expressions may use for a type instance: `<T>_size` in bytes (the
-        runtime's own rule, so that the build and the wheel evaluate the same geometry)."""
-        return type_sizes(types)
+    def type_env(self, types: Mapping[str, Any]) -> dict[str, Any]:
+        """Names that expressions may use for an instance: `<T>_size` in bytes and each
+        constant's value (the runtime's own rule, so the build and the wheel agree)."""
+        return instance_env(types)
 
     def configs(self, types: Mapping[str, str]) -> list[dict[str, Any]]:
         """The search space of one type instance, in canonical order."""
@@ -172,6 +178,7 @@ class ProjectSpec:
     kernels: Mapping[str, KernelSpec]
     tuning: TuningSpec = TuningSpec()
     exact_nvrtc: bool = False  # lock entries tuned with another NVRTC major.minor are stale
+    default_may_fail: bool = False  # a default config that does not compile: the first that does, not an error
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,6 +300,13 @@ def v_arch(value: Any, path: str, errors: list) -> Any:
     return value
 
 
+def v_constant(value: Any, path: str, errors: list) -> Any:
+    lo, hi = INT_RANGES["int64"]
+    if isinstance(value, bool) or (isinstance(value, int) and lo <= value <= hi):
+        return value
+    return _fail(errors, path, f"an integer from {lo} to {hi}, or a boolean", value)
+
+
 def v_space_value(value: Any, path: str, errors: list) -> Any:
     if isinstance(value, (bool, int, str)):
         return value
@@ -363,6 +377,7 @@ def parse_project(table: Any, root: Path, path: str = DEFAULT_TABLE_PATH, env: M
     wheel_tag = t.get("wheel-tag", v_wheel_tag, default=None)
     lock_outside = t.get("lock-file-outside-project", v_bool, default=False)
     exact_nvrtc = t.get("exact-nvrtc", v_bool, default=False)
+    default_may_fail = t.get("default-may-fail", v_bool, default=False)
     tuning_t = t.table("tuning")
     tuning = _parse_tuning(tuning_t) if tuning_t is not None else TuningSpec()
     kernels_t = t.table("kernels", required=True)
@@ -408,6 +423,7 @@ def parse_project(table: Any, root: Path, path: str = DEFAULT_TABLE_PATH, env: M
         kernels=kernels,
         tuning=tuning,
         exact_nvrtc=exact_nvrtc,
+        default_may_fail=default_may_fail,
     )
 
 
@@ -485,24 +501,10 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
     search_t = t.table("search")
     search = _parse_search(search_t) if search_t is not None else SearchSpec()
 
-    # Type parameters: name -> non-empty list of dtypes.
-    types: dict[str, tuple[str, ...]] = {}
-    types_t = t.table("types")
-    if types_t is not None and types_t.ok:
-        for tp in types_t.data:
-            types_t.seen.add(tp)
-            p = types_t.sub(tp)
-            if v_ident(tp, p, errors) is _BAD:
-                continue
-            if tp in DTYPES:
-                errors.append(f"{p}: a type parameter may not be named like a dtype")
-                continue
-            values = v_list(v_choice(tuple(DTYPES)))(types_t.data[tp], p, errors)
-            if values is not _BAD:
-                if len(set(values)) != len(values):
-                    errors.append(f"{p}: expected distinct dtypes, got {list(values)!r}")
-                types[tp] = values
+    types = _value_lists(t, "types", "type parameter", v_choice(tuple(DTYPES)), "dtypes")
     type_size_names = {f"{tp}_size" for tp in types}
+    constants = _value_lists(t, "constants", "constant", v_constant, "values", what=" of integers or booleans")
+    constant_names = set(constants)
 
     # Search space: axis -> non-empty list of values.
     space: dict[str, tuple[Any, ...]] = {}
@@ -529,7 +531,7 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
     key_names = [k for k in key_t.data] if key_t is not None and key_t.ok else []
     if raw_args is not _BAD:
         for i, raw in enumerate(raw_args):
-            arg = _parse_arg(_Table(raw, f"{t.sub('args')}[{i}]", errors), set(key_names), types)
+            arg = _parse_arg(_Table(raw, f"{t.sub('args')}[{i}]", errors), set(key_names), constant_names, types)
             if arg is not None:
                 args.append(arg)
         seen_names: set[str] = set()
@@ -554,11 +556,11 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
     key_set = set(key_names)
     constraints = t.get(
         "constraints",
-        v_list(v_expr(config_names | type_size_names, "constraints may use the space axes and <T>_size"), nonempty=False),
+        v_list(v_expr(config_names | type_size_names | constant_names, "constraints may use the space axes, <T>_size and constants"), nonempty=False),
         default=(),
     )
-    geometry_names = config_names | key_set | type_size_names
-    where = "launch geometry may use key dims, space axes and <T>_size"
+    geometry_names = config_names | key_set | type_size_names | constant_names
+    where = "launch geometry may use key dims, space axes, <T>_size and constants"
     grid = t.get("grid", v_list(v_expr(geometry_names, where)), required=True)
     block = t.get("block", v_list(v_expr(geometry_names, where)), required=True)
     shared = t.get("shared", v_expr(geometry_names, where), default=expr_mod.parse(0))
@@ -609,6 +611,8 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
         tolerance=tolerance,
         search=search,
         max_configs=max_configs,
+        constants=constants,
+        root=root,
     )
     clash = _name_clashes(spec)
     if clash:
@@ -618,7 +622,8 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
     if bad_option:
         errors.append(
             f"{t.sub('nvrtc-options')}: {bad_option!r} is not supported: included files would not be part of the cache key "
-            "or the lock checksum; include them through the template ({% include \"file\" %}) instead"
+            "or the lock checksum; `#include \"file\"` a header by its path relative to the template (or the including "
+            "header) instead, or `{% include \"file\" %}` it through Jinja"
         )
         return None
     # Checks that need the whole kernel. Both spaces are counted before anything walks them.
@@ -635,38 +640,109 @@ def _parse_kernel(name: str, t: _Table, root: Path) -> KernelSpec | None:
     if n_points > MAX_BUCKET_POINTS:
         errors.append(f"{t.sub('key')}: the buckets make {n_points:,} tuning points; at most {MAX_BUCKET_POINTS:,} are allowed")
         return None
+    n_instances = count_points([*spec.types.values(), *spec.constants.values()])
+    if n_instances > MAX_INSTANCES:
+        errors.append(
+            f"{t.path}: the type parameters and constants make {n_instances:,} instances, each rendered, compiled and tuned "
+            f"apart; at most {MAX_INSTANCES:,} are allowed"
+        )
+        return None
     size_error = _check_sizes(spec)
     if size_error:
         errors.append(f"{t.path}: {size_error}")
         return None
-    for types_ in spec.type_instances():
-        label = f" (for {', '.join(f'{k}={v}' for k, v in types_.items())})" if types_ else ""
+    instances = spec.type_instances()
+    grouped: dict[tuple[str, str], list[str]] = {}  # (key path, problem) -> the instances it holds for
+    for types_ in instances:
+        label = ", ".join(f"{k}={value_text(v)}" for k, v in types_.items())
         try:
             configs = spec.configs(types_)
         except ConstraintError as exc:  # e.g. division by zero for some config, or a bound exceeded
             errors.append(
                 f"{t.sub('constraints')}[{exc.index}]: {spec.constraints[exc.index].text!r} cannot be evaluated for "
-                f"{exc.config}{label}: {exc.cause}"
+                f"{exc.config}{f' (for {label})' if label else ''}: {exc.cause}"
             )
             return None
         if not configs:
-            errors.append(f"{t.sub('constraints')}: the constraints exclude every config of the space{label}")
+            grouped.setdefault((t.sub("constraints"), "the constraints exclude every config of the space"), []).append(label)
         elif dict(spec.default) not in configs:
-            errors.append(f"{t.sub('default')}: the default {dict(spec.default)!r} violates the constraints{label}")
+            broken = _violated(spec, types_)
+            grouped.setdefault((t.sub("default"), f"the default {dict(spec.default)!r} violates {broken}"), []).append(label)
         geometry_error = _check_geometry(spec, types_, configs)
         if geometry_error:
-            errors.append(f"{t.path}: {geometry_error}{label}")
+            grouped.setdefault((t.path, geometry_error), []).append(label)
+    for (where_, problem), labels in grouped.items():  # once per problem, naming the instances it holds for
+        holds_for = "" if len(labels) == len(instances) else f" (for {'; '.join(labels)})"
+        errors.append(f"{where_}: {problem}{holds_for}")
     return spec if len(errors) == n_errors else None
 
 
+def _violated(spec: KernelSpec, types: Mapping[str, Any]) -> str:
+    """Which constraints the default config breaks for an instance, each by index and text."""
+    env = {**spec.default, **spec.type_env(types)}
+    broken = []
+    for i, c in enumerate(spec.constraints):
+        try:
+            holds = c(env)
+        except ExpressionError:
+            holds = False
+        if not holds:
+            broken.append(f"constraints[{i}] {c.text!r}")
+    return " and ".join(broken) or "the constraints"
+
+
+def _value_lists(t: _Table, key: str, kind: str, item: Validator, noun: str, what: str = "") -> dict[str, tuple[Any, ...]]:
+    """A table of name -> non-empty array of distinct values of one kind: the type parameters
+    (dtype names) and the constants (integers or booleans), each named by an identifier that
+    is not a dtype's name."""
+    errors, out = t.errors, {}
+    table = t.table(key)
+    if table is None or not table.ok:
+        return out
+    for name in table.data:
+        table.seen.add(name)
+        p = table.sub(name)
+        if v_ident(name, p, errors) is _BAD:
+            continue
+        if name in DTYPES:
+            errors.append(f"{p}: a {kind} may not be named like a dtype")
+            continue
+        values = v_list(item, what=what)(table.data[name], p, errors)
+        if values is _BAD:
+            continue
+        if len({type(v) for v in values}) > 1:
+            errors.append(f"{p}: expected values of one kind, all integers or all booleans, got {list(values)!r}")
+        elif len(set(values)) != len(values):
+            errors.append(f"{p}: expected distinct {noun}, got {list(values)!r}")
+        else:
+            out[name] = values
+    return out
+
+
 def _name_clashes(spec: KernelSpec) -> str | None:
-    """Axes, type parameters (and their _size/_dtype), key dims and `entry` share one namespace
-    in templates and launch expressions; a clash would silently shadow one of them."""
+    """Axes, type parameters (and their _size/_dtype), constants, key dims and `entry` share one
+    namespace in templates and launch expressions; a clash would silently shadow one of them.
+    Constants are also keywords of a call, next to its arguments."""
     owners: dict[str, str] = {"entry": "the template variable `entry`"}
     for tp in spec.types:
         for name in (tp, f"{tp}_size", f"{tp}_dtype"):
             owners.setdefault(name, f"type parameter {tp}")
-    for kind, names in (("axis", spec.space), ("key dim", [k.name for k in spec.key])):
+    # A call takes the arguments, the constants and `stream=` by keyword; select() the key dims,
+    # type parameters, constants and `arch=`; both are methods (`self`).
+    reserved = {"self": "the kernel object's `self`", "stream": "the call's `stream=`", "arch": "select()'s `arch=`"}
+    call_words = ("self", "stream")
+    select_words = ("self", "arch")
+    keywords = [("argument", [a.name for a in spec.args if a.value is None], call_words), ("constant", spec.constants, call_words + select_words)]
+    keywords += [("key dim", [k.name for k in spec.key], select_words), ("type parameter", spec.types, select_words)]
+    for kind, names, words in keywords:
+        for name in names:
+            if name in words:
+                return f"{kind} {name!r} has the same name as {reserved[name]}; rename it"
+    arguments = {a.name for a in spec.args}
+    for name in spec.constants:
+        if name in arguments:
+            return f"constant {name!r} has the same name as argument {name}; rename one"
+    for kind, names in (("constant", spec.constants), ("axis", spec.space), ("key dim", [k.name for k in spec.key])):
         for name in names:
             if name in owners:
                 return f"{kind} {name!r} has the same name as {owners[name]}; rename one"
@@ -719,8 +795,14 @@ def _check_sizes(spec: KernelSpec) -> str | None:
             if k.buckets[-1] > hi:
                 return f"key dim {k.name!r} has bucket {k.buckets[-1]}, which does not fit in argument {arg.name!r} ({arg.dtype}, at most {hi})"
     names = [k.name for k in spec.key]
-    for point in bucket_points([k.buckets for k in spec.key]):  # at most MAX_BUCKET_POINTS
-        key = dict(zip(names, point))
+    constant_sets: list[dict[str, Any]] = [{}]
+    for cname, values in spec.constants.items():
+        constant_sets = [{**c, cname: v} for c in constant_sets for v in values]
+    points = bucket_points([k.buckets for k in spec.key])  # at most MAX_BUCKET_POINTS
+    if len(points) * len(constant_sets) > GEOMETRY_CHECKS:  # bounded, as in _check_geometry
+        points = corner_points([k.buckets for k in spec.key])
+    for point, consts in itertools.product(points, constant_sets):
+        key = {**dict(zip(names, point)), **consts}
         for a in spec.args:
             for i, e in enumerate(a.shape or ()):
                 what = f"shape[{i}] of argument {a.name!r}"
@@ -747,16 +829,17 @@ def _evaluate_int(e: Expr, env: Mapping[str, Any], lo: int, hi: int) -> str | No
     return None
 
 
-def _parse_arg(t: _Table, key_names: set[str], types: Mapping[str, tuple[str, ...]]) -> ArgSpec | None:
+def _parse_arg(t: _Table, key_names: set[str], constant_names: set[str], types: Mapping[str, tuple[str, ...]]) -> ArgSpec | None:
     if not t.ok:  # not a table: reported when the _Table was made
         return None
     errors = t.errors
     n = len(errors)
+    names = key_names | constant_names
     name = t.get("name", v_ident, required=True)
     dtype = t.get("dtype", v_choice(tuple(DTYPES) + tuple(types)), required=True)
-    shape = t.get("shape", v_list(v_expr(key_names, "shapes may use the key dims"), nonempty=True), default=None)
+    shape = t.get("shape", v_list(v_expr(names, "shapes may use the key dims and constants"), nonempty=True), default=None)
     intent = t.get("intent", v_choice(INTENTS), default=None)
-    value = t.get("value", v_expr(key_names, "a scalar's value may use the key dims"), default=None)
+    value = t.get("value", v_expr(names, "a scalar's value may use the key dims and constants"), default=None)
     align = t.get("align", v_int(1), default=None)
     t.finish()
     if align not in (None, _BAD) and (align & (align - 1)):

@@ -87,8 +87,10 @@ def resolved_dtype(dtype: str, types: Mapping[str, str]) -> str:
     return types.get(dtype, dtype)
 
 
-def shapes(spec: KernelSpec, key: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
-    return {a.name: tuple(int(e(key)) for e in a.shape) for a in spec.args if a.is_array}
+def shapes(spec: KernelSpec, key: Mapping[str, int], types: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Each array's shape at a bucket, for an instance (shapes may use its constants)."""
+    env = {**key, **spec.type_env(types)}
+    return {a.name: tuple(int(e(env)) for e in a.shape) for a in spec.args if a.is_array}
 
 
 def random_inputs(spec: KernelSpec, types: Mapping[str, str], key: Mapping[str, int], seed: int) -> dict[str, Any]:
@@ -98,7 +100,7 @@ def random_inputs(spec: KernelSpec, types: Mapping[str, str], key: Mapping[str, 
     rng = np.random.default_rng(seed)
     out: dict[str, Any] = {}
     key_sources = {k.source: k.name for k in spec.key if k.axis is None}
-    arr_shapes = shapes(spec, key)
+    arr_shapes = shapes(spec, key, types)
     for a in spec.args:
         if a.value is not None:
             continue  # computed from the key at launch
@@ -138,7 +140,7 @@ def bucket_inputs(spec: KernelSpec, types: Mapping[str, str], key: Mapping[str, 
         computed = [a.name for a in spec.args if a.value is not None]
         note = f" ({', '.join(computed)} computed from the key, not passed)" if computed else ""
         raise InputError(f"{where}: returned arguments {sorted(map(str, got))}: {', '.join(problems)}; expected {expected_names}{note}")
-    arr_shapes = shapes(spec, key)
+    arr_shapes = shapes(spec, key, types)
     key_sources = {k.source: k.name for k in spec.key if k.axis is None}
     out: dict[str, Any] = {}
     for a in spec.args:
@@ -162,9 +164,10 @@ def bucket_inputs(spec: KernelSpec, types: Mapping[str, str], key: Mapping[str, 
     return out
 
 
-def reference_outputs(spec: KernelSpec, inputs: Mapping[str, Any], root: Path) -> dict[str, Any] | None:
+def reference_outputs(spec: KernelSpec, inputs: Mapping[str, Any], root: Path, types: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """Expected outputs from the user's NumPy reference, or None when none is configured. Each
-    output's expected shape is the shape of its array in `inputs`."""
+    output's expected shape is the shape of its array in `inputs`. The instance's constants
+    are passed too, by name (a stencil's reference needs its radius)."""
     import numpy as np
 
     if spec.reference is None:
@@ -173,7 +176,8 @@ def reference_outputs(spec: KernelSpec, inputs: Mapping[str, Any], root: Path) -
     outputs = [a for a in spec.args if a.is_array and a.intent in ("out", "inout")]
     names = [a.name for a in outputs]
     fn = load_function(spec.reference, root, where)
-    got = _call(fn, where, **{k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in inputs.items()})
+    constants = {c: v for c, v in (types or {}).items() if c in spec.constants}
+    got = _call(fn, where, **{k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}, **constants)
     expected = "{" + ", ".join(f"{n!r}: array" for n in names) + "}" + (" or one array" if len(names) == 1 else "")
     if isinstance(got, np.ndarray) and len(outputs) == 1:
         got = {names[0]: got}

@@ -295,7 +295,8 @@ class _WorkerState:
             handle = b["handles"][vid] = cuda.ObjectCode.from_cubin(cubin).get_kernel(kernel.entry)
         config = kernel.variants[vid]["config"]
         grid, block, shared = kernel.geometry(config, b["types"], b["key"])
-        call = kernel.prepare(**{**b["arrays"], **b["scalars"]})
+        constants = {c: b["types"][c] for c in kernel.constants}  # the instance's, by keyword as a caller passes them
+        call = kernel.prepare(**{**b["arrays"], **b["scalars"], **constants})
         launch_config = cuda.LaunchConfig(grid=grid, block=block, shmem_size=shared)
         launch = cuda.launch
         return lambda stream: launch(stream, launch_config, handle, *call.c_args)
