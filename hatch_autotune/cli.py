@@ -192,7 +192,7 @@ def cmd_show(args: argparse.Namespace, ui: UI) -> int:
         t = ui.table(kernel, columns, right=("time (ms)", "speedup"), rows=listed)
         for r in rows:
             cells = [r.arch, *([r.types] if has_types else []), fmt_bucket(r.bucket), fmt_config(r.config), fmt_ms(r.time_ms), fmt_speedup(r.speedup)]
-            cells.append("tuned" if r.tuned else "default")
+            cells.append(r.status)
             if has_notes:
                 cells.append(r.note)
             t.add_row(*cells, style=None if r.tuned or not ui.tty else "yellow")
@@ -202,18 +202,60 @@ def cmd_show(args: argparse.Namespace, ui: UI) -> int:
             f"... {len(shown) - limit} more entries not shown (the first {limit} of {len(shown)}): "
             "--all shows every one, --limit N the first N, --kernel K one kernel's"
         )
-    n_tuned = sum(r.tuned for r in shown)
-    ui.print(f"{src.label} ({src.kind}): {len(shown)} entries, {n_tuned} tuned, {len(shown) - n_tuned} default")
+    failed = _show_outcome(src, args.kernel, limit, ui)
+    status = {s: sum(r.status == s for r in shown) for s in ("tuned", "default", "fallback")}
+    summary = f"{src.label} ({src.kind}): {len(shown)} entries, {status['tuned']} tuned, {status['default']} default"
+    if status["fallback"]:
+        summary += f", {status['fallback']} fallback (the default config does not compile)"
+    if src.outcome is not None:
+        summary += f"; {failed} variant binar{'y' if failed == 1 else 'ies'} failed to compile"
+        if src.outcome.shipped is not None and not args.kernel:
+            summary += f"; {src.outcome.shipped} binaries shipped"
+    ui.print(summary)
     for line in provenance_lines(shown) + src.notes:
         ui.print(f"  {line}")
     return EXIT_OK
 
 
+def _show_outcome(src: Any, kernels: Sequence[str] | None, limit: int | None, ui: UI) -> int:
+    """What the build's outcome record adds to the tables: the untuned entries grouped by
+    kernel and reason, and the compile failures grouped by kernel, type instance and arch (the
+    first one's log in each group; every recorded log with --all). Returns how many failed."""
+    from .build.outcome import indent, instance_text
+
+    outcome = src.outcome
+    if outcome is None:
+        return 0
+    untuned = {k: eids for k, eids in outcome.untuned().items() if not kernels or k[0] in kernels}
+    if untuned:
+        ui.print("untuned entries, by kernel and reason:")
+        for (kernel, status, reason), eids in untuned.items():
+            config = "the default config" if status == "default" else "a fallback config"
+            ui.print(f"  {kernel}: {len(eids)} entr{'y runs' if len(eids) == 1 else 'ies run'} {config}: {reason}")
+    groups = {k: fs for k, fs in outcome.failure_groups().items() if not kernels or k[0] in kernels}
+    failed = sum(len(fs) for fs in groups.values())
+    if groups:
+        ui.print(f"compile failures: {failed} variant binar{'y' if failed == 1 else 'ies'} did not compile (none of them ships):")
+        left, logs_left_out = limit, False
+        for (kernel, types, arch), fs in groups.items():
+            ui.print(f"  {kernel} ({instance_text(types)}) on {arch}: {len(fs)} variant(s)")
+            for n, f in enumerate(fs):
+                if left is not None and left <= 0:
+                    ui.print(f"    ... {len(fs) - n} more: --all lists every one")
+                    break
+                left = None if left is None else left - 1
+                ui.print(f"    {f.variant}" + (f" (and {f.configs - 1} more config(s) of the same source)" if f.configs > 1 else ""))
+                if f.log and (n == 0 or limit is None):
+                    ui.print(indent(f.log, "      "))
+                logs_left_out = logs_left_out or bool(f.log and n and limit is not None)
+        if logs_left_out:
+            ui.print("  (the first log of each group; --all shows every recorded log)")
+    return failed
+
+
 def cmd_diff(args: argparse.Namespace, ui: UI) -> int:
-    if args.threshold < 0:
-        raise CliError(f"--threshold must be >= 0, got {args.threshold}")
     a, b = load_source(args.a), load_source(args.b)
-    diff = diff_sources(a, b, args.threshold / 100)
+    diff = diff_sources(a, b, args.threshold)
     limit = _limit(args)
     listed = diff.changes if limit is None else diff.changes[:limit]
     if listed:
@@ -244,7 +286,7 @@ def cmd_diff(args: argparse.Namespace, ui: UI) -> int:
             f"{regressions} of those not shown are regressions): --all lists every change, --limit N the first N"
         )
     counts = ", ".join(f"{diff.count(kind)} {kind}" for kind in KINDS)
-    ui.print(f"{counts}, {diff.unchanged} unchanged; {len(diff.regressions)} regression(s) over {args.threshold:g}%")
+    ui.print(f"{counts}, {diff.unchanged} unchanged; {len(diff.regressions)} regression(s) over {args.threshold * 100:g}% (--threshold {args.threshold:g})")
     if diff.regressions and args.fail_on_regression:
         return EXIT_REGRESSION
     return EXIT_OK
@@ -322,6 +364,11 @@ def cmd_cache(args: argparse.Namespace, ui: UI) -> int:
         t.add_row("set with", "HATCH_AUTOTUNE_CACHE_DIR" + (" (set)" if os.environ.get("HATCH_AUTOTUNE_CACHE_DIR") else ""))
         ui.print(t)
         return EXIT_OK
+    if not args.yes and not sys.stdin.isatty():  # a script or a pipe: nobody to ask, so nothing is deleted unasked
+        raise CliError(
+            f"cache clear asks before it deletes the compile cache ({entries} entries, {fmt_bytes(size)} in {store}), and stdin "
+            "is not a terminal to ask on: pass --yes to clear it without asking (nothing deleted)"
+        )
     if store.is_symlink():
         raise CliError(f"{store} is a symbolic link, not a store hatch-autotune created; leaving it alone")
     if not store.exists():
@@ -333,7 +380,7 @@ def cmd_cache(args: argparse.Namespace, ui: UI) -> int:
     foreign = cache.foreign_path()
     if foreign is not None:
         raise CliError(not_ours.format(store, foreign))
-    if not args.yes and sys.stdin.isatty():
+    if not args.yes:
         try:
             answer = input(f"delete {entries} cached binaries ({fmt_bytes(size)}) in {store}? [y/N] ")
         except EOFError:
@@ -367,6 +414,26 @@ def _positive(text: str) -> int:
     return n
 
 
+def threshold(text: str) -> float:
+    """--threshold: a fraction (0.05 is 5%), or a percentage written as one ('5%'). A bare number
+    over 1 is refused: `--threshold 5` most likely meant 5%, not "500% slower"."""
+    value = text.strip()
+    percent = value.endswith("%")
+    try:
+        number = float(value[:-1] if percent else value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.05 (or a percentage such as 5%), got {text!r}")
+    if percent:
+        return number / 100
+    if number > 1:
+        raise argparse.ArgumentTypeError(
+            f"{text} is read as a fraction, {number * 100:g}% slower; for {number:g}% write {number / 100:g} or {number:g}%"
+        )
+    return number
+
+
 def _limit_options(s: argparse.ArgumentParser, what: str) -> None:
     g = s.add_mutually_exclusive_group()
     g.add_argument("--limit", type=_positive, metavar="N", help=f"list the first N {what} (default {LIST_LIMIT}); the totals count them all")
@@ -386,8 +453,8 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=MODES, help="tune: missing and stale entries; retune: all (default: the project's mode, else tune)")
     s.set_defaults(func=cmd_tune)
 
-    s = sub.add_parser("show", help="per kernel: arch, bucket, chosen config, time, speedup, tuned or default")
-    s.add_argument("source", nargs="?", default=".", metavar="PROJECT|WHEEL|LOCK|PACKAGE", help="default: .")
+    s = sub.add_parser("show", help="per kernel: arch, bucket, chosen config, time, speedup, tuned or default; a wheel's untuned entries and compile failures")
+    s.add_argument("source", nargs="?", default=".", metavar="PROJECT|WHEEL|LOCK|PACKAGE", help="default: .; PACKAGE: an installed package's import or distribution name")
     s.add_argument("--kernel", "-k", action="append", metavar="K", help="only this kernel (repeatable)")
     _limit_options(s, "entries")
     s.set_defaults(func=cmd_show, pause_gc=True)
@@ -402,7 +469,13 @@ def make_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("diff", help="what changed between two lock files or wheels, regressions marked")
     s.add_argument("a", metavar="A")
     s.add_argument("b", metavar="B")
-    s.add_argument("--threshold", type=float, default=5.0, metavar="PCT", help="slower by more than this is a regression (default 5)")
+    s.add_argument(
+        "--threshold",
+        type=threshold,
+        default=0.05,
+        metavar="FRACTION",
+        help="a time that changed by more than this fraction is slower or faster, and slower is a regression: 0.05 (or 5%%) is 5%% (default 0.05)",
+    )
     s.add_argument("--fail-on-regression", action="store_true", help="exit code 1 if there is a regression")
     _limit_options(s, "changes")
     s.set_defaults(func=cmd_diff, pause_gc=True)
@@ -415,7 +488,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("cache", help="location and size of the compile cache, or clear it")
     s.add_argument("action", choices=("info", "clear"))
-    s.add_argument("--yes", "-y", action="store_true", help="clear without asking")
+    s.add_argument("--yes", "-y", action="store_true", help="clear without asking (required when stdin is not a terminal)")
     s.set_defaults(func=cmd_cache)
     return p
 

@@ -29,24 +29,61 @@ def failing_default(root):
     return root
 
 
-def test_a_default_that_fails_to_compile_makes_the_build_compile_the_rest(tmp_path):
+MAY_FAIL = "default-may-fail = true"
+FALLBACK = "no lock entry; the default config does not compile, so the first config that does (default-may-fail = true)"
+
+
+def test_a_default_that_fails_to_compile_stops_the_build_naming_it(tmp_path):
     root = failing_default(write_tiny_project(tmp_path / "p", bad="[false, true]"))
+    logs: list[str] = []
+    with pytest.raises(BuildError) as info:
+        build(root, tmp_path / "cache", logs)
+    first, *rest = str(info.value).splitlines()
+    assert first == (
+        "hatch-autotune: the default config of kernel 'scale' (no type parameters) does not compile for sm_80: "
+        "scale[BLOCK=128, FACTOR=2, BAD=true]; NVRTC said:"
+    )
+    assert any("this_is_not_cuda" in line and line.startswith("  ") for line in rest)  # the compiler's log, indented
+    assert "The default config does not compile either for: scale (no type parameters) on sm_90." in rest
+    assert "set `default-may-fail = true` in the hook table" in rest[-1]
+    # it stopped after the shipped set (the default on 2 archs): nothing else was compiled
+    assert logs[-1] == "hatch-autotune: the lock's winners and the default configs: 0 variant binaries compiled, 0 from the cache, 2 failed"
+
+
+def test_default_may_fail_falls_back_to_the_first_config_that_compiles(tmp_path):
+    root = failing_default(write_tiny_project(tmp_path / "p", bad="[false, true]", extra=MAY_FAIL))
     logs: list[str] = []
     result = build(root, tmp_path / "cache", logs)
     kb = result.kernels[0]
-    bad = [label for label in kb.failed if "BAD=True" in label]
+    bad = [label for label in kb.failed if "BAD=true" in label]
     assert len(bad) == 6 and len(kb.failed) == 6  # 3 BLOCK x 2 FACTOR, each failing on both archs
     assert all("this_is_not_cuda" in log for logs_ in kb.failed.values() for log in logs_)
-    assert any("6 variant(s) failed to compile and were skipped" in m for m in logs)
-    assert "hatch-autotune: compiling 2 variant binaries (the lock's winners and the defaults)" in logs
-    assert any(m.startswith("hatch-autotune: compiling 22 variant binaries (the rest") for m in logs)
-    assert "hatch-autotune: 4/22 compiled" in logs  # long compiles show progress
+    warning = next(m for m in logs if m.startswith("warning: scale: 12 variant binaries failed to compile (on sm_80, sm_90) and are not in the wheel"))
+    assert "this_is_not_cuda" in warning
+    assert "hatch-autotune: the lock's winners and the default configs: 0 variant binaries compiled, 0 from the cache, 2 failed" in logs
+    assert "hatch-autotune: compiling 22 variant binaries with NVRTC (0 found in the cache)" in logs
+    assert "hatch-autotune: compiling: 4/22 done" in logs  # long compiles show progress
     variants = kb.variants["-"]
     chosen = {variants[c.variant_index].config_dict["BAD"] for c in kb.choices.values()}
     assert chosen == {False}
-    first_ok = next(v.index for v in variants if not v.config_dict["BAD"])
-    assert {c.reason for c in kb.choices.values()} == {f"no lock entry; the default config failed to compile, took config #{first_ok}"}
-    assert result.counts["failed"] == 12 and result.counts["compiled"] == 24 + 1  # every variant on 2 archs, + 1 PTX
+    assert {(c.status, c.reason) for c in kb.choices.values()} == {("fallback", FALLBACK)}
+    # every variant on 2 archs, + 1 PTX; failures are not "compiled", and the counts add up
+    assert result.counts == {"compiled": 12 + 1, "cached": 0, "failed": 12}
+    assert logs[-2:] == [
+        "hatch-autotune: in all, 13 variant binaries compiled, 0 from the cache, 12 failed; 3 shipped in the wheel",
+        "hatch-autotune: 6 entries: 0 tuned, 0 on the default config, 6 on a fallback (the default config does not compile); "
+        "12 variant binaries failed to compile",
+    ]
+    outcome = result.outcome
+    assert [(e.status, e.reason) for e in outcome.entries] == [("fallback", FALLBACK)] * 6
+    assert {f.variant for f in outcome.failures} == set(bad) and len(outcome.failures) == 12
+    assert all("this_is_not_cuda" in f.log for f in outcome.failures[:5]) and outcome.default_may_fail
+
+    # From the cache: the same counts in other columns, and no progress lines (nothing compiles).
+    logs = []
+    again = build(root, tmp_path / "cache", logs)
+    assert again.counts == {"compiled": 0, "cached": 13, "failed": 12} and again.outcome == outcome
+    assert not any("compiling" in m for m in logs), logs
 
 
 def test_an_offline_build_compiles_only_what_it_ships(tmp_path):
@@ -57,7 +94,7 @@ def test_an_offline_build_compiles_only_what_it_ships(tmp_path):
     write_lock(root, first, winner)
     logs: list[str] = []
     tuned = build(root, tmp_path / "fresh-cache", logs)
-    assert "hatch-autotune: compiling 4 variant binaries (the lock's winners and the defaults)" in logs
+    assert "hatch-autotune: the lock's winners and the default configs: 4 variant binaries compiled, 0 from the cache, 0 failed" in logs
     assert tuned.counts["compiled"] == 4 + 1  # winner and default on 2 archs + the winner's PTX
     assert all(c.tuned for c in tuned.kernels[0].choices.values())
     # A winner that no longer compiles falls back to the default, and nothing more is compiled.
@@ -65,11 +102,13 @@ def test_an_offline_build_compiles_only_what_it_ships(tmp_path):
     logs = []
     fallback = build(root, tmp_path / "fresh-cache", logs)
     kb = fallback.kernels[0]
-    assert list(kb.failed) == ["scale[BLOCK=256, FACTOR=3, BAD=True]"]
-    assert {(c.tuned, c.variant_index, c.reason) for c in kb.choices.values()} == {
-        (False, kb.variants["-"].index(next(v for v in kb.variants["-"] if v.config_dict == {"BLOCK": 128, "FACTOR": 2, "BAD": False})), "lock winner is not in the space or failed to compile")
+    assert list(kb.failed) == ["scale[BLOCK=256, FACTOR=3, BAD=true]"]
+    assert {(c.status, c.variant_index, c.reason) for c in kb.choices.values()} == {
+        ("default", kb.variants["-"].index(next(v for v in kb.variants["-"] if v.config_dict == {"BLOCK": 128, "FACTOR": 2, "BAD": False})), "the lock's winner scale[BLOCK=256, FACTOR=3, BAD=true] failed to compile")
     }
-    assert not any("(the rest" in m for m in logs)
+    assert not any("the rest of" in m for m in logs)
+    # the default's cubins come from the cache (the build before compiled them), its PTX is new, the winner failed on 2 archs
+    assert fallback.counts == {"compiled": 1, "cached": 2, "failed": 2}
 
 
 def test_an_offline_build_gives_the_same_table_as_compiling_the_whole_space(tmp_path):
@@ -96,13 +135,13 @@ def test_an_offline_build_gives_the_same_table_as_compiling_the_whole_space(tmp_
 
 
 def test_all_variants_failing_stops_the_build_with_the_log(tmp_path):
-    root = write_tiny_project(tmp_path / "p", bad="[true]", extra="")
+    root = write_tiny_project(tmp_path / "p", bad="[true]", extra=MAY_FAIL)
     text = (root / "pyproject.toml").read_text().replace("BAD = false }", "BAD = true }")
     (root / "pyproject.toml").write_text(text)
     with pytest.raises(BuildError) as info:
         build(root, tmp_path / "cache")
     msg = str(info.value)
-    assert "every variant of kernel 'scale'" in msg and "failed to compile for sm_80" in msg
+    assert "every variant of kernel 'scale' (no type parameters) failed to compile for sm_80" in msg
     assert "this_is_not_cuda" in msg  # the compiler's log, not just a status
 
 
@@ -160,11 +199,16 @@ def test_lock_winners_are_used_and_stale_entries_ignored(tiny, tmp_path):
     # Changing the template changes every variant's source: all entries become stale.
     (tiny / "scale.cu.j2").write_text(SCALE_TEMPLATE + "// changed\n")
     logs: list[str] = []
-    stale = build(tiny, cache_dir, logs)
-    assert not any(c.tuned for c in stale.kernels[0].choices.values())
+    stale_result = build(tiny, cache_dir, logs)
+    assert not any(c.tuned for c in stale_result.kernels[0].choices.values())
     stale = [m for m in logs if "stale lock entry (checksum mismatch)" in m]
-    assert len(stale) == 1 and stale[0].startswith("warning: scale: 6 untuned entries use the default config")
-    assert all(f"scale|-|{arch}|n={n}" in stale[0] for arch in ("sm_80", "sm_90") for n in (1024, 65536, 1048576))
+    assert stale == [  # grouped: a count and a few examples; the outcome record lists them all
+        "warning: scale: 6 untuned entries use the default config (stale lock entry (checksum mismatch)): "
+        "scale|-|sm_80|n=1024, scale|-|sm_80|n=65536, scale|-|sm_80|n=1048576 and 3 more"
+    ]
+    assert [e.eid for e in stale_result.outcome.entries if e.reason == "stale lock entry (checksum mismatch)"] == [
+        f"scale|-|{arch}|n={n}" for arch in ("sm_80", "sm_90") for n in (1024, 65536, 1048576)
+    ]
 
 
 def test_one_stale_entry_among_valid_ones(tiny, tmp_path):
@@ -218,9 +262,12 @@ def test_template_error_names_file_and_line(tmp_path):
 def test_identical_sources_compile_once(tmp_path):
     # FACTOR is not used by this template, so both FACTOR values render the same source; the
     # default does not compile, so the build compiles the whole space: 12 configs per arch.
-    root = write_tiny_project(tmp_path / "p", bad="[false, true]", template=SCALE_TEMPLATE.replace("{{ FACTOR }}", "2"))
+    root = write_tiny_project(tmp_path / "p", bad="[false, true]", extra=MAY_FAIL, template=SCALE_TEMPLATE.replace("{{ FACTOR }}", "2"))
     result = build(failing_default(root), tmp_path / "cache")
-    assert result.counts["compiled"] == 6 * 2 + 1  # 6 distinct sources x 2 archs, + 1 PTX
+    # 6 distinct sources (3 BLOCK x 2 BAD) x 2 archs, + 1 PTX: the 3 BAD=true ones fail on each arch
+    assert result.counts == {"compiled": 3 * 2 + 1, "cached": 0, "failed": 3 * 2}
+    # the outcome record counts failures as the build does: one per binary, shared by 2 FACTORs each
+    assert [(f.arch, f.configs) for f in result.outcome.failures] == [("sm_80", 2)] * 3 + [("sm_90", 2)] * 3
 
 
 def test_no_gpu_and_no_archs_is_a_clear_error(tiny, tmp_path):
@@ -366,11 +413,13 @@ def test_lock_with_malformed_measurements_is_ignored_not_a_crash(tiny, tmp_path)
 
 
 def test_the_first_failure_log_is_shown(tmp_path):
-    root = failing_default(write_tiny_project(tmp_path / "p", bad="[false, true]"))
+    root = failing_default(write_tiny_project(tmp_path / "p", bad="[false, true]", extra=MAY_FAIL))
     logs: list[str] = []
     build(root, tmp_path / "cache", logs)
-    warning = next(m for m in logs if "failed to compile and were skipped" in m)
-    assert "this_is_not_cuda" in warning and "error" in warning
+    (warning,) = [m for m in logs if "variant binaries failed to compile" in m and m.startswith("warning:")]  # one per kernel
+    head, *log = warning.splitlines()
+    assert head == "warning: scale: 12 variant binaries failed to compile (on sm_80, sm_90) and are not in the wheel; the first, scale[BLOCK=64, FACTOR=2, BAD=true] on sm_80:"
+    assert "this_is_not_cuda" in warning and "error" in log[0] and len(log) <= 4  # the first lines of its log
 
 
 def test_an_unwritable_cache_is_a_warning_not_a_failed_build(tiny, tmp_path, monkeypatch):

@@ -220,8 +220,9 @@ def test_show_wheel_built_by_pip(tiny_wheel, capsys):
     rows = table_rows(out)
     assert len(rows) == 6 and all(r[5] == "tuned" for r in rows), out  # the lock's winners made it in
     assert all(r[2] == "BAD=False BLOCK=256 FACTOR=2" for r in rows)
-    assert f"{tiny_wheel}!tinypkg/kernels/table.json (wheel)" in out
+    assert f"{tiny_wheel}!tinypkg/kernels/table.json (wheel): 6 entries, 6 tuned, 0 default; 0 variant binaries failed to compile; 3 binaries shipped" in out
     assert "a selection table has no measurements" in out
+    assert "untuned entries" not in out and "compile failures:" not in out  # nothing to say: not said
 
 
 def test_show_installed_package_without_importing_it(tiny_wheel, tmp_path):
@@ -238,6 +239,33 @@ def test_show_installed_package_without_importing_it(tiny_wheel, tmp_path):
     # and as the console script's module form, for a name that is not installed
     proc = subprocess.run([sys.executable, "-m", "hatch_autotune", "show", "no_such_pkg"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert_one_line_error(proc.returncode, proc.stderr, "no_such_pkg: no such file, directory or installed package")
+
+
+def test_show_installed_package_by_its_distribution_name(tmp_path, monkeypatch, capsys, session_cache):
+    """`show stencil-kit` (the name pip knows) finds the import package `stencil_kit` that holds
+    the generated module, in any spelling PEP 503 normalises alike."""
+    from hatchling.builders.wheel import WheelBuilder
+
+    root = write_tiny_project(tmp_path / "p", extra='mode = "offline"')
+    text = (root / "pyproject.toml").read_text().replace('name = "tinypkg"', 'name = "Stencil-Kit"')
+    (root / "pyproject.toml").write_text(text)
+    monkeypatch.setenv("HATCH_AUTOTUNE_CACHE_DIR", str(session_cache))
+    monkeypatch.delenv("HATCH_AUTOTUNE_MODE", raising=False)
+    (wheel,) = WheelBuilder(str(root)).build(directory=str(tmp_path / "dist"), versions=["standard"])
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as zf:  # what an installer writes for a pure wheel, RECORD included
+        zf.extractall(site)
+    monkeypatch.syspath_prepend(str(site))
+    capsys.readouterr()
+    for name in ("stencil-kit", "Stencil_Kit", "STENCIL.KIT", "tinypkg"):
+        code, out, err = run_cli(capsys, "show", name)
+        assert code == 0, (name, err)
+        # the package's outcome record read too
+        assert f"{site / 'tinypkg' / 'kernels' / 'table.json'} (package): 6 entries, 0 tuned, 6 default; 0 variant binaries failed to compile; 3 binaries shipped" in out, name
+    code, _, err = run_cli(capsys, "show", "stencil-kits")
+    assert_one_line_error(code, err, "stencil-kits: no such file, directory or installed package")
+    code, _, err = run_cli(capsys, "show", "Jinja2")  # a distribution, not an import name (jinja2)
+    assert_one_line_error(code, err, "Jinja2: an installed distribution (Jinja2 ", "without a generated hatch-autotune package")
 
 
 # --------------------------------------------------------------------------------------------
@@ -341,8 +369,14 @@ def test_diff_lock_files_marks_regressions(two_locks, capsys):
     assert rows["scale|-|sm_90|n=4194304"][1] == "added"
     assert "1 added, 1 removed, 2 changed, 3 unchanged; 1 regression(s) over 5%" in out
     assert run_cli(capsys, "diff", a, b, "--fail-on-regression")[0] == 1
-    code, out, _ = run_cli(capsys, "diff", a, b, "--fail-on-regression", "--threshold", "25")
-    assert code == 0 and "0 regression(s) over 25%" in out
+    for threshold in ("0.25", "25%"):  # one unit: a fraction, or a percentage that says so
+        code, out, _ = run_cli(capsys, "diff", a, b, "--fail-on-regression", "--threshold", threshold)
+        assert code == 0 and "0 regression(s) over 25% (--threshold 0.25)" in out
+    code, _, err = run_cli(capsys, "diff", a, b, "--threshold", "25")  # 2500% slower? surely 25%
+    assert_one_line_error(code, err, "argument --threshold: 25 is read as a fraction, 2500% slower; for 25% write 0.25 or 25%")
+    for bad in ("-0.1", "five", "nan"):
+        code, _, err = run_cli(capsys, "diff", a, b, "--threshold", bad)
+        assert_one_line_error(code, err, "expected a fraction such as 0.05 (or a percentage such as 5%)")
     code, out, _ = run_cli(capsys, "diff", a, a, "--fail-on-regression")
     assert code == 0 and "0 added, 0 removed, 0 changed, 6 unchanged" in out
 
@@ -480,12 +514,29 @@ def test_cache_info_and_clear(tiny_lock, session_cache, tmp_path, monkeypatch, c
     assert_one_line_error(code, err, "notes.txt", "not deleting anything")
     stray.unlink()
 
-    code, out, err = run_cli(capsys, "cache", "clear")  # stdin is not a TTY here: no question
+    code, out, err = run_cli(capsys, "cache", "clear")  # stdin is not a terminal here: nobody to ask
+    assert_one_line_error(code, err, "stdin is not a terminal to ask on: pass --yes", "(nothing deleted)")
+    assert CompileCache(root).info() == (entries, size)
+    code, out, err = run_cli(capsys, "cache", "clear", "--yes")
     assert code == 0, err
     assert f"removed {entries} entries" in out
     assert not (root / "v1").exists() and (root / "keep-me.txt").read_text() == "not the store"
     code, out, _ = run_cli(capsys, "cache", "clear", "--yes")
     assert code == 0 and "nothing to clear" in out
+
+
+def test_cache_clear_asks_on_a_terminal(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HATCH_AUTOTUNE_CACHE_DIR", str(tmp_path))
+    cache = _store_with_entries(tmp_path)
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    asked: list[str] = []
+    answers = iter(["n", "y"])
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or next(answers))
+    code, out, _ = run_cli(capsys, "cache", "clear")
+    assert code == cli.EXIT_DECLINED and "nothing deleted" in out and cache.info()[0] == 2
+    assert asked[0].startswith("delete 2 cached binaries") and asked[0].endswith("? [y/N] ")
+    code, out, _ = run_cli(capsys, "cache", "clear")
+    assert code == 0 and "removed 2 entries" in out and not cache.root.exists()
 
 
 def _store_with_entries(root: Path) -> CompileCache:

@@ -75,15 +75,35 @@ def test_choose_takes_the_winner_else_the_default_else_the_first_that_compiled(p
     assert plan.choose(inst, p, {d: True, w: True}).tuned
     assert plan.choose(inst, p, {d: True}) is None  # the winner is not compiled yet: no answer
     fell = plan.choose(inst, p, {d: True, w: False})
-    assert (fell.variant_index, fell.tuned, fell.reason) == (d, False, "lock winner is not in the space or failed to compile")
+    assert (fell.variant_index, fell.tuned, fell.status) == (d, False, "default")
+    assert fell.reason == f"the lock's winner {inst.variants[w].label} failed to compile"
+    plan.lock = lock_with(plan, {p.eid: {**WINNER, "BLOCK": 512}})  # a config the space no longer has
+    assert plan.choose(inst, p, {d: True}).reason == "the lock's winner is no longer in the space"
     plan.lock = lock_with(plan, {p.eid: BROKEN})
     assert plan.choose(inst, p, {d: False, b: False}) is None  # the fallback needs the rest compiled
     everything = {i: not inst.configs[i]["BAD"] for i in range(len(inst.variants))}
     everything[d] = False
     first = min(i for i, ok in everything.items() if ok)
     fell = plan.choose(inst, p, everything)
-    assert fell.variant_index == first and fell.reason.endswith(f"the default config failed to compile, took config #{first}")
+    assert (fell.variant_index, fell.status) == (first, "fallback") and fell.fallback and not fell.tuned
+    assert fell.reason.endswith("the default config does not compile, so the first config that does (default-may-fail = true)")
     assert plan.choose(inst, p, dict.fromkeys(everything, False)) is None
+
+
+def test_the_default_failure_names_kernel_instance_arch_config_and_log(project):
+    plan = make_plan(project, project.archs, log=quiet, lock=LockFile())
+    (inst,) = plan.instances
+    log = "\n".join(f"scale.cu({n}): error: number {n}" for n in range(40))
+    message = plan.default_failure([(inst, "sm_80", log), (inst, "sm_90", log)])
+    first, *rest = message.splitlines()
+    assert first == (
+        "hatch-autotune: the default config of kernel 'scale' (no type parameters) does not compile for sm_80: "
+        f"{inst.variants[inst.default_index].label}; NVRTC said:"
+    )
+    assert rest[0] == "  scale.cu(0): error: number 0" and "  scale.cu(11): error: number 11" in rest
+    assert "scale.cu(12)" not in message and "  [...]" in rest  # the log's first lines only
+    assert "The default config does not compile either for: scale (no type parameters) on sm_90." in rest
+    assert "`default-may-fail = true`" in rest[-1]
 
 
 def test_to_tune_takes_what_a_build_could_not_use(project):
@@ -135,7 +155,8 @@ def test_show_agrees_with_the_build_when_a_winner_no_longer_compiles(project, tm
     shown = readers.load_source(str(project.root)).rows
     assert {eid: row.config for eid, row in shown.items()} == built
     assert built[points[0].eid] == dict(project.kernels["scale"].default) and built[points[1].eid] == WINNER
-    assert shown[points[0].eid].note == "lock winner is not in the space or failed to compile"
+    assert shown[points[0].eid].note == f"the lock's winner {plan.instances[0].variants[plan.instances[0].configs.index(BROKEN)].label} failed to compile"
+    assert shown[points[0].eid].status == "default"
 
 
 def test_show_without_archs_or_a_gpu_shows_the_archs_of_the_lock(tmp_path, monkeypatch):

@@ -100,7 +100,10 @@ def test_initialize_stages_the_package_and_finalize_removes_it(tmp_path, build_e
 
     hook.finalize("standard", build_data, str(tmp_path / "dist" / "tinypkg.whl"))
     assert not staging.exists() and staged(build_env) == []
+    out = capsys.readouterr()
+    assert out.err.startswith("hatch-autotune: the wheel records this build's outcome: `hatch-autotune show tinypkg.whl`")
     hook.finalize("standard", build_data, "again")  # a second finalize is harmless
+    assert capsys.readouterr().err == ""
 
 
 def test_a_whole_in_process_wheel_build(tmp_path, build_env):
@@ -155,6 +158,28 @@ def test_a_build_error_is_a_system_exit_with_one_prefix(tmp_path, build_env):
     assert message.startswith("hatch-autotune: ") and not message.startswith("hatch-autotune: hatch-autotune"), message
     assert "scale.cu.j2:" in message, message  # the template's file:line
     assert staged(build_env) == []
+
+
+@pytest.mark.parametrize("mode", ["auto", "offline"])
+def test_auto_mode_without_a_gpu_says_it_found_none(tmp_path, build_env, monkeypatch, capsys, mode):
+    """One line, not a warning: building from the lock is what a CPU builder is for."""
+    import hatch_autotune.tuning.tuner as tuner
+
+    root = small_project(tmp_path / "p", extra=f'mode = "{mode}"\n')
+    monkeypatch.setattr("hatch_autotune.build.devices.detect_gpus", lambda: [])
+    monkeypatch.setattr(tuner, "detect_gpus", lambda: [])
+    builder = WheelBuilder(str(root))
+    hook_of(builder, tmp_path / "dist").initialize("standard", fresh_build_data(builder))
+    lines = capsys.readouterr().err.splitlines()
+    said = [line for line in lines if "no GPU found" in line]
+    if mode == "offline":  # offline never looks for one
+        assert said == []
+    else:
+        assert said == [
+            "hatch-autotune: mode auto: no GPU found on this machine, so nothing is tuned; the build takes the valid winners "
+            "of autotune.lock.json and the default configs elsewhere"
+        ]
+        assert lines.index(said[0]) < next(i for i, line in enumerate(lines) if "variant binar" in line)  # before the build's lines
 
 
 @pytest.mark.parametrize("mode", ["tune", "retune"])

@@ -79,9 +79,16 @@ def test_wheel_is_pure_and_reproducible(example_wheels):
     first, second, log1, log2 = example_wheels
     assert first.name == "example_pkg-0.1.0-py3-none-any.whl"
     assert first.read_bytes() == second.read_bytes()  # same lock file -> byte-identical wheels
-    assert "hatch-autotune: 0 variant binaries compiled" in log2  # second build: all from the cache
-    assert "saxpy: 12 untuned entries use the default config (no lock entry): saxpy|T=float32|sm_80|n=4096, " in log1
-    assert "sgemm|-|sm_90|m=4096,n=4096,k=4096" in log1
+    assert "hatch-autotune: in all, 0 variant binaries compiled, 12 from the cache, 0 failed; 12 shipped in the wheel" in log2
+    assert "compiling" not in log2  # everything from the cache: no progress lines
+    # untuned entries grouped per kernel and reason: a count and a few of them (the wheel's record has all)
+    assert (
+        "warning: saxpy: 12 untuned entries use the default config (no lock entry): "
+        "saxpy|T=float32|sm_80|n=4096, saxpy|T=float32|sm_80|n=262144, saxpy|T=float32|sm_80|n=16777216 and 9 more"
+    ) in log1
+    assert "warning: sgemm: 36 untuned entries use the default config (no lock entry): sgemm|-|sm_80|m=256,n=256,k=256, " in log1
+    assert "hatch-autotune: 60 entries: 0 tuned, 60 on the default config" in log1
+    assert f"`hatch-autotune show {first.name}`" in log1
 
 
 def test_wheel_ships_exactly_the_referenced_binaries_each_valid(example_wheels):
@@ -110,6 +117,12 @@ def test_wheel_ships_exactly_the_referenced_binaries_each_valid(example_wheels):
         assert shipped == referenced
         assert table["archs"] == ["sm_80", "sm_90"] and table["ptx"] == {"sm_90": "compute_90"}
         assert set(table["kernels"]) == {"saxpy", "row_softmax", "sgemm"}
+        outcome = json.loads(zf.read("example_pkg/kernels/outcome.json"))
+    # the build's outcome, recorded: every entry of the table, why it is untuned, nothing failed
+    selected = {(k, t, a, tuple(e["bucket"])) for k, kernel in table["kernels"].items() for t, per in kernel["select"].items() for a, es in per.items() for e in es}
+    assert len(outcome["entries"]) == len(selected) == 60
+    assert {(e["status"], e["reason"]) for e in outcome["entries"]} == {("default", "no lock entry")}
+    assert outcome["failures"] == [] and outcome["shipped"] == len(shipped) == 12
 
 
 CHECK_SCRIPT = textwrap.dedent(

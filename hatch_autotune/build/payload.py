@@ -1,5 +1,6 @@
 """The wheel payload: a generated package holding the module, the vendored runtime, the
-selection table (build/table.py fills it) and only the binaries the table refers to.
+selection table (build/table.py fills it), only the binaries the table refers to, and the
+build's outcome record (build/outcome.py).
 
 Everything written here is a pure function of the build result (no dates, no absolute paths,
 sorted JSON), so two builds from the same lock file give byte-identical wheels.
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..runtime import TABLE_FILE, sha256_hex, table_bytes
 from ..spec.config import ProjectSpec
+from .outcome import OUTCOME_FILE
+from .stub import stub_files
 from .table import build_table
 
 if TYPE_CHECKING:  # the pipeline's result type; the payload sits below the pipeline
@@ -68,6 +71,8 @@ def write_package(out_dir: Path, project: ProjectSpec, result: BuildResult) -> l
     files[TABLE_FILE] = table_bytes(table)
     files["_runtime.py"] = RUNTIME_SOURCE.read_bytes()
     files["__init__.py"] = render_module(project, sha256_hex(files[TABLE_FILE])).encode()
+    files.update(stub_files(project))
+    files[OUTCOME_FILE] = result.outcome.to_bytes()  # for `hatch-autotune show`; the runtime never reads it
     for rel, data in sorted(files.items()):
         path = out_dir / rel
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..errors import BuildError
+from ..runtime import parse_arch
 from ..spec.config import ProjectSpec
 from . import compile as compile_mod
 from .cache import CompileCache
 from .devices import Gpu
 from .lock import tuned_with
-from .plan import Choice, Plan, Point, make_plan, resolve_archs
+from .outcome import CompileFailure, EntryOutcome, Outcome, examples, indent, instance_text, log_excerpt
+from .plan import Choice, Instance, Plan, Point, make_plan, resolve_archs
 from .render import Variant
 
 Log = Callable[[str], None]
@@ -40,21 +42,59 @@ class BuildResult:
     ptx: dict[str, str]  # table arch -> PTX arch
     compiler: str
     kernels: list[KernelBuild]
-    counts: dict[str, int]
+    counts: dict[str, int]  # distinct variant binaries: compiled, cached, failed (compile.count)
+    outcome: Outcome  # what the wheel records of this build (outcome.py)
 
 
-def _progress(total: int, what: str, log: Log, every: float = 0.1, at_least: int = 20) -> Callable[[Any], None]:
-    """A callback that logs `k/total <what>` about every 10% of the way (long compiles show
-    life); silent for fewer than `at_least` steps, which take a second or two."""
-    state = {"done": 0, "next": max(1, int(total * every)) if total >= at_least else total}
+PROGRESS_AT_LEAST = 20  # real compiles below this take a second or two: no progress lines
 
-    def tick(_: Any) -> None:
+
+def _progress(jobs: Sequence[compile_mod.CompileJob], log: Log, every: float = 0.1) -> Callable[[compile_mod.CompileResult], None]:
+    """An on_result callback for compile_all that logs `compiling: k/N done` about every 10% of
+    the N binaries NVRTC really compiles (long compiles show life), and nothing when N is
+    under PROGRESS_AT_LEAST, as in a build that finds everything in the cache. compile_all
+    reports every cache hit before it compiles anything, so at the first real compile N is
+    known: the distinct jobs less the hits so far."""
+    distinct = len({_binary_key(j) for j in jobs})
+    state = {"cached": 0, "done": 0, "total": 0, "next": 0}
+
+    def tick(r: compile_mod.CompileResult) -> None:
+        if r.cached:
+            state["cached"] += 1
+            return
+        if not state["total"]:
+            state["total"] = distinct - state["cached"]
+            state["next"] = max(1, int(state["total"] * every)) if state["total"] >= PROGRESS_AT_LEAST else state["total"]
+            if state["total"] >= PROGRESS_AT_LEAST:
+                log(f"hatch-autotune: compiling {state['total']} variant binaries with NVRTC ({state['cached']} found in the cache)")
         state["done"] += 1
-        if state["done"] >= state["next"] and state["done"] < total:
-            log(f"hatch-autotune: {state['done']}/{total} {what}")
-            state["next"] += max(1, int(total * every))
+        if state["next"] <= state["done"] < state["total"]:
+            log(f"hatch-autotune: compiling: {state['done']}/{state['total']} done")
+            state["next"] += max(1, int(state["total"] * every))
 
     return tick
+
+
+def _binary_key(job: compile_mod.CompileJob) -> tuple:
+    """What makes two jobs one binary (configs that render the same source share it)."""
+    return (job.source, job.arch, job.entry, job.options, job.headers)
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    """'8 variant binaries compiled, 4 from the cache, 0 failed': the build's one vocabulary.
+    compiled: NVRTC ran and succeeded; from the cache: an earlier build's binary; failed: NVRTC
+    (now or in the build that filled the cache) reported an error. Each distinct binary is in
+    exactly one of the three, so they add up."""
+    compiled = counts["compiled"]
+    return f"{compiled} variant binar{'y' if compiled == 1 else 'ies'} compiled, {counts['cached']} from the cache, {counts['failed']} failed"
+
+
+def _compile_step(jobs: Sequence[compile_mod.CompileJob], cache: CompileCache | None, what: str, log: Log, workers: int | None) -> list[compile_mod.CompileResult]:
+    """Compile one step's jobs, with progress, and say in one line what became of them."""
+    results = compile_mod.compile_all(jobs, cache, workers=workers, on_result=_progress(jobs, log))
+    counts = compile_mod.count(results)
+    log(f"hatch-autotune: {what}: {counts_text(counts)}")
+    return results
 
 
 @dataclass
@@ -66,20 +106,27 @@ class Shipping:
     binaries: dict[tuple[int, str], dict[int, compile_mod.CompileResult]]
     results: list[compile_mod.CompileResult]  # every compile, for the counts
 
+    def failures(self, plan: Plan) -> list[tuple[Instance, str, Variant, compile_mod.CompileResult]]:
+        """Every variant that failed to compile, with its instance and arch, in plan order."""
+        out = []
+        for (n, arch), by_index in self.binaries.items():
+            inst = plan.instances[n]
+            out += [(inst, arch, inst.variants[i], r) for i, r in sorted(by_index.items()) if not r.ok]
+        return out
+
 
 def compile_shipped(plan: Plan, cache: CompileCache | None, *, log: Log = print, workers: int | None = None) -> Shipping:
     """Compile what ships (the lock's valid winners and the defaults) and choose each point's
-    variant; only where one of those fails to compile, the rest of that type instance, to find
-    what the build falls back to. BuildError when every variant of one fails."""
+    variant. A default that fails to compile is a BuildError (Plan.default_failure) unless the
+    project sets default-may-fail; then, only there, the rest of that type instance is compiled
+    to find the first config that compiles. BuildError when every variant of one fails."""
     usable: dict[tuple[int, str], dict[int, bool]] = {}  # variant index -> compiled
     shipping = Shipping({}, {}, [])
 
     def compile_wanted(wanted: dict[tuple[int, str], set[int]], what: str) -> None:
         keys = [(k, i) for k, indices in wanted.items() for i in sorted(indices)]
         jobs = [plan.instances[k[0]].compile_job(i, k[1]) for k, i in keys]
-        n_unique = len({(j.source, j.arch, j.options) for j in jobs})
-        log(f"hatch-autotune: compiling {n_unique} variant binaries ({what})")
-        results = compile_mod.compile_all(jobs, cache, workers=workers, on_result=_progress(n_unique, "compiled", log))
+        results = _compile_step(jobs, cache, what, log, workers)
         for (k, i), r in zip(keys, results):
             usable.setdefault(k, {})[i] = r.ok
             shipping.binaries.setdefault(k, {})[i] = r
@@ -91,23 +138,66 @@ def compile_shipped(plan: Plan, cache: CompileCache | None, *, log: Log = print,
 
     compile_wanted(
         {(n, arch): plan.shipped(inst, arch) for n, inst in enumerate(plan.instances) for arch in plan.archs},
-        "the lock's winners and the defaults",
+        "the lock's winners and the default configs",
     )
+    broken = [(plan.instances[n], arch, shipping.binaries[(n, arch)][plan.instances[n].default_index].log) for (n, arch), ok in usable.items() if not ok[plan.instances[n].default_index]]
+    if broken and not plan.project.default_may_fail:
+        raise BuildError(plan.default_failure(broken))
     chosen = {k: choose(k) for k in usable}
     rest = {k: set(range(len(plan.instances[k[0]].variants))) - set(usable[k]) for k, c in chosen.items() if None in c.values()}
     if rest:
-        compile_wanted(rest, "the rest of the type instances whose shipped variants failed to compile")
+        compile_wanted(rest, "the rest of the type instances whose default config failed to compile (default-may-fail = true)")
         for k in rest:
             if not any(usable[k].values()):
                 inst, first = plan.instances[k[0]], min(usable[k])
                 raise BuildError(
-                    f"hatch-autotune: every variant of kernel {inst.spec.name!r} ({inst.types_key}) failed to compile for {k[1]}; "
-                    f"the first, {inst.variants[first].label}, failed with:\n{shipping.binaries[k][first].log}"
+                    f"hatch-autotune: every variant of kernel {inst.spec.name!r} ({instance_text(inst.types_key)}) failed to compile for {k[1]}; "
+                    f"the first, {inst.variants[first].label}, failed with:\n{log_excerpt(shipping.binaries[k][first].log)}"
                 )
             chosen[k] = choose(k)
     for k, c in chosen.items():  # every variant of an instance with an open choice is compiled by now
         shipping.choices[k] = {p: choice for p, choice in c.items() if choice is not None}
     return shipping
+
+
+def record_outcome(plan: Plan, shipping: Shipping, shipped: int | None = None) -> Outcome:
+    """The outcome record of a build (or of what a build would do, for `show PROJECT`): every
+    point's status and reason, every failed compile."""
+    entries = []
+    for n, inst in enumerate(plan.instances):
+        for arch in plan.archs:
+            for p, choice in shipping.choices.get((n, arch), {}).items():
+                entries.append(EntryOutcome(p.id, choice.status, inst.configs[choice.variant_index], choice.reason))
+    failures = Outcome.failures_of(
+        [(inst.spec.name, inst.types_key, arch, v.label, v.config_dict, v.source_hash, r.log) for inst, arch, v, r in shipping.failures(plan)]
+    )
+    return Outcome(tuple(entries), failures, shipped, plan.project.default_may_fail)
+
+
+def _log_failures(outcome: Outcome, log: Log) -> None:
+    """One warning per kernel whose variants failed to compile: how many, where, and the
+    first one's first log lines; every failure and its log is in the outcome record."""
+    by_kernel: dict[str, list[CompileFailure]] = {}
+    for f in outcome.failures:
+        by_kernel.setdefault(f.kernel, []).append(f)
+    for kernel, failed in by_kernel.items():
+        where = sorted({f.arch for f in failed}, key=lambda a: parse_arch(a)[1:])
+        first = failed[0]
+        excerpt = indent(log_excerpt(first.log, lines=3))
+        log(
+            f"warning: {kernel}: {len(failed)} variant binar{'y' if len(failed) == 1 else 'ies'} failed to compile "
+            f"(on {', '.join(where)}) and {'is' if len(failed) == 1 else 'are'} not in the wheel; the first, "
+            f"{first.variant} on {first.arch}:\n{excerpt}"
+        )
+
+
+def _log_untuned(outcome: Outcome, lock_name: str, log: Log) -> None:
+    """One warning per kernel and reason, with a count and a few of the entries (the outcome
+    record lists them all)."""
+    for (kernel, status, reason), eids in outcome.untuned().items():
+        n, config = len(eids), "the default config" if status == "default" else "a fallback config"
+        log(f"warning: {kernel}: {n} untuned entr{'y uses' if n == 1 else 'ies use'} {config} ({reason}): {examples(eids)}")
+    log(f"hint: tune on a GPU builder (HATCH_AUTOTUNE_MODE=tune) and commit {lock_name}; strict = true makes untuned entries an error")
 
 
 def build_payload(
@@ -121,13 +211,14 @@ def build_payload(
 ) -> BuildResult:
     """Compile what ships and choose it for every point; raise BuildError when a kernel cannot
     build. `plan`: the one the tuner just used (its lock holds the fresh winners), else one
-    made here for this machine's target archs."""
+    made here for this machine's target archs. The log ends with a short summary; the whole
+    outcome is in `BuildResult.outcome`, which the wheel records."""
     plan = plan or make_plan(project, resolve_archs(project, gpus), log=log)
     archs, compiler = plan.archs, plan.compiler
-    total = sum(len(inst.variants) for inst in plan.instances) * len(archs)
+    n_configs = sum(len(inst.variants) for inst in plan.instances)
     log(
-        f"hatch-autotune: {len(project.kernels)} kernel(s), {len(archs)} arch(s) ({', '.join(archs)}), "
-        f"{total} variant binaries in the space (NVRTC {compiler}, build {compile_mod.nvrtc_build()})"
+        f"hatch-autotune: {len(project.kernels)} kernel(s) with {n_configs} config(s) in all, arch(s) {', '.join(archs)} "
+        f"(NVRTC {compiler}, build {compile_mod.nvrtc_build()})"
     )
     shipping = compile_shipped(plan, cache, log=log, workers=workers)
 
@@ -147,14 +238,37 @@ def build_payload(
                 kb.lock_ids[(inst.types_key, arch, p.key)] = (p.eid, p.checksum)
                 if not choice.tuned:
                     untuned.append((p, choice.reason))
-    for kb in kernels.values():
-        if kb.failed:
-            first_label, first_logs = next(iter(kb.failed.items()))
-            log(
-                f"warning: {kb.spec.name}: {len(kb.failed)} variant(s) failed to compile and were skipped; "
-                f"the first, {first_label}, failed with:\n{first_logs[0]}"
-            )
+    if untuned and project.strict:
+        listing = "\n  ".join(f"{p.eid} ({reason})" for p, reason in untuned)
+        raise BuildError(
+            f"hatch-autotune: strict = true and {len(untuned)} entr(y/ies) have no valid tuning in "
+            f"{project.lock_file.name}:\n  {listing}\nTune on a GPU builder (HATCH_AUTOTUNE_MODE=tune) and commit the lock file."
+        )
 
+    # PTX of the chosen variants of the arch that PTX is made from.
+    ptx = plan.ptx
+    ptx_jobs = []
+    for kb in kernels.values():
+        for (tkey, arch, _), choice in kb.choices.items():
+            if arch in ptx:
+                v = kb.variants[tkey][choice.variant_index]
+                ptx_jobs.append((kb, v, v.compile_job(ptx[arch], kb.spec.entry, kb.spec.nvrtc_options)))
+    ptx_what = f"PTX of the {', '.join(ptx)} choices, for newer GPUs"
+    ptx_results = _compile_step([j for _, _, j in ptx_jobs], cache, ptx_what, log, workers) if ptx_jobs else []
+    for (kb, v, job), r in zip(ptx_jobs, ptx_results):
+        if not r.ok:
+            raise BuildError(f"hatch-autotune: PTX for {v.label} ({job.arch}) failed:\n{log_excerpt(r.log)}")
+        kb.binaries[(v.source_hash, job.arch)] = r
+
+    # What the wheel holds: each chosen variant's binary per arch (configs sharing a source share it) and its PTX.
+    shipped = {
+        (kb.spec.name, kb.variants[tkey][c.variant_index].source_hash, bin_arch)
+        for kb in kernels.values()
+        for (tkey, arch, _), c in kb.choices.items()
+        for bin_arch in [arch] + ([ptx[arch]] if arch in ptx else [])
+    }
+    outcome = record_outcome(plan, shipping, len(shipped))
+    _log_failures(outcome, log)
     versions = Counter(tuned_with(c.provenance) for kb in kernels.values() for c in kb.choices.values() if c.tuned)
     if versions:  # which NVRTC measured the winners in use, next to the one compiling them (above)
         n_tuned = sum(versions.values())
@@ -164,38 +278,11 @@ def build_payload(
     if mixed:
         log(f"warning: {mixed}")
     if untuned:
-        if project.strict:
-            listing = "\n  ".join(f"{p.eid} ({reason})" for p, reason in untuned)
-            raise BuildError(
-                f"hatch-autotune: strict = true and {len(untuned)} entr(y/ies) have no valid tuning in "
-                f"{project.lock_file.name}:\n  {listing}\nTune on a GPU builder (HATCH_AUTOTUNE_MODE=tune) and commit the lock file."
-            )
-        groups: dict[tuple[str, str], list[str]] = {}
-        for p, reason in untuned:  # one line per kernel and reason, naming every entry
-            groups.setdefault((p.id.kernel, reason), []).append(p.eid)
-        for (kernel, reason), eids in groups.items():
-            log(f"warning: {kernel}: {len(eids)} untuned entr{'y uses' if len(eids) == 1 else 'ies use'} the default config ({reason}): {', '.join(eids)}")
-        log("hint: tune on a GPU builder (HATCH_AUTOTUNE_MODE=tune) and commit the lock file; strict = true makes this an error")
-
-    # PTX of the chosen variants of the arch that PTX is made from.
-    ptx = plan.ptx
-    ptx_jobs = []
-    for kb in kernels.values():
-        for (tkey, arch, _), choice in kb.choices.items():
-            if arch in ptx:
-                v = kb.variants[tkey][choice.variant_index]
-                ptx_jobs.append((kb, v, compile_mod.CompileJob(v.source, ptx[arch], kb.spec.entry, kb.spec.nvrtc_options, v.label)))
-    ptx_results = compile_mod.compile_all([j for _, _, j in ptx_jobs], cache, workers=workers)
-    for (kb, v, job), r in zip(ptx_jobs, ptx_results):
-        if not r.ok:
-            raise BuildError(f"hatch-autotune: PTX for {v.label} ({job.arch}) failed:\n{r.log}")
-        kb.binaries[(v.source_hash, job.arch)] = r
-
+        _log_untuned(outcome, project.lock_file.name, log)
     if cache is not None and cache.write_error:
         log(f"warning: {cache.write_error}")
+
     counts = compile_mod.count([*shipping.results, *ptx_results])
-    log(
-        f"hatch-autotune: {counts['compiled']} variant binaries compiled, {counts['cached']} from the cache, "
-        f"{counts['failed']} failed"
-    )
-    return BuildResult(archs=archs, ptx=ptx, compiler=compiler, kernels=list(kernels.values()), counts=counts)
+    log(f"hatch-autotune: in all, {counts_text(counts)}; {len(shipped)} shipped in the wheel")
+    log(f"hatch-autotune: {outcome.summary()}")
+    return BuildResult(archs=archs, ptx=ptx, compiler=compiler, kernels=list(kernels.values()), counts=counts, outcome=outcome)

@@ -22,6 +22,7 @@ from ..spec.space import bucket_points
 from .compile import CompileJob
 from .devices import Gpu
 from .lock import EntryId, LockEntry, LockFile, NvrtcPolicy, entry_checksum
+from .outcome import indent, instance_text, log_excerpt
 from .render import Variant, render_kernel
 
 Log = Callable[[str], None]
@@ -83,8 +84,7 @@ class Instance:
         return self.variants[0].types_dict if self.variants else {}
 
     def compile_job(self, index: int, arch: str) -> CompileJob:
-        v = self.variants[index]
-        return CompileJob(v.source, arch, self.spec.entry, self.spec.nvrtc_options, v.label)
+        return self.variants[index].compile_job(arch, self.spec.entry, self.spec.nvrtc_options)
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,12 @@ class Choice:
     tuned: bool
     provenance: Mapping[str, Any]
     reason: str  # for an untuned choice: why the default was taken
+    fallback: bool = False  # the default did not compile: the first config that did (default-may-fail)
+
+    @property
+    def status(self) -> str:
+        """tuned, default or fallback: what the outcome record and `show` call it."""
+        return "tuned" if self.tuned else "fallback" if self.fallback else "default"
 
 
 def _provenance_with_times(entry: LockEntry) -> dict[str, Any]:
@@ -147,16 +153,20 @@ class Plan:
 
     def choose(self, inst: Instance, point: Point, usable: Mapping[int, bool]) -> Choice | None:
         """The lock's winner when its entry is valid and its variant compiled; else the default;
-        else (the default failed to compile) the first variant that compiled. `usable` holds
-        the variants compiled so far; None when the answer depends on one not compiled yet."""
+        else (the default failed to compile: an error unless default-may-fail, see
+        default_failure) the first variant that compiled. `usable` holds the variants compiled
+        so far; None when the answer depends on one not compiled yet."""
         reason = self.lock.problem(point.eid, point.checksum, self.policy)
         if reason is None:
             index = self.winner_index(inst, point)
-            if index is not None and index not in usable:
+            if index is None:
+                reason = "the lock's winner is no longer in the space"
+            elif index not in usable:
                 return None
-            if index is not None and usable[index]:
+            elif usable[index]:
                 return Choice(index, True, _provenance_with_times(self.lock.entries[point.eid]), "")
-            reason = "lock winner is not in the space or failed to compile"
+            else:
+                reason = f"the lock's winner {inst.variants[index].label} failed to compile"
         d = inst.default_index
         if d not in usable:
             return None
@@ -166,8 +176,24 @@ class Plan:
             if i not in usable:
                 return None
             if usable[i]:
-                return Choice(i, False, {}, f"{reason}; the default config failed to compile, took config #{i}")
+                why = f"{reason}; the default config does not compile, so the first config that does (default-may-fail = true)"
+                return Choice(i, False, {}, why, fallback=True)
         return None  # nothing compiled: the caller reports every variant's failure
+
+    def default_failure(self, failed: Sequence[tuple[Instance, str, str]]) -> str:
+        """The error for default configs that do not compile, each (instance, arch, NVRTC log):
+        every untuned entry runs its default, so a build stops unless the project opted into
+        default-may-fail. The build and the tuner both raise it."""
+        inst, arch, log = failed[0]
+        others = [f"{i.spec.name} ({instance_text(i.types_key)}) on {a}" for i, a, _ in failed[1:]]
+        also = f"\nThe default config does not compile either for: {', '.join(others)}." if others else ""
+        return (
+            f"hatch-autotune: the default config of kernel {inst.spec.name!r} ({instance_text(inst.types_key)}) does not compile "
+            f"for {arch}: {inst.variants[inst.default_index].label}; NVRTC said:\n{indent(log_excerpt(log))}{also}\n"
+            "Every untuned entry runs its kernel's default config, so it must compile: fix the template or the kernel's "
+            "`default`, or set `default-may-fail = true` in the hook table to fall back to the first config that compiles "
+            "(the wheel's outcome record, `hatch-autotune show WHEEL`, then names each such entry)."
+        )
 
     def to_tune(self, archs: Sequence[str], mode: str) -> tuple[list[tuple[str, Instance, list[Point]]], int]:
         """Per arch and type instance, the points to tune: those a build could not use

@@ -66,7 +66,7 @@ class AutotuneBuildHook(BuildHookInterface):
         if version == "editable":
             target = self._editable_dir(root, relpath)
             self._write_in_tree(target, project, result)
-            self._say(f"hatch-autotune: editable install: generated package written to {target}")
+            self._say(f"hatch-autotune: editable install: generated package written to {target}; `hatch-autotune show {target}` lists what it runs, and why")
             return
         self._refuse_in_tree_copy(root, relpath)
         self._staging = Path(tempfile.mkdtemp(prefix="hatch-autotune-"))
@@ -134,3 +134,9 @@ class AutotuneBuildHook(BuildHookInterface):
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
             self._staging = None
+            # The last line of the build's output (pip shows it only with -v): the wheel's name,
+            # not artifact_path, which is often a temporary directory the frontend moves it out of.
+            self._say(
+                f"hatch-autotune: the wheel records this build's outcome: `hatch-autotune show {Path(artifact_path).name}` "
+                "(in the directory the wheel went to) lists every entry, why it is untuned, and what failed to compile"
+            )

@@ -35,6 +35,7 @@ class Row:
     config: dict[str, Any]
     tuned: bool
     note: str = ""  # why an untuned row took its config
+    fallback: bool = False  # untuned, and not the default: the default did not compile (default-may-fail)
     time_ms: float | None = None  # median of the chosen config
     default_ms: float | None = None  # median of the default config
     default_config: dict[str, Any] | None = None
@@ -43,6 +44,11 @@ class Row:
     variant: str | None = None  # variant id in a selection table
     checksum: str | None = None  # of the lock entry (lock files and projects only)
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        """tuned, default or fallback, as the build's outcome record says."""
+        return "tuned" if self.tuned else "fallback" if self.fallback else "default"
 
     @property
     def eid(self) -> str:
@@ -72,6 +78,7 @@ class Source:
     rows: dict[str, Row]
     kernels: list[str]  # in the input's order
     notes: list[str] = field(default_factory=list)
+    outcome: Any = None  # build.outcome.Outcome: what the build decided and what failed (wheels, packages, projects)
 
     @property
     def has_resources(self) -> bool:
@@ -116,7 +123,8 @@ def combine(sources: Sequence[Source]) -> Source:
                     if getattr(have, f) is None:
                         setattr(have, f, getattr(r, f))
                 have.measurements = have.measurements or list(r.measurements)
-    merged = Source(" + ".join(s.label for s in sources), "+".join(s.kind for s in sources), rows, kernels)
+    outcome = next((s.outcome for s in sources if s.outcome is not None), None)
+    merged = Source(" + ".join(s.label for s in sources), "+".join(s.kind for s in sources), rows, kernels, outcome=outcome)
     timed = any(r.measurements for r in rows.values())
     for src in sources:  # drop "X is missing" notes that another input made up for
         for n in src.notes:

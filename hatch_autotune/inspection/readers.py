@@ -150,7 +150,27 @@ def generated_dirs(root: Path) -> list[Path]:
     return sorted({p.parent for p in root.rglob("table.json") if _is_generated_dir(p.parent)}, key=lambda p: (len(p.parts), p))
 
 
+def with_outcome(src: Source, data: bytes | None, label: str) -> Source:
+    """The source with the build's outcome record (outcome.json next to the table) read into
+    it, leniently: rows learn which are fallbacks; a missing or damaged record is a note."""
+    from ..build.outcome import Outcome
+
+    outcome = Outcome.read(data, label)
+    if outcome is None:
+        src.notes.append("no outcome record (outcome.json) next to the table: built by an older hatch-autotune, so its compile failures are not recorded")
+        return src
+    src.outcome = outcome
+    src.notes += outcome.notes
+    for e in outcome.entries:
+        row = src.rows.get(e.eid)
+        if row is not None and e.status == "fallback":
+            row.fallback = True
+    return src
+
+
 def wheel_source(path: Path) -> Source:
+    from ..build.outcome import OUTCOME_FILE
+
     try:
         with zipfile.ZipFile(path) as zf:
             names = set(zf.namelist())
@@ -158,16 +178,47 @@ def wheel_source(path: Path) -> Source:
             if not tables:
                 raise CliError(f"{path}: no hatch-autotune selection table in this wheel (no */table.json next to _runtime.py)")
             data = zf.read(tables[0])
+            outcome_name = tables[0][: -len("table.json")] + OUTCOME_FILE
+            outcome = zf.read(outcome_name) if outcome_name in names else None
     except zipfile.BadZipFile:
         raise CliError(f"{path}: not a wheel (not a zip archive)") from None
     except OSError as exc:
         raise CliError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    return table_source(data, f"{path}!{tables[0]}", "wheel")
+    return with_outcome(table_source(data, f"{path}!{tables[0]}", "wheel"), outcome, f"{path}!{outcome_name}")
 
 
 def find_installed(name: str) -> Path | None:
-    """The directory of an installed package, found without importing it (nor its parents:
-    only the top-level name is looked up, the rest is walked as directories)."""
+    """The directory of an installed package, by its import name (`stencil_kit`, found
+    without importing it) or its distribution name (`stencil-kit`, any case and spelling that
+    PEP 503 normalises alike: the distribution's files hold the generated package)."""
+    found = _find_importable(name)
+    return found if found is not None else _find_distribution(name)
+
+
+def _find_distribution(name: str) -> Path | None:
+    """The generated package (table.json next to _runtime.py) among an installed
+    distribution's files; importlib.metadata normalises the name as PEP 503 does."""
+    import importlib.metadata
+
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
+        return None
+    try:
+        dist = importlib.metadata.distribution(name)
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+    files = {str(f) for f in dist.files or ()}
+    tables = sorted(
+        (f for f in files if Path(f).name == "table.json" and str(Path(f).with_name("_runtime.py")) in files),
+        key=lambda f: (len(Path(f).parts), f),
+    )
+    if not tables:
+        raise CliError(f"{name}: an installed distribution ({dist.metadata['Name']} {dist.version}) without a generated hatch-autotune package")
+    return Path(str(dist.locate_file(Path(tables[0]).parent)))
+
+
+def _find_importable(name: str) -> Path | None:
+    """The directory of an installed package by import name, found without importing it (nor
+    its parents: only the top-level name is looked up, the rest is walked as directories)."""
     if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
         return None
     top, *rest = name.split(".")
@@ -187,10 +238,18 @@ def find_installed(name: str) -> Path | None:
 
 
 def package_source(d: Path, label: str) -> Source:
+    from ..build.outcome import OUTCOME_FILE
+
     dirs = generated_dirs(d)
     if not dirs:
         raise CliError(f"{label}: no generated hatch-autotune package in {d} (no table.json next to _runtime.py)")
-    return table_source(read_json(dirs[0] / "table.json", "selection table"), str(dirs[0] / "table.json"), "package")
+    src = table_source(read_json(dirs[0] / "table.json", "selection table"), str(dirs[0] / "table.json"), "package")
+    outcome = dirs[0] / OUTCOME_FILE
+    try:
+        data = outcome.read_bytes() if outcome.is_file() else None
+    except OSError as exc:
+        raise CliError(f"{outcome}: cannot read it ({exc.strerror or exc})") from None
+    return with_outcome(src, data, str(outcome))
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,7 +300,7 @@ def project_source(root: Path) -> Source:
     from ..build.cache import CompileCache, default_cache_dir
     from ..build.devices import detect_gpus
     from ..build.lock import tuned_with
-    from ..build.pipeline import compile_shipped
+    from ..build.pipeline import compile_shipped, record_outcome
     from ..build.plan import make_plan, resolve_archs
     from ..errors import BuildError
     from ..runtime import parse_arch
@@ -280,7 +339,10 @@ def project_source(root: Path) -> Source:
                     r.default_ms = entry.time_of(default)
             else:
                 config = inst.configs[choice.variant_index]
-                r = Row(inst.spec.name, inst.types_key, p.id.arch, p.id.bucket, config, False, note=choice.reason, default_config=default)
+                r = Row(
+                    inst.spec.name, inst.types_key, p.id.arch, p.id.bucket, config, False,
+                    note=choice.reason, fallback=choice.fallback, default_config=default,
+                )
             rows[p.eid] = r
     mixed = plan.policy.warning(Counter(tuned_with(r.provenance) for r in rows.values() if r.tuned))
     if mixed:
@@ -292,7 +354,7 @@ def project_source(root: Path) -> Source:
             "(kernel, types, arch or bucket removed)"
         )
     notes.append(PROJECT_NO_RESOURCES)
-    return Source(str(root), "project", rows, list(project.kernels), notes)
+    return Source(str(root), "project", rows, list(project.kernels), notes, outcome=record_outcome(plan, shipping))
 
 
 # --------------------------------------------------------------------------------------------

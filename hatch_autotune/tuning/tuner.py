@@ -24,6 +24,7 @@ from ..build import compile as compile_mod
 from ..build.cache import CompileCache, default_cache_dir
 from ..build.devices import Gpu, detect_gpus
 from ..build.lock import LockEntry
+from ..build.outcome import instance_text, log_excerpt
 from ..build.plan import Instance, Plan, Point, make_plan, resolve_archs
 from ..build.table import kernel_json
 from ..errors import BuildError
@@ -137,6 +138,7 @@ class TuningPlan:
     archs: tuple[str, ...]
     targets: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # what it decided, for the build log: not warnings
 
 
 def _device(g: Gpu) -> str:
@@ -146,13 +148,14 @@ def _device(g: Gpu) -> str:
 def plan_tuning(project: ProjectSpec, gpus: Sequence[Gpu], mode: str) -> TuningPlan:
     """Every target arch that has a device here is tuned, on those devices only. `offline`
     tunes nothing; `tune` and `retune` need a device of a target arch (TuningError otherwise);
-    `auto` without one builds from the lock. One warning for target archs without a device, one
-    for devices of other archs."""
+    `auto` without one builds from the lock, and says so in a note. One warning for target archs
+    without a device, one for devices of other archs."""
     if mode == "offline":
         return TuningPlan(())
     if not gpus:
         if mode == "auto":
-            return TuningPlan(())
+            lock = project.lock_file.name
+            return TuningPlan((), notes=(f"mode auto: no GPU found on this machine, so nothing is tuned; the build takes the valid winners of {lock} and the default configs elsewhere",))
         raise TuningError(f"tuning (mode {mode!r}) needs a CUDA GPU on this machine and none was found")
     targets = resolve_archs(project, gpus)
     here = {g.arch for g in gpus}
@@ -324,7 +327,7 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
     scalars = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in inputs.items() if not isinstance(v, np.ndarray)}
     inputs_file = tmp / "inputs.npz"
     np.savez(inputs_file, **arrays)
-    reference = reference_outputs(spec, inputs, root)
+    reference = reference_outputs(spec, inputs, root, job.types)  # the instance's constants too, by name
     reference_file = None
     if reference is not None:
         reference_file = tmp / "reference.npz"
@@ -453,6 +456,8 @@ def tune(
     gpus = detect_gpus() if gpus is None else gpus
     if gpu_arch is None:
         tuning = plan_tuning(project, gpus, mode)
+        for note in tuning.notes:
+            log(f"hatch-autotune: {note}")
         for w in tuning.warnings:
             log(f"warning: {w}")
         targets = tuning.targets
@@ -518,9 +523,15 @@ def _tune_arch(
                 if isinstance(item, Exception):
                     raise item
                 jobs: list[BucketJob] = item
-                if not any(r.ok for r in jobs[0].results):
-                    raise TuningError(f"every variant of {jobs[0].point.id.instance} failed to compile: {jobs[0].results[0].log}")
-                log(f"tuning {jobs[0].spec.name} ({jobs[0].inst.types_key}): {len(jobs)} bucket(s) x {len(jobs[0].variants)} configs on {len(sessions)} GPU(s)")
+                inst, results = jobs[0].inst, jobs[0].results
+                named = f"{inst.spec.name} ({instance_text(inst.types_key)})"
+                if not any(r.ok for r in results):
+                    raise TuningError(f"every variant of {named} failed to compile for {arch}; the first:\n{log_excerpt(results[0].log)}")
+                if not results[inst.default_index].ok:  # the build would stop: no GPU time for it
+                    if not plan.project.default_may_fail:
+                        raise TuningError(plan.default_failure([(inst, arch, results[inst.default_index].log)]))
+                    log(f"warning: the default config of {named} does not compile for {arch}; measuring the others (default-may-fail = true)")
+                log(f"tuning {named}: {len(jobs)} bucket(s) x {len(jobs[0].variants)} configs on {len(sessions)} GPU(s)")
                 _run_jobs(jobs, sessions, plan, Path(tmpdir), summary, log)
     finally:
         for s in sessions:
