@@ -93,7 +93,7 @@ def test_the_strict_reader_refuses_what_the_build_reader_skips(tmp_path):
     with pytest.raises(LockFormatError, match="lock.json: entry 'not an id' is malformed"):
         LockFile.parse(data, "lock.json")
     for foreign, why in (([1], "not a hatch-autotune lock file"), ({"schema": 0, "entries": {}}, "schema 0 is not supported"), ({"schema": True, "entries": {}}, "no valid schema version")):
-        assert LockFile.parse(foreign, "f", strict=False).warnings[0].startswith(f"f: ") and why in LockFile.parse(foreign, "f", strict=False).warnings[0]
+        assert LockFile.parse(foreign, "f", strict=False).warnings[0].startswith("f: ") and why in LockFile.parse(foreign, "f", strict=False).warnings[0]
         with pytest.raises(LockFormatError, match=why):
             LockFile.parse(foreign, "f")
     path = tmp_path / "bad.json"  # the command's file errors: tests/test_cli.py (read_json)

@@ -17,7 +17,6 @@ import pytest
 from hatch_autotune.build.cache import CompileCache
 from hatch_autotune.build.compile import Resources
 from hatch_autotune.spec.config import SearchSpec, TuningSpec
-from hatch_autotune.build.lock import LockFile
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.bench import median, next_step, spread
 from hatch_autotune.tuning.tuner import Measurement, choose_winner, prune, search_order
