@@ -40,11 +40,11 @@ def test_a_default_that_fails_to_compile_stops_the_build_naming_it(tmp_path):
         build(root, tmp_path / "cache", logs)
     first, *rest = str(info.value).splitlines()
     assert first == (
-        "hatch-autotune: the default config of kernel 'scale' (no type parameters) does not compile for sm_80: "
+        "hatch-autotune: the default config of kernel 'scale' (no type parameters or constants) does not compile for sm_80: "
         "scale[BLOCK=128, FACTOR=2, BAD=true]; NVRTC said:"
     )
     assert any("this_is_not_cuda" in line and line.startswith("  ") for line in rest)  # the compiler's log, indented
-    assert "The default config does not compile either for: scale (no type parameters) on sm_90." in rest
+    assert "The default config does not compile either for: scale (no type parameters or constants) on sm_90." in rest
     assert "set `default-may-fail = true` in the hook table" in rest[-1]
     # it stopped after the shipped set (the default on 2 archs): nothing else was compiled
     assert logs[-1] == "hatch-autotune: the lock's winners and the default configs: 0 variant binaries compiled, 0 from the cache, 2 failed"
@@ -141,7 +141,7 @@ def test_all_variants_failing_stops_the_build_with_the_log(tmp_path):
     with pytest.raises(BuildError) as info:
         build(root, tmp_path / "cache")
     msg = str(info.value)
-    assert "every variant of kernel 'scale' (no type parameters) failed to compile for sm_80" in msg
+    assert "every variant of kernel 'scale' (no type parameters or constants) failed to compile for sm_80" in msg
     assert "this_is_not_cuda" in msg  # the compiler's log, not just a status
 
 

@@ -184,7 +184,7 @@ def test_show_lock_is_a_table_per_kernel(tiny_lock, capsys):
     assert len(rows) == len(entries) == 6
     by = {(r[0], r[1]): r for r in rows}
     # fixture: BLOCK=256 wins everywhere; default BLOCK=128 -> 1/0.8 = 1.25x
-    assert by[("sm_90", "n=65536")][2] == "BAD=False BLOCK=256 FACTOR=2"
+    assert by[("sm_90", "n=65536")][2] == "BAD=false BLOCK=256 FACTOR=2"
     assert by[("sm_90", "n=65536")][4] == "1.25x" and by[("sm_90", "n=65536")][5] == "tuned"
     e = entries["scale|-|sm_80|n=1024"]
     assert by[("sm_80", "n=1024")][3] == fmt_ms(min(m["median_ms"] for m in e["measurements"] if "median_ms" in m))
@@ -208,7 +208,7 @@ def test_show_project_checks_lock_entries_like_the_build(tiny_lock, tmp_path, ca
     code, out, err = run_cli(capsys, "show", project, "--kernel", "scale")
     assert code == 0, err
     by = {(r[0], r[1]): r for r in table_rows(out)}
-    assert by[("sm_80", "n=1024")][2:] == ["BAD=False BLOCK=128 FACTOR=2", "-", "-", "default", "stale lock entry (checksum mismatch)"]
+    assert by[("sm_80", "n=1024")][2:] == ["BAD=false BLOCK=128 FACTOR=2", "-", "-", "default", "stale lock entry (checksum mismatch)"]
     assert by[("sm_90", "n=1024")][5:] == ["default", "no lock entry"]
     assert "4 tuned, 2 default" in out
     assert "1 lock entry matches nothing the project declares" in out
@@ -219,7 +219,7 @@ def test_show_wheel_built_by_pip(tiny_wheel, capsys):
     assert code == 0, err
     rows = table_rows(out)
     assert len(rows) == 6 and all(r[5] == "tuned" for r in rows), out  # the lock's winners made it in
-    assert all(r[2] == "BAD=False BLOCK=256 FACTOR=2" for r in rows)
+    assert all(r[2] == "BAD=false BLOCK=256 FACTOR=2" for r in rows)
     assert f"{tiny_wheel}!tinypkg/kernels/table.json (wheel): 6 entries, 6 tuned, 0 default; 0 variant binaries failed to compile; 3 binaries shipped" in out
     assert "a selection table has no measurements" in out
     assert "untuned entries" not in out and "compile failures:" not in out  # nothing to say: not said
@@ -362,7 +362,7 @@ def test_diff_lock_files_marks_regressions(two_locks, capsys):
     assert code == 0, err
     rows = {r[0]: r for r in table_rows(out)}
     assert rows["scale|-|sm_90|n=65536"][1] == "changed: config, slower"
-    assert rows["scale|-|sm_90|n=65536"][2:4] == ["BAD=False BLOCK=256 FACTOR=2", "BAD=False BLOCK=128 FACTOR=2"]
+    assert rows["scale|-|sm_90|n=65536"][2:4] == ["BAD=false BLOCK=256 FACTOR=2", "BAD=false BLOCK=128 FACTOR=2"]
     assert rows["scale|-|sm_90|n=65536"][6:] == ["+20.0%", "REGRESSION"]
     assert rows["scale|-|sm_80|n=1024"][1] == "changed: faster" and rows["scale|-|sm_80|n=1024"][6:] == ["-30.0%", ""]
     assert rows["scale|-|sm_80|n=65536"][1] == "removed"
@@ -683,7 +683,7 @@ def test_report_html_is_self_contained_with_every_chart(report_files):
     for external in ("http://", "https://", "<script", "<link", "src=", "url("):
         assert external not in text, external
     assert "Resource usage of the chosen variants" in text and "registers per thread" in text
-    assert "rejected (3): BAD=False BLOCK=64 FACTOR=3 (wrong result" in text  # why configs were not timed
+    assert "rejected (3): BAD=false BLOCK=64 FACTOR=3 (wrong result" in text  # why configs were not timed
     assert "1.25x" in text and FIXTURE_GPU in text
 
 

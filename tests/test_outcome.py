@@ -150,7 +150,7 @@ def test_a_default_that_does_not_compile_stops_the_wheel_build(tmp_path):
         wheel_of(root, tmp_path / "dist")
     message = str(info.value)
     assert message.startswith(
-        "hatch-autotune: the default config of kernel 'scale' (no type parameters) does not compile for sm_90: "
+        "hatch-autotune: the default config of kernel 'scale' (no type parameters or constants) does not compile for sm_90: "
         "scale[BLOCK=256, FACTOR=2, BAD=false]; NVRTC said:\n  scale.cu(5): error:"
     ), message
     assert "this_is_not_cuda" in message and "`default-may-fail = true`" in message
@@ -181,7 +181,7 @@ def test_default_may_fail_ships_a_fallback_that_the_wheel_records_and_show_print
     at = lines.index("untuned entries, by kernel and reason:")
     assert lines[at + 1] == f"  scale: 2 entries run a fallback config: {LOCKLESS_FALLBACK}"
     at = lines.index("compile failures: 1 variant binary did not compile (none of them ships):")
-    assert lines[at + 1 : at + 3] == ["  scale (no type parameters) on sm_90: 1 variant(s)", "    scale[BLOCK=256, FACTOR=2, BAD=false]"]
+    assert lines[at + 1 : at + 3] == ["  scale (no type parameters or constants) on sm_90: 1 variant(s)", "    scale[BLOCK=256, FACTOR=2, BAD=false]"]
     assert lines[at + 3].startswith("      scale.cu(5): error:") and any("this_is_not_cuda" in line for line in lines[at + 3 :])
     assert (
         f"{wheel}!tinypkg/kernels/table.json (wheel): 2 entries, 0 tuned, 0 default, 2 fallback (the default config does not compile); "
@@ -223,7 +223,7 @@ def test_the_tuner_stops_before_measuring_when_the_default_does_not_compile(tmp_
     monkeypatch.setenv("FAKE_WORKER", json.dumps({"log": str(ops)}))
     with pytest.raises(TuningError) as info:
         tune(load_project(root), gpu_arch="sm_90", client_factory=lambda d: WorkerClient(FAKE), cache=CompileCache(tmp_path / "c"), log=lambda m: None)
-    assert "the default config of kernel 'scale' (no type parameters) does not compile for sm_90" in str(info.value)
+    assert "the default config of kernel 'scale' (no type parameters or constants) does not compile for sm_90" in str(info.value)
     assert "measure" not in ops.read_text() and not (root / "autotune.lock.json").exists()  # no GPU time spent, no lock written
 
 
@@ -231,7 +231,7 @@ def test_the_tuner_measures_the_others_with_default_may_fail(tmp_path):
     root = breaking_project(tmp_path / "p", may_fail=True, mode="tune")
     logs: list[str] = []
     summary = tune(load_project(root), gpu_arch="sm_90", client_factory=lambda d: WorkerClient(FAKE), cache=CompileCache(tmp_path / "c"), log=logs.append)
-    assert "warning: the default config of scale (no type parameters) does not compile for sm_90; measuring the others (default-may-fail = true)" in logs
+    assert "warning: the default config of scale (no type parameters or constants) does not compile for sm_90; measuring the others (default-may-fail = true)" in logs
     assert len(summary.tuned) == 2
     for _, entry in summary.tuned:
         statuses = {m["config"]["BLOCK"]: m["status"] for m in entry.measurements}

@@ -97,12 +97,12 @@ def test_the_default_failure_names_kernel_instance_arch_config_and_log(project):
     message = plan.default_failure([(inst, "sm_80", log), (inst, "sm_90", log)])
     first, *rest = message.splitlines()
     assert first == (
-        "hatch-autotune: the default config of kernel 'scale' (no type parameters) does not compile for sm_80: "
+        "hatch-autotune: the default config of kernel 'scale' (no type parameters or constants) does not compile for sm_80: "
         f"{inst.variants[inst.default_index].label}; NVRTC said:"
     )
     assert rest[0] == "  scale.cu(0): error: number 0" and "  scale.cu(11): error: number 11" in rest
     assert "scale.cu(12)" not in message and "  [...]" in rest  # the log's first lines only
-    assert "The default config does not compile either for: scale (no type parameters) on sm_90." in rest
+    assert "The default config does not compile either for: scale (no type parameters or constants) on sm_90." in rest
     assert "`default-may-fail = true`" in rest[-1]
 
 

@@ -48,7 +48,7 @@ def indent(text: str, by: str = "  ") -> str:
 
 def instance_text(types_key: str) -> str:
     """A type instance in words: its types key ('T=float32'), or what '-' stands for."""
-    return "no type parameters" if types_key == "-" else types_key
+    return "no type parameters or constants" if types_key == "-" else types_key
 
 
 def examples(items: Sequence[str], n: int = EXAMPLES) -> str:

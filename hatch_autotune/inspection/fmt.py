@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..runtime import value_text
+
 
 def fmt_config(config: Mapping[str, Any] | None) -> str:
     if config is None:
         return "-"
-    return " ".join(f"{k}={config[k]}" for k in sorted(config)) or "-"  # sorted, as in lock and table files
+    return " ".join(f"{k}={value_text(config[k])}" for k in sorted(config)) or "-"  # sorted, as in lock and table files; true as in TOML
 
 
 def fmt_bucket(bucket: Mapping[str, int]) -> str:
