@@ -1141,7 +1141,7 @@ class Kernel:
             out[c] = exact
         return out
 
-    def _resolve_types(self, given: dict[str, Any]) -> dict[str, Any]:
+    def _resolve_instance(self, given: dict[str, Any]) -> dict[str, Any]:
         types: dict[str, Any] = {}
         for tp, allowed in self.type_params.items():
             if tp in given:
@@ -1162,7 +1162,7 @@ class Kernel:
         ``arch`` is 'sm_86', '8.6', 86 or (8, 6); None asks the current CUDA device.
         """
         given = dict(key)
-        types = self._resolve_types(given)
+        types = self._resolve_instance(given)
         missing = [n for n in self._key_names if n not in given]
         unknown = sorted(set(given) - set(self._key_names))
         if unknown:
@@ -1493,15 +1493,12 @@ _MISSING = object()
 
 def _as_constant(value: Any, kind: type) -> Any:
     """`value` as an exact int or bool of `kind` (numpy's too), else None: True is not 1."""
-    try:
-        import numpy
+    import numpy
 
-        ints, bools = (int, numpy.integer), (bool, numpy.bool_)
-    except ImportError:  # pragma: no cover - numpy is a dependency of every generated wheel
-        ints, bools = (int,), (bool,)
+    is_bool = isinstance(value, (bool, numpy.bool_))
     if kind is bool:
-        return bool(value) if isinstance(value, bools) else None
-    return int(value) if isinstance(value, ints) and not isinstance(value, bools) else None
+        return bool(value) if is_bool else None
+    return int(value) if not is_bool and isinstance(value, _integral_types()) else None
 _ARRAY, _KEY_SCALAR, _SCALAR = "array", "key scalar", "scalar"
 
 

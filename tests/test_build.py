@@ -55,9 +55,11 @@ def test_default_may_fail_falls_back_to_the_first_config_that_compiles(tmp_path)
     logs: list[str] = []
     result = build(root, tmp_path / "cache", logs)
     kb = result.kernels[0]
-    bad = [label for label in kb.failed if "BAD=true" in label]
-    assert len(bad) == 6 and len(kb.failed) == 6  # 3 BLOCK x 2 FACTOR, each failing on both archs
-    assert all("this_is_not_cuda" in log for logs_ in kb.failed.values() for log in logs_)
+    failed = [r for r in kb.binaries.values() if not r.ok]
+    bad = sorted({r.job.label for r in failed if "BAD=true" in r.job.label})
+    assert len(bad) == 6 and {r.job.label for r in failed} == set(bad)  # 3 BLOCK x 2 FACTOR,
+    assert {(r.job.label, r.job.arch) for r in failed} == {(b, a) for b in bad for a in ("sm_80", "sm_90")}  # each failing on both archs
+    assert all("this_is_not_cuda" in r.log for r in failed)
     warning = next(m for m in logs if m.startswith("warning: scale: 12 variant binaries failed to compile (on sm_80, sm_90) and are not in the wheel"))
     assert "this_is_not_cuda" in warning
     assert "hatch-autotune: the lock's winners and the default configs: 0 variant binaries compiled, 0 from the cache, 2 failed" in logs
@@ -102,7 +104,7 @@ def test_an_offline_build_compiles_only_what_it_ships(tmp_path):
     logs = []
     fallback = build(root, tmp_path / "fresh-cache", logs)
     kb = fallback.kernels[0]
-    assert list(kb.failed) == ["scale[BLOCK=256, FACTOR=3, BAD=true]"]
+    assert {r.job.label for r in kb.binaries.values() if not r.ok} == {"scale[BLOCK=256, FACTOR=3, BAD=true]"}
     assert {(c.status, c.variant_index, c.reason) for c in kb.choices.values()} == {
         ("default", kb.variants["-"].index(next(v for v in kb.variants["-"] if v.config_dict == {"BLOCK": 128, "FACTOR": 2, "BAD": False})), "the lock's winner scale[BLOCK=256, FACTOR=3, BAD=true] failed to compile")
     }

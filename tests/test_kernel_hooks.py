@@ -127,7 +127,7 @@ def test_user_inputs_and_reference_run_with_the_bucket(tmp_path):
     assert inputs["x"].dtype == np.float64 and inputs["x"].shape == (256,) and inputs["x"][:3].tolist() == [1, 2, 3]
     assert inputs["alpha"] == 0.5 and inputs["n"] == 256
 
-    ref = reference_outputs(spec, inputs, root)
+    ref = reference_outputs(spec, inputs, root, TYPES)
     assert list(ref) == ["y"]  # one array returned -> the kernel's one output
     np.testing.assert_array_equal(ref["y"], 0.5 * inputs["x"] + 1)
     assert (inputs["y"] == -1).all()  # the reference got copies: the inputs are unchanged
@@ -154,7 +154,7 @@ def test_hooks_import_from_src_and_get_a_seeded_generator(tmp_path):
     c = bucket_inputs(spec, types, {"n": 4096}, root, seed=2)
     np.testing.assert_array_equal(a["x"], b["x"])  # the same seed: the same inputs
     assert not np.array_equal(a["x"], c["x"])
-    ref = reference_outputs(spec, a, root)
+    ref = reference_outputs(spec, a, root, types)
     assert ref["y"].dtype == np.float64  # a float64 reference for a float32 output is accepted as is
 
 
@@ -166,7 +166,7 @@ def test_without_hooks_inputs_are_random_and_there_is_no_reference(tmp_path):
     assert inputs["x"].dtype == np.float32 and inputs["x"].shape == (4096,) and np.all(inputs["x"] != 0)
     assert isinstance(inputs["alpha"], float) and inputs["alpha"] != 0
     np.testing.assert_array_equal(inputs["x"], random_inputs(spec, {"T": "float32"}, {"n": 4096}, seed=5)["x"])
-    assert reference_outputs(spec, inputs, root) is None
+    assert reference_outputs(spec, inputs, root, {"T": "float32"}) is None
     assert resolved_dtype("T", {"T": "float16"}) == "float16" and resolved_dtype("int32", {"T": "float16"}) == "int32"
 
 
@@ -220,7 +220,7 @@ def test_a_wrong_reference_hook_is_a_clear_error(tmp_path, body):
     spec = spec_of(root)
     inputs = bucket_inputs(spec, TYPES, KEY, root)  # random ones
     with pytest.raises(InputError) as info:
-        reference_outputs(spec, inputs, root)
+        reference_outputs(spec, inputs, root, TYPES)
     message = str(info.value)
     assert message.startswith("kernel 'axpb': reference = 'hooks_badref:ref': "), message
     assert BROKEN_REFERENCES[body] in message, message
@@ -246,7 +246,7 @@ def test_a_hook_that_cannot_be_loaded_is_a_clear_error(tmp_path, module, ref, fr
         if which == "inputs":
             bucket_inputs(spec, TYPES, KEY, root)
         else:
-            reference_outputs(spec, random_inputs(spec, TYPES, KEY, 0), root)
+            reference_outputs(spec, random_inputs(spec, TYPES, KEY, 0), root, TYPES)
     message = str(info.value)
     assert message.startswith(f"kernel 'axpb': {which} = {ref!r}"), message
     assert fragment in message, message

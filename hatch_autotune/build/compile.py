@@ -65,6 +65,12 @@ class CompileJob:
             opts.append("--ptxas-options=-v")
         return opts
 
+    @property
+    def binary_key(self) -> tuple:
+        """What makes two jobs one binary (configs that render the same source share it): the
+        cache key's fields but the compiler, which one build does not vary."""
+        return (self.source, self.arch, self.entry, self.options, self.headers)
+
     def cache_key(self, compiler: str) -> str:
         blob = json.dumps(
             # entry: the cached resource usage is parsed for this entry's ptxas section
@@ -318,8 +324,7 @@ def count(results: Iterable[CompileResult]) -> dict[str, int]:
     binary; one compiled now and found in the cache later counts as compiled."""
     seen: dict[tuple, CompileResult] = {}
     for r in results:
-        j = r.job
-        key = (j.source, j.arch, j.entry, j.options, j.headers)
+        key = r.job.binary_key
         if key not in seen or (seen[key].cached and not r.cached):
             seen[key] = r
     return {

@@ -30,9 +30,8 @@ class KernelBuild:
 
     spec: Any  # KernelSpec
     variants: dict[str, list[Variant]]  # types_key -> variants in canonical order
-    binaries: dict[tuple[str, str], compile_mod.CompileResult]  # (source_hash, arch) -> result
+    binaries: dict[tuple[str, str], compile_mod.CompileResult]  # (source_hash, arch) -> result, failed ones too
     choices: dict[tuple[str, str, tuple[int, ...]], Choice]  # (types_key, arch, bucket) -> choice
-    failed: dict[str, list[str]] = field(default_factory=dict)  # variant label -> arch: log
     lock_ids: dict[tuple[str, str, tuple[int, ...]], tuple[str, str]] = field(default_factory=dict)  # -> (lock entry id, checksum)
 
 
@@ -55,7 +54,7 @@ def _progress(jobs: Sequence[compile_mod.CompileJob], log: Log, every: float = 0
     under PROGRESS_AT_LEAST, as in a build that finds everything in the cache. compile_all
     reports every cache hit before it compiles anything, so at the first real compile N is
     known: the distinct jobs less the hits so far."""
-    distinct = len({_binary_key(j) for j in jobs})
+    distinct = len({j.binary_key for j in jobs})
     state = {"cached": 0, "done": 0, "total": 0, "next": 0}
 
     def tick(r: compile_mod.CompileResult) -> None:
@@ -73,11 +72,6 @@ def _progress(jobs: Sequence[compile_mod.CompileJob], log: Log, every: float = 0
             state["next"] += max(1, int(state["total"] * every))
 
     return tick
-
-
-def _binary_key(job: compile_mod.CompileJob) -> tuple:
-    """What makes two jobs one binary (configs that render the same source share it)."""
-    return (job.source, job.arch, job.entry, job.options, job.headers)
 
 
 def counts_text(counts: dict[str, int]) -> str:
@@ -231,8 +225,6 @@ def build_payload(
         for arch in archs:
             for i, r in sorted(shipping.binaries[(n, arch)].items()):
                 kb.binaries[(inst.variants[i].source_hash, arch)] = r
-                if not r.ok:
-                    kb.failed.setdefault(inst.variants[i].label, []).append(f"{arch}: {r.log}")
             for p, choice in shipping.choices[(n, arch)].items():
                 kb.choices[(inst.types_key, arch, p.key)] = choice
                 kb.lock_ids[(inst.types_key, arch, p.key)] = (p.eid, p.checksum)

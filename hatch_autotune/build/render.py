@@ -165,6 +165,7 @@ class _Headers:
         self.files: dict[Path, str] = {}
         self.by_name: dict[str, Path] = {}
         self._resolved: dict[tuple[str, Path], Path] = {}  # (name, including folder) -> file
+        self._header_includes: dict[Path, list[tuple[str, int]]] = {}  # a header's own directives, scanned once
 
     def _read(self, path: Path, where: str) -> str:
         text = self.files.get(path)
@@ -207,13 +208,10 @@ class _Headers:
 
     def _reached(self, source: str) -> tuple[tuple[str, str], ...]:
         found: dict[str, str] = {}
-        todo = [(source, self.spec.template.parent, f"{self.spec.template} (as rendered)")]
+        todo = [(_includes(source), self.spec.template.parent, f"{self.spec.template} (as rendered)")]
         while todo:
-            code, folder, what = todo.pop()
-            stripped = _strip_comments(code)
-            for m in _INCLUDE.finditer(stripped):
-                name = m.group(1)
-                line = stripped.count("\n", 0, m.start()) + 1
+            includes, folder, what = todo.pop()
+            for name, line in includes:
                 path = self._resolved.get((name, folder))
                 if path is None:
                     path = self._resolved[(name, folder)] = self._resolve(name, folder, f"{what}:{line}")
@@ -222,8 +220,16 @@ class _Headers:
                 if len(found) >= MAX_HEADERS:
                     raise TemplateError(f"{what}:{line}: more than {MAX_HEADERS} headers reached by #include")
                 found[name] = self._read(path, f"{what}:{line}")
-                todo.append((found[name], path.parent, str(path)))
+                if path not in self._header_includes:
+                    self._header_includes[path] = _includes(found[name])
+                todo.append((self._header_includes[path], path.parent, str(path)))
         return tuple(sorted(found.items()))
+
+
+def _includes(code: str) -> list[tuple[str, int]]:
+    """(name, line) of each `#include "name"` directive of the code, comments left out."""
+    stripped = _strip_comments(code)
+    return [(m.group(1), stripped.count("\n", 0, m.start()) + 1) for m in _INCLUDE.finditer(stripped)]
 
 
 def source_hash(source: str, headers: tuple[tuple[str, str], ...]) -> str:

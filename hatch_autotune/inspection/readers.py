@@ -16,7 +16,7 @@ import os
 import re
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from ..runtime import load_json
 from ..build.lock import TIMED, EntryId, LockEntry, LockFile, LockFormatError
@@ -150,6 +150,15 @@ def generated_dirs(root: Path) -> list[Path]:
     return sorted({p.parent for p in root.rglob("table.json") if _is_generated_dir(p.parent)}, key=lambda p: (len(p.parts), p))
 
 
+def generated_tables(names: Iterable[str]) -> list[str]:
+    """The selection tables among a file list (a wheel's, an installed distribution's: '/'
+    separated) that sit next to a _runtime.py, i.e. generated packages; shallowest first, as
+    generated_dirs orders them."""
+    listed = set(names)
+    tables = [n for n in listed if n.rpartition("/")[2] == "table.json" and n[: -len("table.json")] + "_runtime.py" in listed]
+    return sorted(tables, key=lambda n: (n.count("/"), n))
+
+
 def with_outcome(src: Source, data: bytes | None, label: str) -> Source:
     """The source with the build's outcome record (outcome.json next to the table) read into
     it, leniently: rows learn which are fallbacks; a missing or damaged record is a note."""
@@ -174,7 +183,7 @@ def wheel_source(path: Path) -> Source:
     try:
         with zipfile.ZipFile(path) as zf:
             names = set(zf.namelist())
-            tables = sorted(n for n in names if n.endswith("/table.json") and n[: -len("table.json")] + "_runtime.py" in names)
+            tables = generated_tables(names)
             if not tables:
                 raise CliError(f"{path}: no hatch-autotune selection table in this wheel (no */table.json next to _runtime.py)")
             data = zf.read(tables[0])
@@ -206,11 +215,7 @@ def _find_distribution(name: str) -> Path | None:
         dist = importlib.metadata.distribution(name)
     except (importlib.metadata.PackageNotFoundError, ValueError):
         return None
-    files = {str(f) for f in dist.files or ()}
-    tables = sorted(
-        (f for f in files if Path(f).name == "table.json" and str(Path(f).with_name("_runtime.py")) in files),
-        key=lambda f: (len(Path(f).parts), f),
-    )
+    tables = generated_tables(f.as_posix() for f in dist.files or ())
     if not tables:
         raise CliError(f"{name}: an installed distribution ({dist.metadata['Name']} {dist.version}) without a generated hatch-autotune package")
     return Path(str(dist.locate_file(Path(tables[0]).parent)))

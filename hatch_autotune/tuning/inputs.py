@@ -164,7 +164,7 @@ def bucket_inputs(spec: KernelSpec, types: Mapping[str, str], key: Mapping[str, 
     return out
 
 
-def reference_outputs(spec: KernelSpec, inputs: Mapping[str, Any], root: Path, types: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+def reference_outputs(spec: KernelSpec, inputs: Mapping[str, Any], root: Path, types: Mapping[str, Any]) -> dict[str, Any] | None:
     """Expected outputs from the user's NumPy reference, or None when none is configured. Each
     output's expected shape is the shape of its array in `inputs`. The instance's constants
     are passed too, by name (a stencil's reference needs its radius)."""
@@ -176,7 +176,7 @@ def reference_outputs(spec: KernelSpec, inputs: Mapping[str, Any], root: Path, t
     outputs = [a for a in spec.args if a.is_array and a.intent in ("out", "inout")]
     names = [a.name for a in outputs]
     fn = load_function(spec.reference, root, where)
-    constants = {c: v for c, v in (types or {}).items() if c in spec.constants}
+    constants = {c: v for c, v in types.items() if c in spec.constants}
     got = _call(fn, where, **{k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}, **constants)
     expected = "{" + ", ".join(f"{n!r}: array" for n in names) + "}" + (" or one array" if len(names) == 1 else "")
     if isinstance(got, np.ndarray) and len(outputs) == 1:

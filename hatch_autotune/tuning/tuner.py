@@ -327,7 +327,7 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
     scalars = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in inputs.items() if not isinstance(v, np.ndarray)}
     inputs_file = tmp / "inputs.npz"
     np.savez(inputs_file, **arrays)
-    reference = reference_outputs(spec, inputs, root, job.types)  # the instance's constants too, by name
+    reference = reference_outputs(spec, inputs, root, job.types)
     reference_file = None
     if reference is not None:
         reference_file = tmp / "reference.npz"
