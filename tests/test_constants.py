@@ -387,3 +387,33 @@ def test_names_a_call_or_select_cannot_take_by_keyword_are_refused(tmp_path):
         with pytest.raises(ConfigError) as info:
             load_project(root)
         assert [e for e in info.value.errors if message in e], info.value.errors
+
+
+def test_header_bounds_and_unreadable_headers_are_named(tmp_path):
+    from hatch_autotune.build.render import MAX_HEADER_MIB, MAX_HEADERS
+
+    many = "".join(f'#include "h{i}.cuh"\n' for i in range(MAX_HEADERS + 1))
+    cases = [
+        ({"cuda/many.cuh": many, **{f"cuda/h{i}.cuh": "" for i in range(MAX_HEADERS + 1)}}, '#include "many.cuh"', f"more than {MAX_HEADERS} headers reached by #include"),
+        ({"cuda/big.cuh": "/" * ((MAX_HEADER_MIB << 20) + 1)}, '#include "big.cuh"', f"is larger than {MAX_HEADER_MIB} MiB, the most a header may have"),
+    ]
+    for n, (files, head, message) in enumerate(cases):
+        root = _kit_with(tmp_path / str(n), head, files)
+        with pytest.raises(TemplateError) as info:
+            render_kernel(load_project(root).kernels["halo_sum"])
+        assert message in str(info.value) and "(kernel halo_sum, RADIUS=2, BLOCK=128)" in str(info.value)
+    root = _kit_with(tmp_path / "binary", '#include "blob.cuh"')
+    (root / "cuda" / "blob.cuh").write_bytes(b"\xff\xfe\x00 not text")
+    with pytest.raises(TemplateError, match=r"cannot read .*blob\.cuh"):
+        render_kernel(load_project(root).kernels["halo_sum"])
+
+
+def test_too_many_instances_are_refused_before_anything_is_rendered(tmp_path):
+    from hatch_autotune.spec.config import MAX_INSTANCES
+
+    root = copy_consumer(tmp_path / "kit")
+    many = ", ".join(str(2 * i) for i in range(1, 41))
+    (root / "pyproject.toml").write_text(_table(f"constants = {{ RADIUS = [2], A = [{many}], B = [{many}] }}"))
+    with pytest.raises(ConfigError) as info:
+        load_project(root)
+    assert f"the type parameters and constants make 1,600 instances, each rendered, compiled and tuned apart; at most {MAX_INSTANCES:,} are allowed" in str(info.value)
