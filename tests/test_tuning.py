@@ -16,10 +16,10 @@ import pytest
 
 from hatch_autotune.build.cache import CompileCache
 from hatch_autotune.build.compile import Resources
-from hatch_autotune.spec.config import SearchSpec, TuningSpec
+from hatch_autotune.spec.config import TuningSpec
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.bench import median, next_step, spread
-from hatch_autotune.tuning.tuner import Measurement, choose_winner, prune, search_order
+from hatch_autotune.tuning.tuner import Measurement, choose_winner, prune_reason
 from hatch_autotune.tuning.verify import compare, poison, tolerance
 from hatch_autotune.tuning.worker import WorkerClient, WorkerDied
 
@@ -80,21 +80,16 @@ def test_pruning_uses_compile_time_resources():
         None,  # did not compile
         Resources(registers=16),  # 2048 threads > 1024
     ]
+    def prune(configs, res, block, shared, limits, prune_spills):
+        reasons = {i: prune_reason(c, r, block, shared, limits, prune_spills) for i, (c, r) in enumerate(zip(configs, res))}
+        return {i: r for i, r in reasons.items() if r}
+
     out = prune(configs, res, lambda c: c["B"], lambda c: 0, LIMITS, prune_spills=True)
     assert set(out) == {1, 2, 3, 4, 5}
     assert "> 49152" in out[2]  # the launcher does not opt in to more than 48 KiB
     assert "registers x 1024 threads" in out[1] and "shared memory" in out[2] and "spills" in out[3]
     assert out[4] == "did not compile" and "2048 threads per block" in out[5]
     assert 3 not in prune(configs, res, lambda c: c["B"], lambda c: 0, LIMITS, prune_spills=False)
-
-
-def test_search_order():
-    assert search_order(5, 2, SearchSpec()) == [2, 0, 1, 3, 4]
-    sample = search_order(100, 7, SearchSpec("random", budget=10, seed=1), salt="e")
-    assert sample[0] == 7 and len(sample) == 10 and len(set(sample)) == 10
-    assert sample == search_order(100, 7, SearchSpec("random", budget=10, seed=1), salt="e")  # reproducible
-    assert sample != search_order(100, 7, SearchSpec("random", budget=10, seed=2), salt="e")
-    assert search_order(3, 0, SearchSpec("random", budget=10)) == [0, 1, 2]
 
 
 def test_verification():

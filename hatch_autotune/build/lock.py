@@ -94,7 +94,7 @@ def entry_checksum(
         "key": [[k.name, k.source, k.axis] for k in spec.key],
         "launch": [[e.tree for e in spec.grid], [e.tree for e in spec.block], spec.shared.tree],
         "verification": [spec.reference, spec.inputs, list(spec.tolerance) if spec.tolerance else None],
-        "search": [spec.search.strategy, spec.search.budget, spec.search.seed],
+        "search": spec.search.checksum_fields(),
         "arch": arch,
         "bucket": dict(bucket),
     }

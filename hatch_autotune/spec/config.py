@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import keyword
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,13 +97,33 @@ class KeyDim:
     mapping: str
 
 
+SEARCH_STRATEGIES = ("exhaustive", "random", "local", "tpe", "auto")  # tuning/search.py implements each
+
+
 @dataclass(frozen=True)
 class SearchSpec:
-    """How much of a space to measure: all of it, or a random sample of `budget` configs."""
+    """How much of a space to measure, and in what order (tuning/search.py): every config, or
+    what a strategy picks within a budget of configs (a count, or "N%" of the space) and/or
+    seconds. The previous winner and the neighbouring buckets' winners go first (warm start)."""
 
     strategy: str = "exhaustive"
-    budget: int | None = None
+    budget: int | str | None = None  # configs: a count, or "N%" of the instance's space
     seed: int = 0
+    seconds: float | None = None  # compile and measuring time per bucket
+    warm_start: bool = True
+
+    def configs_budget(self, space_size: int) -> int | None:
+        """The budget in configs for a space of this size (at least 1); None: no count limit."""
+        if isinstance(self.budget, str):
+            return max(1, math.ceil(float(self.budget[:-1]) / 100 * space_size))
+        return self.budget
+
+    def checksum_fields(self) -> list[Any]:
+        """What enters a lock entry's checksum: the three fields the first format had, then only
+        the settings that differ from their defaults, so that old entries stay valid."""
+        extra = {"seconds": self.seconds, "warm_start": self.warm_start}
+        defaults = {"seconds": None, "warm_start": True}
+        return [self.strategy, self.budget, self.seed, *([k, v] for k, v in extra.items() if v != defaults[k])]
 
 
 @dataclass(frozen=True)
@@ -461,14 +482,29 @@ def _parse_tuning(t: _Table) -> TuningSpec:
     return spec
 
 
+_PERCENT = re.compile(r"(\d+(\.\d+)?)%")
+
+
+def v_search_budget(value: Any, path: str, errors: list) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    m = _PERCENT.fullmatch(value) if isinstance(value, str) else None
+    if m and 0 < float(m.group(1)) <= 100:
+        return value
+    return _fail(errors, path, "a number of configs (an integer >= 1) or a share of the space as a string from '0.1%' to '100%'", value)
+
+
 def _parse_search(t: _Table) -> SearchSpec:
-    strategy = t.get("strategy", v_choice(("exhaustive", "random")), default="exhaustive")
-    budget = t.get("budget", v_int(1), default=None)
+    budget = t.get("budget", v_search_budget, default=None)
+    seconds = t.get("seconds", v_number(0.001), default=None)
+    limited = budget is not None or seconds is not None
+    strategy = t.get("strategy", v_choice(SEARCH_STRATEGIES), default="auto" if limited else "exhaustive")
     seed = t.get("seed", v_int(0), default=0)
+    warm_start = t.get("warm-start", v_bool, default=True)
     t.finish()
-    if strategy == "random" and budget is None and t.ok:
-        t.errors.append(f"{t.sub('budget')}: required for strategy 'random' (how many configs to measure)")
-    return SearchSpec(strategy=strategy, budget=budget, seed=seed)
+    if strategy not in ("exhaustive", _BAD) and not limited and t.ok:
+        t.errors.append(f"{t.sub('budget')}: strategy {strategy!r} needs a budget (configs, e.g. 200 or '5%') or `seconds`; without one it would measure every config")
+    return SearchSpec(strategy=strategy, budget=budget, seed=seed, seconds=seconds, warm_start=warm_start)
 
 
 def _module_path(value: Any, path: str, errors: list) -> Any:

@@ -9,11 +9,12 @@ the winner among near-ties, which entries are stale) are plain functions, tested
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import queue
-import random
 import tempfile
 import threading
+import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from .. import __version__
 from ..build import compile as compile_mod
 from ..build.cache import CompileCache, default_cache_dir
 from ..build.devices import Gpu, detect_gpus
-from ..build.lock import LockEntry
+from ..build.lock import TIMED, EntryId, LockEntry, LockFile, LockFormatError
 from ..build.outcome import instance_text, log_excerpt
 from ..build.plan import Instance, Plan, Point, make_plan, resolve_archs
 from ..build.table import kernel_json
@@ -31,6 +32,7 @@ from ..errors import BuildError
 from ..spec.config import ProjectSpec, SearchSpec, TuningSpec
 from .bench import median, spread
 from .inputs import bucket_inputs, reference_outputs
+from .search import Budget, SearchSpace, make_strategy, run_search
 from .verify import tolerance
 from .worker import WorkerClient, WorkerDied
 
@@ -74,42 +76,60 @@ class Measurement:
 # ---- decisions ---------------------------------------------------------------------------
 
 
-def prune(
-    configs: Sequence[Mapping[str, Any]],
-    resources: Sequence[Any],
+def prune_reason(
+    config: Mapping[str, Any],
+    res: Any,
     block_threads: Callable[[Mapping[str, Any]], int],
     shared_dynamic: Callable[[Mapping[str, Any]], int],
     limits: Mapping[str, int],
     prune_spills: bool,
-) -> dict[int, str]:
-    """Configs that cannot run on the device, with the reason, from compile-time resource usage."""
-    out: dict[int, str] = {}
-    for i, (config, res) in enumerate(zip(configs, resources)):
-        if res is None:
-            out[i] = "did not compile"
+) -> str | None:
+    """Why a compiled config cannot run on the device, from its compile-time resource usage
+    (None: it can); `res` None means it did not compile."""
+    if res is None:
+        return "did not compile"
+    threads = block_threads(config)
+    if threads > limits["max_threads_per_block"]:
+        return f"{threads} threads per block > {limits['max_threads_per_block']}"
+    if res.registers * threads > limits["max_registers_per_block"]:
+        return f"{res.registers} registers x {threads} threads > {limits['max_registers_per_block']} per block"
+    if res.shared_bytes + shared_dynamic(config) > limits["max_shared_memory_per_block"]:
+        # the opt-in limit would need cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE), which the
+        # launcher does not set: a larger block would fail to launch
+        return f"{res.shared_bytes + shared_dynamic(config)} bytes of shared memory > {limits['max_shared_memory_per_block']}"
+    if prune_spills and (res.spill_stores or res.spill_loads):
+        return f"spills registers ({res.spill_stores} B stores, {res.spill_loads} B loads)"
+    return None
+
+
+MAX_WARM = 8  # warm-start configs measured first, at most
+
+
+def warm_starts(lock: LockFile, point: Point, configs: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Configs worth measuring first (indices into `configs`): this entry's previous winner, then
+    the tuned winners of the instance's other entries: the same bucket on other archs first,
+    then the nearest buckets (log2 distance). A lock tuned on one GPU warm-starts the next."""
+    me = point.id
+
+    def distance(eid: EntryId) -> tuple:
+        log_gap = sum(abs(math.log2(max(v, 1)) - math.log2(max(me.bucket.get(k, v), 1))) for k, v in eid.point)
+        return (eid != me, log_gap, eid.arch != me.arch, str(eid))
+
+    found = []
+    for text, entry in lock.entries.items():
+        try:
+            eid = EntryId.parse(text)
+        except LockFormatError:
             continue
-        threads = block_threads(config)
-        if threads > limits["max_threads_per_block"]:
-            out[i] = f"{threads} threads per block > {limits['max_threads_per_block']}"
-        elif res.registers * threads > limits["max_registers_per_block"]:
-            out[i] = f"{res.registers} registers x {threads} threads > {limits['max_registers_per_block']} per block"
-        elif res.shared_bytes + shared_dynamic(config) > limits["max_shared_memory_per_block"]:
-            # the opt-in limit would need cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE), which the
-            # launcher does not set: a larger block would fail to launch
-            out[i] = f"{res.shared_bytes + shared_dynamic(config)} bytes of shared memory > {limits['max_shared_memory_per_block']}"
-        elif prune_spills and (res.spill_stores or res.spill_loads):
-            out[i] = f"spills registers ({res.spill_stores} B stores, {res.spill_loads} B loads)"
-    return out
+        if entry.tuned and eid.kernel == me.kernel and eid.types == me.types:
+            found.append((distance(eid), entry.config))
+    index = {_config_key(c): i for i, c in enumerate(configs)}
+    picks = (index.get(_config_key(config)) for _, config in sorted(found, key=lambda f: f[0]))
+    return list(dict.fromkeys(i for i in picks if i is not None))[:MAX_WARM]
 
 
-def search_order(n_configs: int, default_index: int, search: SearchSpec, salt: str = "") -> list[int]:
-    """The default first (it sets the first leader and, without a user reference, the reference),
-    then every other config in canonical order, or a seeded random sample of `budget` of them."""
-    rest = [i for i in range(n_configs) if i != default_index]
-    if search.strategy == "random" and search.budget is not None and search.budget - 1 < len(rest):
-        rng = random.Random(f"{search.seed}:{salt}")
-        rest = sorted(rng.sample(rest, max(0, search.budget - 1)))
-    return [default_index, *rest]
+def _config_key(config: Mapping[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True)
 
 
 def choose_winner(measurements: Sequence[Measurement], default_index: int) -> Measurement | None:
@@ -298,16 +318,52 @@ class _Session:
         return self.client.request(message, self.settings.timeout_s)
 
 
-def _binary_dir_files(job: BucketJob, tmp: Path) -> dict[str, str]:
-    """Write each compiled variant's cubin where the worker can read it: vid -> path."""
-    files = {}
-    for v, r in zip(job.variants, job.results):
-        if r.ok:
-            path = tmp / f"{v.source_hash[:16]}.cubin"
-            if not path.exists():
-                path.write_bytes(r.binary)
-            files[v.id] = str(path)
-    return files
+class _Binaries:
+    """One instance's variants compiled for one arch on demand, a strategy's batch at a time, in
+    a background thread: measuring starts as soon as the first binary is ready and overlaps
+    with compiling the rest. Shared by the instance's buckets; compile errors reach `get`."""
+
+    def __init__(self, inst: Instance, arch: str, cache: CompileCache):
+        self.inst, self.arch, self.cache = inst, arch, cache
+        self.chunk = 2 * compile_mod.default_workers()
+        self._results: dict[int, compile_mod.CompileResult | BaseException] = {}
+        self._queued: set[int] = set()
+        self._todo: list[int] = []
+        self._running = False
+        self._cond = threading.Condition()
+
+    def request(self, indices: Sequence[int]) -> None:
+        with self._cond:
+            new = [i for i in indices if i not in self._queued]
+            self._queued.update(new)
+            self._todo.extend(new)
+            if new and not self._running:
+                self._running = True
+                threading.Thread(target=self._work, daemon=True, name="hatch-autotune-compile").start()
+
+    def get(self, index: int) -> compile_mod.CompileResult:
+        self.request([index])
+        with self._cond:
+            self._cond.wait_for(lambda: index in self._results)
+            result = self._results[index]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                if not self._todo:
+                    self._running = False
+                    return
+                chunk, self._todo = self._todo[: self.chunk], self._todo[self.chunk :]
+            try:
+                results: list[Any] = compile_mod.compile_all([self.inst.compile_job(i, self.arch) for i in chunk], self.cache)
+            except BaseException as exc:  # noqa: BLE001 - raised by get(), in the measuring thread
+                results = [exc] * len(chunk)
+            with self._cond:
+                self._results.update(zip(chunk, results))
+                self._cond.notify_all()
 
 
 def _kernel_json(job: BucketJob) -> dict[str, Any]:
@@ -315,8 +371,24 @@ def _kernel_json(job: BucketJob) -> dict[str, Any]:
     return {**kernel_json(job.spec), "variants": {v.id: {"config": v.config_dict} for v in job.variants}}
 
 
-def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: Log, compiler: str) -> LockEntry:
-    """Measure one bucket's configs in the worker and return its lock entry."""
+def _strategy_text(search: SearchSpec) -> str:
+    limits = [f"{search.budget} configs" if isinstance(search.budget, int) else f"{search.budget} of the space"] if search.budget else []
+    limits += [f"{search.seconds:g} s"] if search.seconds else []
+    return f"strategy {search.strategy}" + (f", budget {' or '.join(limits)}" if limits else "")
+
+
+def tune_bucket(
+    session: _Session,
+    job: BucketJob,
+    binaries: _Binaries,
+    warm: Sequence[int],
+    root: Path,
+    tmp: Path,
+    log: Log,
+    compiler: str,
+) -> LockEntry:
+    """Search one bucket's configs (the default and the warm starts first) within the kernel's
+    search budget, measuring each in the worker, and return its lock entry."""
     import numpy as np
 
     spec, settings = job.spec, session.settings
@@ -338,7 +410,7 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
         "op": "setup",
         "name": spec.name,
         "kernel": _kernel_json(job),
-        "binaries": _binary_dir_files(job, tmp),
+        "binaries": {},  # each request names its variant's binary: they are compiled as the search goes
         "types": job.types,
         "key": job.key,
         "inputs": str(inputs_file),
@@ -349,72 +421,75 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
     }
     info = session.info or session.hello()
     block_env = lambda c: {**job.key, **c, **spec.type_env(job.types)}  # noqa: E731
-    pruned = prune(
-        configs,
-        [r.resources if r.ok else None for r in job.results],
-        lambda c: math.prod(int(e(block_env(c))) for e in spec.block),
-        lambda c: int(spec.shared(block_env(c))),
-        info["limits"],
-        settings.prune_spills,
-    )
-    order = search_order(len(configs), default_index, spec.search, salt=job.eid)
-    measurements: dict[int, Measurement] = {i: Measurement(i, configs[i], "pruned", reason=r) for i, r in pruned.items()}
-    ref_index = None
     if reference is not None:
         session.prepare([setup])
-    else:  # the first config that runs becomes the reference
-        for i in order:
-            if i in pruned:
-                continue
-            ref = {"op": "reference", "variant": job.variants[i].id}
-            try:
-                session.prepare([setup, ref])
-            except WorkerDied as exc:
-                measurements[i] = Measurement(i, configs[i], "failed", reason=str(exc))
-                continue
-            ref_index = i
-            break
-        if ref_index is None:
-            first = next(iter(measurements.values()), None)
-            raise TuningError(f"{job.eid}: every variant failed; the first: {first.reason if first else 'none ran'}")
+    search = spec.search
+    budget = Budget(search.configs_budget(len(configs)), search.seconds)
+    total = min(budget.configs or len(configs), len(configs))
+    strategy = make_strategy(search.strategy, SearchSpace(spec.space, configs), zlib.crc32(f"{search.seed}:{job.eid}".encode()), [default_index, *warm])
+    measurements: dict[int, Measurement] = {}
+    # reference: the index of the config whose outputs are the reference (None: a user reference)
+    state: dict[str, Any] = {"leader": None, "best": None, "reference": None, "seconds": 0.0}
 
-    leader: float | None = None
-    best: Measurement | None = None
-    for i in order:
-        if i in measurements:
-            continue
-        vid = job.variants[i].id
-        try:
-            reply = session.measure({"op": "measure", "variant": vid, "leader_ms": leader})
-        except WorkerDied as exc:
-            measurements[i] = Measurement(i, configs[i], "failed", reason=str(exc))
-            continue
-        if not reply.get("ok"):
-            measurements[i] = Measurement(i, configs[i], "failed", reason=reply.get("error", "unknown error"))
-            continue
-        m = Measurement(i, configs[i], reply["status"], tuple(reply.get("samples", ())), reply.get("reason", ""))
-        if ref_index is not None and i == ref_index:
-            m.reason = "reference (no user reference configured)"
-        measurements[i] = m
-        if m.status == "ok" and (leader is None or m.median_ms < leader):
-            leader = m.median_ms
-            best = m
+    def record(m: Measurement) -> float | None:
+        measurements[m.index] = m
+        if m.status == "ok" and (state["leader"] is None or m.median_ms < state["leader"]):
+            state["leader"], state["best"] = m.median_ms, m
         done = len(measurements)
-        if done % PROGRESS_EVERY == 0 and done < len(configs):
+        if done % PROGRESS_EVERY == 0 and done < total:
             rejected = sum(x.status in ("rejected", "failed") for x in measurements.values())
+            best = state["best"]
             lead = f"best so far {best.config} {best.median_ms:.4f} ms" if best else "none timed yet"
-            log(f"  {job.eid}: {done}/{len(configs)} configs done, {rejected} rejected or failed; {lead}")
-    for i in range(len(configs)):
-        measurements.setdefault(i, Measurement(i, configs[i], "skipped", reason="not sampled by the search strategy"))
-    ordered = [measurements[i] for i in range(len(configs))]
+            log(f"  {job.eid}: {done}/{total} configs done, {rejected} rejected or failed; {lead}")
+        return m.median_ms if m.status in TIMED else None
+
+    def measure(i: int) -> float | None:
+        started = time.monotonic()
+        result = binaries.get(i)
+        reason = prune_reason(
+            configs[i],
+            result.resources if result.ok else None,
+            lambda c: math.prod(int(e(block_env(c))) for e in spec.block),
+            lambda c: int(spec.shared(block_env(c))),
+            info["limits"],
+            settings.prune_spills,
+        )
+        if reason:
+            state["seconds"] += time.monotonic() - started
+            return record(Measurement(i, configs[i], "pruned", reason=reason))
+        variant = {"variant": job.variants[i].id, "binary": _binary_file(job, i, result, tmp)}
+        try:
+            if reference is None and state["reference"] is None:  # the first config that runs becomes the reference
+                session.prepare([setup, {"op": "reference", **variant}])
+                state["reference"] = i
+            asked = time.monotonic()
+            reply = session.measure({"op": "measure", **variant, "leader_ms": state["leader"]})
+        except WorkerDied as exc:
+            state["seconds"] += time.monotonic() - started
+            return record(Measurement(i, configs[i], "failed", reason=str(exc)))
+        # a replayed device reports its simulated time; a GPU's is the wall clock
+        state["seconds"] += (asked - started) + reply.get("seconds", time.monotonic() - asked)
+        if not reply.get("ok"):
+            return record(Measurement(i, configs[i], "failed", reason=reply.get("error", "unknown error")))
+        m = Measurement(i, configs[i], reply["status"], tuple(reply.get("samples", ())), reply.get("reason", ""))
+        if state["reference"] == i:
+            m.reason = "reference (no user reference configured)"
+        return record(m)
+
+    run_search(strategy, measure, budget, clock=lambda: state["seconds"], prepare=binaries.request)
+    skipped = f"not tried by the search ({_strategy_text(search)})"
+    ordered = [measurements.get(i) or Measurement(i, configs[i], "skipped", reason=skipped) for i in range(len(configs))]
     winner = choose_winner(ordered, default_index)
     if winner is None:
-        first = next((m for m in ordered if m.status in ("failed", "rejected")), ordered[0])
-        raise TuningError(f"{job.eid}: every variant failed or was rejected; the first ({first.config}): {first.reason}")
-    default_ms = measurements[default_index].median_ms if measurements[default_index].status == "ok" else None
+        first = next((m for m in ordered if m.status in ("failed", "rejected", "pruned")), ordered[0])
+        detail = f":\n{log_excerpt(binaries.get(first.index).log)}" if first.reason == "did not compile" else ""
+        tried = "tried " if len(measurements) < len(configs) else ""
+        raise TuningError(f"{job.eid}: every variant {tried}failed or was rejected; the first ({first.config}): {first.reason}{detail}")
+    default_ms = measurements[default_index].median_ms if default_index in measurements and measurements[default_index].status == "ok" else None
     counts = {s: sum(m.status == s for m in ordered) for s in ("ok", "eliminated", "rejected", "failed", "pruned")}
+    searched = f", {len(measurements)} tried ({_strategy_text(search)}, {state['seconds']:.1f} s)" if len(measurements) < len(configs) else ""
     log(
-        f"tuned {job.eid}: {len(configs)} configs, {counts['ok'] + counts['eliminated']} measured "
+        f"tuned {job.eid}: {len(configs)} configs{searched}, {counts['ok'] + counts['eliminated']} measured "
         f"({counts['eliminated']} eliminated early), {counts['rejected']} rejected, {counts['failed']} failed, "
         f"{counts['pruned']} pruned; best {winner.config} {winner.median_ms:.4f} ms"
         + (f" ({default_ms / winner.median_ms:.2f}x the default)" if default_ms else "")
@@ -429,6 +504,15 @@ def tune_bucket(session: _Session, job: BucketJob, root: Path, tmp: Path, log: L
         measurements=tuple(m.to_json() for m in ordered),
         provenance=provenance(info, compiler),
     )
+
+
+def _binary_file(job: BucketJob, index: int, result: compile_mod.CompileResult, tmp: Path) -> str:
+    """Write a compiled variant's cubin where the worker can read it (once per source)."""
+    path = tmp / f"{job.variants[index].source_hash[:16]}.cubin"
+    if not path.exists():
+        assert result.binary is not None
+        path.write_bytes(result.binary)
+    return str(path)
 
 
 def tune(
@@ -499,40 +583,21 @@ def _tune_arch(
     summary: TuneSummary,
     log: Log,
 ) -> None:
-    """Measure one arch's groups on its devices' workers, compiling the next group meanwhile."""
-    compiled: queue.Queue = queue.Queue()
-
-    def produce() -> None:
-        for jobs in groups:
-            inst = jobs[0].inst
-            try:
-                results = compile_mod.compile_all([inst.compile_job(i, arch) for i in range(len(inst.variants))], cache)
-            except Exception as exc:  # surfaced by the consumer
-                compiled.put(exc)
-                return
-            for j in jobs:
-                j.results = results
-            compiled.put(jobs)
-
-    threading.Thread(target=produce, daemon=True, name="hatch-autotune-compile").start()
+    """Search one arch's groups (an instance's buckets) on its devices' workers."""
     try:
         sessions = _matching_sessions(sessions, arch, log)
         with tempfile.TemporaryDirectory(prefix="hatch-autotune-tune-") as tmpdir:
-            for _ in groups:
-                item = compiled.get()
-                if isinstance(item, Exception):
-                    raise item
-                jobs: list[BucketJob] = item
-                inst, results = jobs[0].inst, jobs[0].results
+            for jobs in groups:
+                inst = jobs[0].inst
+                binaries = _Binaries(inst, arch, cache)
                 named = f"{inst.spec.name} ({instance_text(inst.types_key)})"
-                if not any(r.ok for r in results):
-                    raise TuningError(f"every variant of {named} failed to compile for {arch}; the first:\n{log_excerpt(results[0].log)}")
-                if not results[inst.default_index].ok:  # the build would stop: no GPU time for it
+                default = binaries.get(inst.default_index)
+                if not default.ok:  # the build would stop: no GPU time for it
                     if not plan.project.default_may_fail:
-                        raise TuningError(plan.default_failure([(inst, arch, results[inst.default_index].log)]))
+                        raise TuningError(plan.default_failure([(inst, arch, default.log)]))
                     log(f"warning: the default config of {named} does not compile for {arch}; measuring the others (default-may-fail = true)")
-                log(f"tuning {named}: {len(jobs)} bucket(s) x {len(jobs[0].variants)} configs on {len(sessions)} GPU(s)")
-                _run_jobs(jobs, sessions, plan, Path(tmpdir), summary, log)
+                log(f"tuning {named}: {len(jobs)} bucket(s) x {len(inst.variants)} configs on {len(sessions)} GPU(s), {_strategy_text(inst.spec.search)}")
+                _run_jobs(jobs, binaries, sessions, plan, Path(tmpdir), summary, log)
     finally:
         for s in sessions:
             s.client.close()
@@ -554,8 +619,9 @@ def _matching_sessions(sessions: list[_Session], gpu_arch: str, log: Log) -> lis
     return keep
 
 
-def _run_jobs(jobs: list[BucketJob], sessions: list[_Session], plan: Plan, tmp: Path, summary: TuneSummary, log: Log) -> None:
-    """Spread a group's buckets over the devices, one worker per device; save after each bucket."""
+def _run_jobs(jobs: list[BucketJob], binaries: _Binaries, sessions: list[_Session], plan: Plan, tmp: Path, summary: TuneSummary, log: Log) -> None:
+    """Spread a group's buckets over the devices, one worker per device; save after each bucket,
+    so that a later bucket warm-starts from the winners before it."""
     pending: queue.Queue = queue.Queue()
     for j in jobs:
         pending.put(j)
@@ -571,7 +637,9 @@ def _run_jobs(jobs: list[BucketJob], sessions: list[_Session], plan: Plan, tmp: 
             except queue.Empty:
                 return
             try:
-                entry = tune_bucket(session, job, plan.project.root, workdir, log, plan.compiler)
+                with save_lock:
+                    warm = warm_starts(plan.lock, job.point, job.inst.configs) if job.spec.search.warm_start else []
+                entry = tune_bucket(session, job, binaries, warm, plan.project.root, workdir, log, plan.compiler)
             except BaseException as exc:  # noqa: BLE001 - reported once, below
                 errors.append(exc)
                 return
@@ -587,4 +655,3 @@ def _run_jobs(jobs: list[BucketJob], sessions: list[_Session], plan: Plan, tmp: 
         t.join()
     if errors:
         raise errors[0]
-

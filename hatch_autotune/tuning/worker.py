@@ -8,8 +8,11 @@ on. The child (`main`, run as `python -m hatch_autotune.tuning.worker`) owns one
 Requests and replies (one JSON object per line):
   {"op": "hello", "device": 0}                    -> {"ok": true, "device": {name, cc, driver, limits}}
   {"op": "setup", ...bucket...}                   -> {"ok": true}
-  {"op": "reference", "variant": vid}             -> {"ok": true}   (its outputs become the reference)
-  {"op": "measure", "variant": vid, "leader_ms"}  -> {"ok": true, "status": "ok"|"rejected", ...}
+  {"op": "reference", "variant": vid, "binary"}   -> {"ok": true}   (its outputs become the reference)
+  {"op": "measure", "variant": vid, "binary", "leader_ms"}
+                                                  -> {"ok": true, "status": "ok"|"rejected", ...}
+"binary" is the file of the variant's cubin (compiled as the search goes; setup's "binaries"
+may name some up front). A replayed device (replay.py) adds "seconds": its simulated time.
 A reply with "fatal": true means the worker's CUDA context is unusable; it exits after sending it.
 """
 
@@ -321,8 +324,16 @@ class _WorkerState:
             raise _Fatal(f"variant {vid} failed at run time: {exc}") from None
         return {name: b["arrays"][name].download() for name in b["outputs"]}
 
+    def _bind(self, msg: dict[str, Any]) -> str:
+        """The request's variant, with its binary's file when the request names one."""
+        assert self.bucket is not None
+        if msg.get("binary"):
+            self.bucket["cubins"].files[msg["variant"]] = msg["binary"]
+        return msg["variant"]
+
     def reference(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.bucket is not None
+        self._bind(msg)
         self.bucket["reference"] = self._run_once(msg["variant"])
         return {"ok": True}
 
@@ -331,7 +342,7 @@ class _WorkerState:
 
         b = self.bucket
         assert b is not None
-        vid = msg["variant"]
+        vid = self._bind(msg)
         got = self._run_once(vid)
         if b["reference"] is not None:
             for name in b["outputs"]:

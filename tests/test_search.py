@@ -1,0 +1,405 @@
+"""Search strategies, warm starts and the replay backend.
+
+The engine runs end to end against `python -m hatch_autotune.tuning.replay`, a tuning worker
+that answers from brute-forced measurements of a real GPU (tests/data: a 432-config slice of
+benchmark_hub's convolution on an A100, with every runtime it recorded, two configs that
+failed at run time, and the true optimum). No GPU is involved: compiles are real NVRTC, the
+timings are replayed recordings.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hatch_autotune.build.cache import CompileCache
+from hatch_autotune.build.lock import EntryId, LockEntry, LockFile
+from hatch_autotune.build.plan import Point
+from hatch_autotune.spec.config import ConfigError, SearchSpec, TuningSpec
+from hatch_autotune.tuning import tune
+from hatch_autotune.tuning.replay import ReplayData, ReplayDataError, ReplayDevice
+from hatch_autotune.tuning.search import STRATEGIES, Budget, SearchSpace, make_strategy, run_search
+from hatch_autotune.tuning.tuner import warm_starts
+from hatch_autotune.tuning.worker import WorkerClient
+
+from conftest import load_project
+
+DATA = Path(__file__).with_name("data") / "convolution_A100_subset.json.gz"
+AXES = {"A": [1, 2, 4, 8], "B": [0, 1], "C": ["x", "y", "z"]}
+
+
+def small_space() -> SearchSpace:
+    configs = [{"A": a, "B": b, "C": c} for a in AXES["A"] for b in AXES["B"] for c in AXES["C"] if not (a == 8 and b == 1)]
+    return SearchSpace(AXES, configs)
+
+
+def bowl(space: SearchSpace):
+    """A synthetic landscape (ms) with its optimum at A=4, B=0, C=y, and a failing config."""
+
+    def ms(i: int) -> float | None:
+        c = space.configs[i]
+        if c == {"A": 1, "B": 1, "C": "z"}:
+            return None
+        return 1.0 + abs(math.log2(c["A"]) - 2) + c["B"] + abs("xyz".index(c["C"]) - 1)
+
+    return ms
+
+
+# ---- strategies ----------------------------------------------------------------------------
+
+
+def test_neighbours_move_one_axis_one_step():
+    space = small_space()
+    i = space.configs.index({"A": 2, "B": 0, "C": "y"})
+    got = [space.configs[j] for j in space.neighbours(i)]
+    assert got == [
+        {"A": 1, "B": 0, "C": "y"},
+        {"A": 2, "B": 0, "C": "x"},
+        {"A": 2, "B": 0, "C": "z"},
+        {"A": 2, "B": 1, "C": "y"},
+        {"A": 4, "B": 0, "C": "y"},
+    ]
+    corner = space.configs.index({"A": 8, "B": 0, "C": "x"})  # A=8, B=1 is not in the space
+    assert [space.configs[j] for j in space.neighbours(corner)] == [{"A": 4, "B": 0, "C": "x"}, {"A": 8, "B": 0, "C": "y"}]
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_every_strategy_covers_the_space_once_first_configs_first_and_is_deterministic(name):
+    space = small_space()
+    ms = bowl(space)
+
+    def run(seed: int) -> list[int]:
+        return run_search(make_strategy(name, space, seed, first=[5, 3, 5]), ms, Budget(), clock=lambda: 0.0)
+
+    tried = run(1)
+    assert tried[:2] == [5, 3]  # the first configs (deduplicated) before anything else
+    assert sorted(tried) == list(range(len(space)))  # unbounded: everything, each once
+    assert run(1) == tried
+    if name not in ("exhaustive",):
+        assert any(run(s) != tried for s in (2, 3, 4))  # the seed matters
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_a_budget_in_configs_or_seconds_bounds_the_search(name):
+    space = small_space()
+    assert len(run_search(make_strategy(name, space, 0), bowl(space), Budget(configs=7), clock=lambda: 0.0)) == 7
+    clock = {"s": 0.0}
+
+    def measure(i: int) -> float | None:
+        clock["s"] += 2.5  # simulated seconds per config
+        return bowl(space)(i)
+
+    tried = run_search(make_strategy(name, space, 0), measure, Budget(seconds=10.0), clock=lambda: clock["s"])
+    assert len(tried) == 4
+
+
+def test_the_model_based_and_local_strategies_find_the_optimum_of_a_bowl_with_few_measurements():
+    space = small_space()
+    ms = bowl(space)
+    best = min((ms(i), i) for i in range(len(space)) if ms(i) is not None)[1]
+    for name in ("local", "tpe", "auto"):
+        found = [best in run_search(make_strategy(name, space, seed), ms, Budget(configs=14), clock=lambda: 0.0) for seed in range(10)]
+        assert sum(found) >= 8, name
+
+
+def test_an_unknown_strategy_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="unknown search strategy 'annealing': expected one of exhaustive, random, local, tpe, auto"):
+        make_strategy("annealing", small_space())
+
+
+def test_batches_are_prepared_before_they_are_measured():
+    space = small_space()
+    events: list[tuple[str, int]] = []
+
+    def measure(i):
+        events.append(("measure", i))
+        return 1.0
+
+    run_search(make_strategy("exhaustive", space), measure, Budget(configs=5), lambda: 0.0, prepare=lambda b: events.extend(("prepare", i) for i in b))
+    assert events == [("prepare", i) for i in range(5)] + [("measure", i) for i in range(5)]  # the batch, cut to the budget
+
+
+# ---- configuration -------------------------------------------------------------------------
+
+
+def _search_table(tmp_path: Path, search: str) -> str:
+    from conftest import write_tiny_project
+
+    root = write_tiny_project(tmp_path / "p")
+    text = (root / "pyproject.toml").read_text().replace('block = ["BLOCK"]', f'block = ["BLOCK"]\nsearch = {search}')
+    (root / "pyproject.toml").write_text(text)
+    try:
+        return repr(load_project(root).kernels["scale"].search)
+    except ConfigError as exc:
+        return str(exc)
+
+
+def test_search_settings_parse_and_bad_ones_name_the_key(tmp_path):
+    assert "strategy='auto', budget='5%'" in _search_table(tmp_path, '{ budget = "5%" }')
+    assert "strategy='tpe', budget=None, seed=3, seconds=60.0, warm_start=False" in _search_table(
+        tmp_path, '{ strategy = "tpe", seconds = 60, seed = 3, warm-start = false }'
+    )
+    bad = {
+        '{ budget = "5" }': "search.budget: expected a number of configs (an integer >= 1) or a share of the space as a string from '0.1%' to '100%', got a string '5'",
+        '{ budget = "0%" }': "search.budget: expected a number of configs",
+        "{ budget = 0 }": "search.budget: expected a number of configs",
+        '{ strategy = "local" }': "search.budget: strategy 'local' needs a budget (configs, e.g. 200 or '5%') or `seconds`",
+        '{ strategy = "annealing", budget = 3 }': "search.strategy: expected one of 'exhaustive', 'random', 'local', 'tpe', 'auto', got a string 'annealing'",
+        "{ seconds = -1 }": "search.seconds: expected a number >= 0.001",
+        "{ budget = 5, steps = 3 }": "steps",
+    }
+    for search, expected in bad.items():
+        assert expected in _search_table(tmp_path, search), search
+
+
+def test_budget_shares_round_up_and_old_lock_checksums_stay_valid():
+    assert SearchSpec(budget="2%").configs_budget(4362) == 88
+    assert SearchSpec(budget="0.1%").configs_budget(10) == 1
+    assert SearchSpec(budget=50).configs_budget(10) == 50
+    assert SearchSpec().checksum_fields() == ["exhaustive", None, 0]  # what every existing lock entry hashed
+    assert SearchSpec("random", 40, 1).checksum_fields() == ["random", 40, 1]
+    assert SearchSpec("auto", "5%", seconds=30.0, warm_start=False).checksum_fields() == ["auto", "5%", 0, ["seconds", 30.0], ["warm_start", False]]
+
+
+# ---- warm starts ---------------------------------------------------------------------------
+
+
+def test_warm_starts_order_the_previous_winner_then_other_archs_then_the_nearest_buckets():
+    configs = [{"X": x} for x in range(10)]
+    lock = LockFile()
+
+    def put(arch: str, n: int, x: int, tuned: bool = True) -> None:
+        lock.entries[str(EntryId.of("k", "-", arch, {"n": n}))] = LockEntry(checksum="c", config={"X": x}, tuned=tuned)
+
+    put("sm_90", 1024, 1)  # this entry's previous winner (its checksum may be stale)
+    put("sm_80", 1024, 2)  # the same bucket on another arch
+    put("sm_90", 4096, 3)  # two log2 steps away
+    put("sm_90", 65536, 4)  # six away
+    put("sm_90", 512, 5)  # one away
+    put("sm_90", 2048, 1)  # a repeat: measured once
+    put("sm_90", 256, 6, tuned=False)  # an untuned entry's config says nothing
+    put("sm_90", 8192, 99)  # not in the space (the space changed): skipped
+    lock.entries[str(EntryId.of("other", "-", "sm_90", {"n": 1024}))] = LockEntry(checksum="c", config={"X": 7}, tuned=True)
+    point = Point(EntryId.of("k", "-", "sm_90", {"n": 1024}), (1024,), "c")
+    assert warm_starts(lock, point, configs) == [1, 2, 5, 3, 4]
+
+
+# ---- replay --------------------------------------------------------------------------------
+
+
+def test_replay_data_loads_kernel_tuner_caches_in_canonical_order():
+    data = ReplayData.load(DATA)
+    assert data.device == "NVIDIA A100-PCIE-40GB" and len(data.configs) == 432
+    assert data.configs[0] == {**data.configs[0], "block_size_x": 16, "block_size_y": 1, "tile_size_x": 1, "tile_size_y": 1}
+    failed = [c for c, r in zip(data.configs, data.records) if not r.times]
+    assert len(failed) == 2 and all("RuntimeFailedConfig" in r.error for r in data.records if not r.times)
+    assert data.optimum_ms() == pytest.approx(0.55360, rel=1e-4)
+    assert all(r.compile_s > 0 for r in data.records)
+
+
+def test_replayed_measurements_draw_recorded_runtimes_and_eliminate_like_the_timer():
+    data = ReplayData.load(DATA)
+    device = ReplayDevice(data, TuningSpec(), seed=0)
+    best = min(range(len(data.records)), key=lambda i: data.records[i].mean_ms or math.inf)
+    status, samples, _ = device.measure(best, None)
+    assert status == "ok" and set(samples) <= set(data.records[best].times) and len(samples) >= 5
+    slow = max(range(len(data.records)), key=lambda i: data.records[i].mean_ms or 0)
+    status, samples, _ = device.measure(slow, leader_ms=data.records[best].mean_ms)
+    assert status == "eliminated" and len(samples) == 5
+    failed = next(i for i, r in enumerate(data.records) if not r.times)
+    assert device.measure(failed, None)[0] == "failed"
+    clock = device.clock_s
+    assert clock > data.records[best].compile_s + data.records[slow].compile_s  # compiles and runs cost simulated time
+    device.measure(best, None)
+    assert device.clock_s - clock < data.records[best].compile_s  # compiled once
+    assert ReplayDevice(data, TuningSpec(), seed=0).measure(best, None)[1] == ReplayDevice(data, TuningSpec(), seed=0).measure(best, None)[1]
+
+
+def test_replay_data_errors_are_named(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"tune_params": 3}')
+    with pytest.raises(ReplayDataError, match="bad.json: not a readable Kernel Tuner cache file"):
+        ReplayData.load(bad)
+    data = ReplayData.load(DATA)
+    with pytest.raises(ReplayDataError, match="missing use_shmem.*not in the data: BLOCK"):
+        data.matcher(["block_size_x", "block_size_y", "tile_size_x", "tile_size_y", "read_only", "use_padding", "BLOCK"])
+    assert data.matcher(list(data.axes)).find(data.configs[7]) == 7
+    assert data.matcher([a for a in data.axes if a != "filter_width"]).find({k: v for k, v in data.configs[7].items() if k != "filter_width"}) == 7
+
+
+CONV_TEMPLATE = """\
+extern "C" __global__ void {{ entry }}(float* y, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = {{ block_size_x * tile_size_x }}.0f + {{ block_size_y * tile_size_y }}.0f + {{ read_only + 2 * use_padding + 4 * use_shmem }}.0f;
+}
+"""
+
+
+def write_conv_project(root: Path, search: str) -> Path:
+    """A project whose kernel's space is the replay data's (its constant axes left out), with
+    Kernel Tuner's restrictions written as constraints."""
+    root.mkdir(parents=True)
+    (root / "conv.cu.j2").write_text(CONV_TEMPLATE)
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            [project]
+            name = "convpkg"
+            version = "0.1.0"
+
+            [tool.hatch.build.targets.wheel.hooks.autotune]
+            module = "convpkg.kernels"
+            archs = ["sm_90"]
+
+            [tool.hatch.build.targets.wheel.hooks.autotune.kernels.conv]
+            template = "conv.cu.j2"
+            args = [
+              {{ name = "y", dtype = "float32", shape = ["n"], intent = "out" }},
+              {{ name = "n", dtype = "int32", value = "n" }},
+            ]
+            key = {{ n = {{ buckets = [1024, 4096] }} }}
+            space = {{ block_size_x = [16, 32, 48, 64, 128], block_size_y = [1, 2, 4], tile_size_x = [1, 2], tile_size_y = [1, 3, 4], read_only = [0, 1], use_padding = [0, 1], use_shmem = [0, 1] }}
+            constraints = [
+              "use_padding == 0 or block_size_x % 32 != 0",
+              "block_size_x * block_size_y <= 1024",
+              "use_padding == 0 or use_shmem != 0",
+              "use_shmem == 0 or (block_size_x * tile_size_x + 14) * (block_size_y * tile_size_y + 14) < 12 * 1024",
+            ]
+            default = {{ block_size_x = 32, block_size_y = 1, tile_size_x = 1, tile_size_y = 1, read_only = 0, use_padding = 0, use_shmem = 0 }}
+            grid = ["cdiv(n, block_size_x)"]
+            block = ["block_size_x", "block_size_y"]
+            search = {search}
+            """
+        )
+    )
+    return root
+
+
+def replay_tune(root: Path, cache: CompileCache, data: Path = DATA, logs: list | None = None):
+    worker = [sys.executable, "-m", "hatch_autotune.tuning.replay", str(data)]
+    log = logs.append if logs is not None else (lambda m: None)
+    summary = tune(load_project(root), gpu_arch="sm_90", client_factory=lambda d: WorkerClient(worker), cache=cache, log=log)
+    return summary, LockFile.load(root / "autotune.lock.json")
+
+
+@pytest.fixture(scope="module")
+def conv_cache(tmp_path_factory):
+    return CompileCache(tmp_path_factory.mktemp("conv-cache"))
+
+
+def test_the_engine_tunes_on_replayed_data_within_its_budget_and_deterministically(tmp_path, conv_cache):
+    data = ReplayData.load(DATA)
+    root = write_conv_project(tmp_path / "a", '{ budget = "15%", seed = 1 }')
+    logs: list[str] = []
+    summary, lock = replay_tune(root, conv_cache, logs=logs)
+    assert len(summary.tuned) == 2
+    tuned_axes = [a for a, values in data.axes.items() if len(values) > 1]  # the project's space
+    truth = {json.dumps({a: c[a] for a in tuned_axes}, sort_keys=True): r.mean_ms for c, r in zip(data.configs, data.records)}
+    for eid, entry in lock.entries.items():
+        ms = entry.measurements
+        tried = [m for m in ms if m["status"] != "skipped"]
+        assert len(tried) == math.ceil(0.15 * 432) == 65
+        assert {m["status"] for m in ms} <= {"ok", "eliminated", "failed", "skipped"}
+        assert sum(m["status"] == "eliminated" for m in ms) > 10  # the leader cut clear losers short
+        assert all(m["reason"].startswith("not tried by the search (strategy auto, budget 15% of the space)") for m in ms if m["status"] == "skipped")
+        assert entry.tuned and entry.provenance["gpu"] == "NVIDIA A100-PCIE-40GB (replayed)" and entry.provenance["driver"] == "replay"
+        true_ms = [truth[json.dumps(m["config"], sort_keys=True)] for m in tried if m["status"] == "ok"]
+        winner_ms = truth[json.dumps(entry.config, sort_keys=True)]
+        assert winner_ms <= 1.05 * min(true_ms)  # of what it measured, the tuner kept the truly fastest (noise aside)
+        default = next(m for m in ms if m["config"] == dict(load_project(root).kernels["conv"].default))
+        assert default["status"] == "ok" and entry.default_ms
+        assert winner_ms < 0.5 * truth[json.dumps(default["config"], sort_keys=True)]  # how close to the optimum: benchmarks/search_quality.py
+    assert any("tried (strategy auto, budget 15% of the space" in line for line in logs)
+    again = write_conv_project(tmp_path / "b", '{ budget = "15%", seed = 1 }')
+    _, second = replay_tune(again, conv_cache)  # the same search (provenance dates aside)
+    assert {eid: e.measurements for eid, e in second.entries.items()} == {eid: e.measurements for eid, e in lock.entries.items()}
+
+
+def test_failed_and_unknown_configs_are_recorded_as_failed(tmp_path, conv_cache):
+    raw = json.loads(gzip.open(DATA).read())
+    raw["cache"]["16,1,1,1,0,0,0,1,15,15"]["time"] = "RuntimeFailedConfig"  # as Kernel Tuner records a crash
+    del raw["cache"]["16,1,1,1,0,0,1,1,15,15"]  # a config the data never measured
+    data = tmp_path / "edited.json"
+    data.write_text(json.dumps(raw))
+    root = write_conv_project(tmp_path / "p", '{ strategy = "exhaustive", budget = 3 }')  # the default, then canonical order
+    _, lock = replay_tune(root, conv_cache, data=data)
+    entry = next(iter(lock.entries.values()))
+    axes = ("block_size_x", "block_size_y", "tile_size_x", "tile_size_y", "read_only", "use_padding", "use_shmem")
+    by_config = {",".join(str(m["config"][a]) for a in axes): m for m in entry.measurements}
+    assert by_config["32,1,1,1,0,0,0"]["status"] == "ok" and entry.config == by_config["32,1,1,1,0,0,0"]["config"]
+    assert by_config["16,1,1,1,0,0,0"]["status"] == "failed" and "RuntimeFailedConfig" in by_config["16,1,1,1,0,0,0"]["reason"]
+    assert by_config["16,1,1,1,0,0,1"]["status"] == "failed" and "not in the replay data" in by_config["16,1,1,1,0,0,1"]["reason"]
+
+
+def test_a_seconds_budget_counts_the_replayed_clock(tmp_path, conv_cache):
+    root = write_conv_project(tmp_path / "p", "{ seconds = 5.0 }")
+    logs: list[str] = []
+    _, lock = replay_tune(root, conv_cache, logs=logs)
+    for entry in lock.entries.values():
+        tried = [m for m in entry.measurements if m["status"] != "skipped"]
+        assert 3 <= len(tried) <= 12  # each config costs about 0.5-1 s of recorded compile time
+    assert any("budget 5 s" in line for line in logs)
+
+
+def test_a_bucket_warm_starts_from_the_winners_before_it(tmp_path, conv_cache):
+    root = write_conv_project(tmp_path / "p", '{ budget = "15%" }')
+    _, lock = replay_tune(root, conv_cache)
+    winners = {eid: e.config for eid, e in lock.entries.items()}
+    # a budget of 2: the default and one more; with a warm start, that one is the first bucket's winner
+    text = (root / "pyproject.toml").read_text().replace('search = { budget = "15%" }', "search = { budget = 2 }")
+    (root / "pyproject.toml").write_text(text)
+    _, warm = replay_tune(root, conv_cache)
+    for eid, entry in warm.entries.items():
+        tried = [m["config"] for m in entry.measurements if m["status"] != "skipped"]
+        assert winners[eid] in tried  # this entry's previous winner (its checksum is stale now)
+    (root / "pyproject.toml").write_text(text.replace("search = { budget = 2 }", "search = { budget = 2, warm-start = false, strategy = 'exhaustive' }"))
+    _, cold = replay_tune(root, conv_cache)
+    for eid, entry in cold.entries.items():
+        tried = [m["config"] for m in entry.measurements if m["status"] != "skipped"]
+        assert winners[eid] not in tried and len(tried) == 2
+
+
+# ---- the benchmark -------------------------------------------------------------------------
+
+
+def test_search_quality_benchmark_runs_on_a_dataset_and_compares_with_kernel_tuner_runs(tmp_path):
+    """benchmarks/search_quality.py end to end on the 432-config slice (as a one-GPU dataset), with
+    Kernel Tuner runs in kernel_tuner_sim.py's format: one that found the optimum at its 3rd
+    config, one that never got below the slowest."""
+    import shutil
+    import subprocess
+
+    dataset = tmp_path / "hub" / "convolution_milo"
+    dataset.mkdir(parents=True)
+    shutil.copy(DATA, dataset / "A100.json.gz")
+    data = ReplayData.load(DATA)
+    slowest = max(r.mean_ms for r in data.records if r.mean_ms)
+    kt_runs = [
+        {"kernel": "convolution_milo", "gpu": "A100", "strategy": "lucky", "seed": 0, "evaluated": 5, "improvements": [[1, slowest], [3, data.optimum_ms()]]},
+        {"kernel": "convolution_milo", "gpu": "A100", "strategy": "stuck", "seed": 0, "evaluated": 80, "improvements": [[1, slowest]]},
+    ]
+    kt = tmp_path / "kt.json"
+    kt.write_text(json.dumps({"kernel_tuner": "1.5.0", "runs": kt_runs}))
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "search_quality.py"
+    cmd = [sys.executable, str(script), "--dataset", str(tmp_path / "hub"), "--seeds", "2", "--strategies", "random", "auto", "--jobs", "1", "--kernel-tuner", str(kt), "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "out" / "search_quality.json").read_text())
+    assert (tmp_path / "out" / "search_quality.png").stat().st_size > 10_000
+    assert {(r["strategy"], r["seed"]) for r in result["runs"]} == {("random", 0), ("random", 1), ("auto", 0), ("auto", 1)}
+    for run in result["runs"]:  # more budget never finds worse; the pick is never better than the best found
+        found = [run["found"][str(f)] for f in result["budgets"]]
+        assert found == sorted(found) and all(0 < v <= 1 for v in found)
+        assert all(run["picked"][f] <= run["found"][f] + 1e-9 for f in run["found"])
+    summary = result["summary"]["found"]
+    assert summary["convolution_milo|A100|kt:lucky"]["0.01"]["median"] == 1.0  # 1% of 432 = 5 configs: the 3rd was the optimum
+    assert summary["convolution_milo|A100|kt:stuck"]["0.2"]["median"] == pytest.approx(data.optimum_ms() / slowest)
+    head = result["tables"]["auto_vs_kernel_tuner"].splitlines()
+    assert head[2].startswith("| convolution | A100 | ") and "(1.00)" in head[2]  # theirs: the best strategy per cell
