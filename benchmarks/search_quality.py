@@ -112,6 +112,54 @@ def kernel_tuner_ratios(results: Path, dataset: Path) -> Rows:
     return out
 
 
+def random_expectation(data: ReplayData, k: int) -> float:
+    """The expected best true time of k valid configs drawn uniformly without replacement (exact:
+    the i-th fastest is the best of the draw with probability C(N-i, k-1) / C(N, k))."""
+    times = sorted(r.mean_ms for r in data.records if r.mean_ms is not None)
+    n = len(times)
+    k = min(k, n)
+    log_total = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+    out = 0.0
+    for i, t in enumerate(times, 1):
+        if n - i < k - 1:
+            break
+        out += t * math.exp(math.lgamma(n - i + 1) - math.lgamma(k) - math.lgamma(n - i - k + 2) - log_total)
+    return out
+
+
+def methodology_scores(rows: Rows, dataset: Path) -> dict[str, dict[str, float]]:
+    """The score of Willemsen et al.'s methodology in its simple form, per strategy: at each budget
+    the mean best time found across seeds, standardised against random sampling's expectation
+    ((random - found) / (random - optimum): 0 is random sampling, 1 the optimum), averaged over
+    the budgets, then over the files (and per kernel). Computed here from the same runs; the
+    `autotuning_methodology` package averages over a fine time or evaluation range instead."""
+    files = {_label(p): _load(p) for p in _files(dataset)}
+    per_file: dict[str, dict[tuple[str, str], float]] = {}
+    for (kernel, gpu, strategy), by_budget in rows.items():
+        data = files[(kernel, gpu)]
+        optimum, n = data.optimum_ms(), len(data.configs)
+        scores = []
+        for f in BUDGETS:
+            found = statistics.mean(optimum / r if r > 0 else math.inf for r in by_budget[str(f)])
+            rand = random_expectation(data, math.ceil(f * n))
+            scores.append((rand - found) / (rand - optimum) if rand > optimum else 1.0)
+        per_file.setdefault(strategy, {})[(kernel, gpu)] = statistics.mean(scores)
+    out = {}
+    for strategy, by_file in per_file.items():
+        out[strategy] = {"all": statistics.mean(by_file.values())}
+        for kernel in sorted({k for k, _ in by_file}):
+            out[strategy][kernel] = statistics.mean(v for (k, _), v in by_file.items() if k == kernel)
+    return out
+
+
+def scores_table(scores: dict[str, dict[str, float]]) -> str:
+    kernels = sorted({k for v in scores.values() for k in v if k != "all"})
+    lines = ["| strategy | all files | " + " | ".join(kernels) + " |", "|" + "---|" * (2 + len(kernels))]
+    for strategy, v in sorted(scores.items(), key=lambda kv: -kv[1]["all"]):
+        lines.append(f"| {strategy} | {v['all']:.3f} | " + " | ".join(f"{v.get(k, math.nan):.3f}" for k in kernels) + " |")
+    return "\n".join(lines)
+
+
 def quantile(values: list[float], q: float) -> float:
     """The q-quantile, interpolated between closest ranks (numpy's default)."""
     s = sorted(values)
@@ -224,6 +272,8 @@ def main() -> None:
         "auto_vs_kernel_tuner": head_to_head(found) if kt else "",
         "warm_vs_kernel_tuner": head_to_head(found, "warm") if kt and "warm" in args.strategies else "",
     }
+    scores = methodology_scores(found, args.dataset)
+    tables["methodology_score"] = scores_table(scores)
     print("Best true time found, optimum / found, median / 10th percentile across seeds (Kernel Tuner's measure):")
     print(tables["found"])
     print("\nThe config the tuner picked from its noisy measurements, optimum / its true time:")
@@ -231,6 +281,8 @@ def main() -> None:
     if kt:
         print("\nauto against Kernel Tuner's best strategy per cell, `ours (theirs)`, ✗ where below:")
         print(tables["auto_vs_kernel_tuner"])
+    print("\nScore (the methodology's form: 0 = random sampling, 1 = the optimum at once; budgets 1-20%, then files):")
+    print(tables["methodology_score"])
     args.out.mkdir(parents=True, exist_ok=True)
     plot(found, args.out / "search_quality.png")
     write_result(
@@ -245,6 +297,7 @@ def main() -> None:
                 name: {"|".join(k): {f: {"median": statistics.median(v), "p10": quantile(v, 0.1)} for f, v in b.items()} for k, b in rows.items()}
                 for name, rows in (("found", found), ("picked", picked))
             },
+            "methodology_score": scores,
             "tables": tables,
             "runs": runs,
         },

@@ -23,7 +23,7 @@ from hatch_autotune.build.lock import EntryId, LockEntry, LockFile
 from hatch_autotune.build.plan import Point
 from hatch_autotune.spec.config import ConfigError, SearchSpec, TuningSpec
 from hatch_autotune.tuning import tune
-from hatch_autotune.tuning.replay import ReplayData, ReplayDataError, ReplayDevice
+from hatch_autotune.tuning.replay import Record, ReplayData, ReplayDataError, ReplayDevice
 from hatch_autotune.tuning.search import STRATEGIES, Budget, SearchSpace, make_strategy, run_search
 from hatch_autotune.tuning.tuner import warm_starts
 from hatch_autotune.tuning.worker import WorkerClient
@@ -403,3 +403,25 @@ def test_search_quality_benchmark_runs_on_a_dataset_and_compares_with_kernel_tun
     assert summary["convolution_milo|A100|kt:stuck"]["0.2"]["median"] == pytest.approx(data.optimum_ms() / slowest)
     head = result["tables"]["auto_vs_kernel_tuner"].splitlines()
     assert head[2].startswith("| convolution | A100 | ") and "(1.00)" in head[2]  # theirs: the best strategy per cell
+    scores = result["methodology_score"]
+    assert scores["kt:lucky"]["all"] == pytest.approx(1.0)  # the optimum within every budget
+    assert scores["kt:stuck"]["all"] < 0  # worse than random sampling
+    assert all(math.isfinite(v["all"]) and v["all"] <= 1 for v in scores.values()) and set(scores) == {"random", "auto", "kt:lucky", "kt:stuck"}
+
+
+def test_random_sampling_expectation_is_exact():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "search_quality.py"
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("_bench_search_quality", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    records = [Record((t,), t, "", 0.0) for t in (4.0, 2.0, 1.0, 3.0)] + [Record((), None, "RuntimeFailedConfig", 0.0)]
+    data = ReplayData("d", "k", {"X": [0, 1, 2, 3, 4]}, [{"X": i} for i in range(5)], records)
+    assert module.random_expectation(data, 1) == pytest.approx(2.5)  # failed configs are not drawn
+    assert module.random_expectation(data, 2) == pytest.approx((1 * 3 + 2 * 2 + 3 * 1) / 6)
+    assert module.random_expectation(data, 4) == pytest.approx(1.0)
