@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -413,13 +414,19 @@ def test_random_sampling_expectation_is_exact():
     import importlib.util
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "search_quality.py"
+    # the benchmarks' _common sets PYTHONPATH for their subprocesses: undone, or later tests'
+    # fresh venvs would see this checkout
+    saved_env, saved_path = dict(os.environ), list(sys.path)
     sys.path.insert(0, str(path.parent))
     try:
         spec = importlib.util.spec_from_file_location("_bench_search_quality", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
-        sys.path.remove(str(path.parent))
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.path[:] = saved_path
+        sys.modules.pop("_common", None)
     records = [Record((t,), t, "", 0.0) for t in (4.0, 2.0, 1.0, 3.0)] + [Record((), None, "RuntimeFailedConfig", 0.0)]
     data = ReplayData("d", "k", {"X": [0, 1, 2, 3, 4]}, [{"X": i} for i in range(5)], records)
     assert module.random_expectation(data, 1) == pytest.approx(2.5)  # failed configs are not drawn
