@@ -59,8 +59,7 @@ def _warm(path: Path, data: ReplayData) -> list[int]:
     for other in _files(path.parent.parent):
         if other.parent == path.parent and other != path:
             theirs = _load(other)
-            best = min(range(len(theirs.records)), key=lambda i: theirs.records[i].mean_ms or math.inf)
-            out.extend(i for i, c in enumerate(data.configs) if c == theirs.configs[best])
+            out.extend(i for i, c in enumerate(data.configs) if c == theirs.configs[theirs.fastest()])
     return out
 
 

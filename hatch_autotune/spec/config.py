@@ -11,7 +11,7 @@ import itertools
 import keyword
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -121,9 +121,9 @@ class SearchSpec:
     def checksum_fields(self) -> list[Any]:
         """What enters a lock entry's checksum: the three fields the first format had, then only
         the settings that differ from their defaults, so that old entries stay valid."""
-        extra = {"seconds": self.seconds, "warm_start": self.warm_start}
-        defaults = {"seconds": None, "warm_start": True}
-        return [self.strategy, self.budget, self.seed, *([k, v] for k, v in extra.items() if v != defaults[k])]
+        first = ("strategy", "budget", "seed")
+        extra = ([f.name, getattr(self, f.name)] for f in fields(self) if f.name not in first and getattr(self, f.name) != f.default)
+        return [self.strategy, self.budget, self.seed, *extra]
 
 
 @dataclass(frozen=True)

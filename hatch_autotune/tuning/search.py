@@ -89,6 +89,10 @@ class Strategy:
     def propose(self) -> Iterable[int]:
         raise NotImplementedError
 
+    def _fastest(self) -> list[int]:
+        """The configs told so far that ran, fastest first (ties: canonical order)."""
+        return [i for _, i in sorted((ms, i) for i, ms in self.times.items() if not math.isinf(ms))]
+
     def _unasked(self) -> list[int]:
         return [i for i in range(len(self.space)) if i not in self._asked]
 
@@ -127,9 +131,7 @@ class LocalSearch(Strategy):
     def propose(self) -> Iterable[int]:
         if len(self.times) < self.initial:
             return self._random(self.initial - len(self.times))
-        for i in sorted(self.times, key=lambda i: (self.times[i], i)):
-            if math.isinf(self.times[i]):
-                break
+        for i in self._fastest():
             fresh = [j for j in self.space.neighbours(i) if j not in self._asked]
             if fresh:
                 return fresh
@@ -190,11 +192,11 @@ class ParzenSearch(Strategy):
             return []
         if len(self.times) < self.initial:
             return self._random(self.initial - len(self.times))
-        ranked = sorted((ms, i) for i, ms in self.times.items() if not math.isinf(ms))
+        ranked = self._fastest()
         n_good = min(self.good_max, math.ceil(self.good_share * len(self.times)), len(ranked))
         if n_good == 0:
             return self._random(1)
-        chosen = [i for _, i in ranked[:n_good]]
+        chosen = ranked[:n_good]
         self._good_kernels = {i: self._good_kernels[i] if i in self._good_kernels else self._kernel(i) for i in chosen}
         good = sum(self._good_kernels[i] for i in chosen)
         n_rest = len(self.times) - n_good
@@ -226,8 +228,7 @@ class ParzenLocalSearch(ParzenSearch):
             if self.random_every and self._steps % self.random_every == 0:
                 return self._random(1)
             if self._steps % self.local_every == 0:
-                ranked = sorted((ms, i) for i, ms in self.times.items() if not math.isinf(ms))
-                for _, i in ranked[: self.local_from]:
+                for i in self._fastest()[: self.local_from]:
                     fresh = [j for j in self.space.neighbours(i) if j not in self._asked]
                     if fresh:
                         return [self.rng.choice(fresh)]
