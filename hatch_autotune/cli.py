@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import math
 import os
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from . import __version__
-from .build.cache import CompileCache, atomic_write, default_cache_dir
+from .build.cache import atomic_write, default_cache_dir, open_compile_cache
 from .build.lock import MERGE_PREFERENCES, LockFormatError, merge
 from .inspection.diff import KINDS, diff_sources
 from .inspection.errors import CliError
@@ -155,15 +156,39 @@ def cmd_tune(args: argparse.Namespace, ui: UI) -> int:
     if unknown:
         raise CliError(f"no kernel named {', '.join(unknown)} in {root}; its kernels: {', '.join(project.kernels)}")
     mode = args.mode or {"auto": "tune"}.get(project.mode, project.mode)
-    with ui.progress(None, f"tuning {root}") as log:
+    from .tuning.schedule import RAY_ADDRESS_ENV
+
+    address = args.ray or os.environ.get(RAY_ADDRESS_ENV)
+    with ui.progress(None, f"tuning {root}" + (f" on the Ray cluster at {address}" if address else "")) as log:
         try:
-            result = tuning.tune(project, kernels=args.kernel or None, mode=mode, log=log)
+            cache = open_compile_cache()
+            if address:
+                from .tuning.ray_engine import tune_on_ray
+
+                result = tune_on_ray(project, address, kernels=args.kernel or None, mode=mode, log=log, cache=cache)
+            else:
+                result = tuning.tune(project, kernels=args.kernel or None, mode=mode, log=log, cache=cache)
+            for w in cache.warnings():
+                log(f"warning: {w}")
         except BuildError as exc:
             lines = str(exc).strip().splitlines() or ["tuning failed"]
             raise CliError(lines[0].removeprefix(f"{PROG}: "), lines[1:]) from None
     # The engine logs its own summary table and writes the lock file as each bucket finishes.
     tuned, skipped = len(result.tuned), result.skipped
     ui.print(f"{project.lock_file}: {tuned} entr{'y' if tuned == 1 else 'ies'} tuned, {skipped} still valid; `{PROG} show {root}` lists them")
+    return EXIT_OK
+
+
+def cmd_ray_resources(args: argparse.Namespace, ui: UI) -> int:
+    """What this node offers a Ray cluster: its GPUs, counted by arch, as `ray start --resources`
+    takes them (stdout holds the JSON alone, for `--resources="$(hatch-autotune ray-resources)"`)."""
+    from .build.devices import detect_gpus
+    from .tuning.ray_engine import arch_resources
+
+    gpus = detect_gpus()
+    if not gpus:
+        sys.stderr.write(f"{PROG}: warning: no CUDA GPU found on this machine; it offers the cluster no GPU arch\n")
+    sys.stdout.write(json.dumps(arch_resources(gpus), sort_keys=True) + "\n")
     return EXIT_OK
 
 
@@ -351,8 +376,13 @@ def cmd_report(args: argparse.Namespace, ui: UI) -> int:
 
 
 def cmd_cache(args: argparse.Namespace, ui: UI) -> int:
+    from .errors import BuildError
+
     root = default_cache_dir()
-    cache = CompileCache(root)
+    try:
+        cache = open_compile_cache()
+    except BuildError as exc:  # a bad HATCH_AUTOTUNE_CACHE_* setting
+        raise CliError(str(exc).removeprefix(f"{PROG}: ")) from None
     store = cache.root  # <root>/v1: the only thing `clear` may delete
     entries, size = cache.info()
     if args.action == "info":
@@ -362,6 +392,14 @@ def cmd_cache(args: argparse.Namespace, ui: UI) -> int:
         t.add_row("entries", str(entries))
         t.add_row("size", fmt_bytes(size))
         t.add_row("set with", "HATCH_AUTOTUNE_CACHE_DIR" + (" (set)" if os.environ.get("HATCH_AUTOTUNE_CACHE_DIR") else ""))
+        remote = cache.remote
+        if remote is None:
+            t.add_row("shared", "none (HATCH_AUTOTUNE_CACHE_URL unset)")
+        else:
+            t.add_row("shared", remote.url)  # the password shown as ***
+            t.add_row("shared status", remote.probe() or "answers")
+            expiry = f"expire {remote.ttl} s after their last use" if remote.ttl else "never expire"
+            t.add_row("shared limits", f"timeout {remote.timeout:g} s, entries up to {fmt_bytes(remote.max_bytes)}, {expiry}")
         ui.print(t)
         return EXIT_OK
     if not args.yes and not sys.stdin.isatty():  # a script or a pipe: nobody to ask, so nothing is deleted unasked
@@ -451,7 +489,11 @@ def make_parser() -> argparse.ArgumentParser:
     from .spec.config import MODES
 
     s.add_argument("--mode", choices=MODES, help="tune: missing and stale entries; retune: all (default: the project's mode, else tune)")
+    s.add_argument("--ray", metavar="ADDRESS", help="tune on the GPUs of the Ray cluster at ADDRESS (host:port), every arch it has, in one run (default: $HATCH_AUTOTUNE_RAY)")
     s.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("ray-resources", help="this node's GPUs by arch, as JSON for `ray start --resources` (tuning on a cluster)")
+    s.set_defaults(func=cmd_ray_resources)
 
     s = sub.add_parser("show", help="per kernel: arch, bucket, chosen config, time, speedup, tuned or default; a wheel's untuned entries and compile failures")
     s.add_argument("source", nargs="?", default=".", metavar="PROJECT|WHEEL|LOCK|PACKAGE", help="default: .; PACKAGE: an installed package's import or distribution name")

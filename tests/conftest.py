@@ -5,6 +5,13 @@ Nothing here mocks NVRTC: every build in the tests really compiles. Only the GPU
 
 from __future__ import annotations
 
+import os
+
+# Ray (tests/test_cluster.py) stays on loopback: read when Ray is first imported, so set before
+# any test module imports it. Without it Ray rewrites 127.0.0.1 to the machine's outward IP.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+
 import shutil
 import textwrap
 import tomllib

@@ -5,7 +5,8 @@ told to, so the parent's isolation is exercised for real.
 Its "timings" are SYNTHETIC test data (a formula of the config, below), not measurements.
 Behaviour per config comes from the environment variable FAKE_WORKER, a JSON object:
   {"crash": [config, ...], "hang": [...], "abort": [...], "wrong": [...], "fatal": [...],
-   "ms": {"<axis>=<value>": ms added, ...}, "base_ms": 1.0, "log": "<file to append ops to>"}
+   "ms": {"<axis>=<value>": ms added, ...}, "base_ms": 1.0, "log": "<file to append ops to>",
+   "sleep_ms": 0 (wall time each measurement takes, as a GPU's would), "cc": [9, 0] (the device's)}
 """
 
 import json
@@ -38,7 +39,7 @@ def main():
                 f.write(msg["op"] + "\n")
         op = msg["op"]
         if op == "hello":
-            reply = {"ok": True, "device": {"name": "Fake GPU (CPU stand-in)", "cc": [9, 0], "driver": "0.0",
+            reply = {"ok": True, "device": {"name": "Fake GPU (CPU stand-in)", "cc": PLAN.get("cc", [9, 0]), "driver": "0.0",
                      "limits": {"max_threads_per_block": 1024, "max_registers_per_block": 65536,
                                 "max_shared_memory_per_block": 49152, "max_shared_memory_per_block_optin": 232448}}}
         elif op == "setup":
@@ -63,6 +64,7 @@ def main():
             elif matches(config, PLAN.get("wrong", [])):
                 reply = {"ok": True, "status": "rejected", "reason": "wrong result: y: 3 element(s) differ (fake)"}
             else:
+                time.sleep(PLAN.get("sleep_ms", 0) / 1000)
                 ms = synthetic_ms(config)
                 samples = [ms * (1 + 0.001 * (i % 3)) for i in range(9)]
                 leader = msg.get("leader_ms")

@@ -629,17 +629,54 @@ def test_tune_prints_what_the_engine_did(tmp_path, monkeypatch, capsys):
     root = write_tiny_project(tmp_path / "p")
     calls = []
 
-    def fake_tune(project, *, kernels, mode, log):
-        calls.append((project.root, kernels, mode))
+    def fake_tune(project, *, kernels, mode, log, cache):
+        calls.append((project.root, kernels, mode, type(cache).__name__))
         log("tuning: fake engine")
         return TuneSummary(tuned=[("scale|-|sm_90|n=1024", None)], skipped=2)
 
     monkeypatch.setattr(tuning, "tune", fake_tune)
     monkeypatch.delenv("HATCH_AUTOTUNE_MODE", raising=False)
+    monkeypatch.delenv("HATCH_AUTOTUNE_RAY", raising=False)
     code, out, err = run_cli(capsys, "tune", root, "-k", "scale", "--mode", "retune")
     assert code == 0, err
-    assert calls == [(root, ["scale"], "retune")] and "tuning: fake engine" in err
+    assert calls == [(root, ["scale"], "retune", "CompileCache")] and "tuning: fake engine" in err
     assert out.strip() == f"{root / 'autotune.lock.json'}: 1 entry tuned, 2 still valid; `hatch-autotune show {root}` lists them"
+
+
+def test_tune_on_a_ray_cluster_goes_to_the_ray_engine(tmp_path, monkeypatch, capsys):
+    """--ray ADDRESS, else HATCH_AUTOTUNE_RAY, sends the run to the Ray engine (tested in
+    test_cluster on real local clusters); the local engine is not called."""
+    from hatch_autotune import tuning
+    from hatch_autotune.tuning import TuneSummary, ray_engine
+
+    root = write_tiny_project(tmp_path / "p")
+    calls = []
+
+    def fake_ray(project, address, *, kernels, mode, log, cache):
+        calls.append((address, kernels, mode))
+        return TuneSummary(tuned=[("scale|-|sm_90|n=1024", None)])
+
+    monkeypatch.setattr(ray_engine, "tune_on_ray", fake_ray)
+    monkeypatch.setattr(tuning, "tune", lambda *a, **k: pytest.fail("the local engine ran"))
+    monkeypatch.delenv("HATCH_AUTOTUNE_MODE", raising=False)
+    monkeypatch.setenv("HATCH_AUTOTUNE_RAY", "10.0.0.9:6379")
+    code, out, err = run_cli(capsys, "tune", root)
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "tune", root, "--ray", "127.0.0.1:6379", "-k", "scale")
+    assert code == 0, err
+    assert calls == [("10.0.0.9:6379", None, "tune"), ("127.0.0.1:6379", ["scale"], "tune")]
+
+
+def test_ray_resources_prints_this_nodes_gpus_by_arch_as_json(monkeypatch, capsys):
+    from hatch_autotune.build import devices
+    from hatch_autotune.build.devices import Gpu
+
+    monkeypatch.setattr(devices, "detect_gpus", lambda: [Gpu(0, "sm_90", "H100"), Gpu(1, "sm_90", "H100"), Gpu(2, "sm_80", "A100")])
+    code, out, err = run_cli(capsys, "ray-resources")
+    assert code == 0 and json.loads(out) == {"hatch-autotune:sm_80": 1, "hatch-autotune:sm_90": 2} and err == ""
+    monkeypatch.setattr(devices, "detect_gpus", lambda: [])
+    code, out, err = run_cli(capsys, "ray-resources")
+    assert code == 0 and json.loads(out) == {} and "no CUDA GPU found" in err
 
 
 def test_tune_rejects_unknown_kernels_and_non_projects(tmp_path, capsys):

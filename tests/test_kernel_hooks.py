@@ -158,12 +158,34 @@ def test_hooks_import_from_src_and_get_a_seeded_generator(tmp_path):
     assert ref["y"].dtype == np.float64  # a float64 reference for a float32 output is accepted as is
 
 
+def test_big_random_arrays_are_drawn_in_parallel_blocks_and_the_same_whatever_the_threads(monkeypatch):
+    from hatch_autotune.tuning import inputs as inputs_mod
+
+    shape = (5, inputs_mod.RANDOM_BLOCK // 2 + 5)  # two blocks and a half
+    monkeypatch.setattr(inputs_mod.os, "cpu_count", lambda: 1)
+    one = inputs_mod._random_array(shape, "float16", (7, 1))
+    monkeypatch.setattr(inputs_mod.os, "cpu_count", lambda: 4)
+    four = inputs_mod._random_array(shape, "float16", (7, 1))
+    np.testing.assert_array_equal(one, four)
+    assert one.shape == shape and one.dtype == np.float16 and np.all(one != 0)  # float16 rounding to 0 is caught too
+    blocks = one.reshape(-1)[: 2 * inputs_mod.RANDOM_BLOCK].reshape(2, -1)
+    assert not np.array_equal(blocks[0], blocks[1])  # each block its own seed
+    assert not np.array_equal(one, inputs_mod._random_array(shape, "float16", (7, 2)))
+    ints = inputs_mod._random_array((1000,), "int32", (7, 1))
+    assert ints.dtype == np.int32 and ints.min() >= 1 and ints.max() < 100
+
+
 def test_without_hooks_inputs_are_random_and_there_is_no_reference(tmp_path):
     root = write_axpb_project(tmp_path / "none", None)
     spec = spec_of(root)
     inputs = bucket_inputs(spec, {"T": "float32"}, {"n": 4096}, root, seed=5)
     assert sorted(inputs) == ["alpha", "n", "x", "y"] and inputs["n"] == 4096  # the key dim's scalar is the bucket
     assert inputs["x"].dtype == np.float32 and inputs["x"].shape == (4096,) and np.all(inputs["x"] != 0)
+    assert 0.5 < inputs["x"].std() < 2  # ~ N(0, 1)
+    # an output-only array is poisoned by the worker before every run: zeros of its dtype and shape
+    assert inputs["y"].dtype == np.float32 and inputs["y"].shape == (4096,) and not inputs["y"].any()
+    wide = bucket_inputs(spec, {"T": "float64"}, {"n": 4096}, root, seed=5)
+    assert wide["x"].dtype == np.float64 and np.all(wide["x"] != 0) and wide["y"].dtype == np.float64
     assert isinstance(inputs["alpha"], float) and inputs["alpha"] != 0
     np.testing.assert_array_equal(inputs["x"], random_inputs(spec, {"T": "float32"}, {"n": 4096}, seed=5)["x"])
     assert reference_outputs(spec, inputs, root, {"T": "float32"}) is None

@@ -197,6 +197,32 @@ def test_tune_mode_without_a_gpu_says_so_before_anything_else(tmp_path, build_en
         hook_of(builder, tmp_path / "dist").initialize("standard", fresh_build_data(builder))
 
 
+@pytest.mark.parametrize("mode", ["auto", "retune", "offline"])
+def test_with_hatch_autotune_ray_set_the_cluster_tunes_and_the_build_packs_its_plan(tmp_path, build_env, monkeypatch, mode):
+    """HATCH_AUTOTUNE_RAY is the build hook's `tune --ray`: the Ray engine (tested on real local
+    clusters in test_cluster) tunes, never this machine's GPUs; offline touches neither."""
+    from hatch_autotune import tuning
+    from hatch_autotune.build.plan import make_plan
+    from hatch_autotune.tuning import TuneSummary, ray_engine
+
+    root = small_project(tmp_path / "p", extra=f'mode = "{mode}"\n')
+    calls = []
+
+    def fake_ray(project, address, *, mode, log, cache):
+        calls.append((address, mode))
+        return TuneSummary(plan=make_plan(project, ["sm_90"], log=lambda m: None))
+
+    monkeypatch.setenv("HATCH_AUTOTUNE_RAY", "127.0.0.1:6379")
+    monkeypatch.setattr(ray_engine, "tune_on_ray", fake_ray)
+    monkeypatch.setattr(tuning, "tune", lambda *a, **k: pytest.fail("this machine's GPUs were asked to tune"))
+    monkeypatch.setattr("hatch_autotune.build.devices.detect_gpus", lambda: [])
+    builder = WheelBuilder(str(root))
+    build_data = fresh_build_data(builder)
+    hook_of(builder, tmp_path / "dist").initialize("standard", build_data)
+    assert calls == ([] if mode == "offline" else [("127.0.0.1:6379", {"auto": "tune"}.get(mode, mode))])
+    assert build_data["force_include"]  # the wheel is packed either way
+
+
 # ---- editable installs -------------------------------------------------------------------------
 
 

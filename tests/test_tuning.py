@@ -223,7 +223,7 @@ def test_retune_redoes_valid_entries(tmp_path):
 
 def test_a_bucket_where_everything_fails_is_an_error(tmp_path):
     root = write_tiny_project(tmp_path / "p")
-    with pytest.raises(TuningError, match=r"scale\|-\|sm_90\|n=1024: every variant failed.*SIGSEGV"):
+    with pytest.raises(TuningError, match=r"scale\|-\|sm_90\|n=\d+: every variant failed.*SIGSEGV"):  # the costliest bucket runs first
         _tune(root, tmp_path, {"crash": [{"BAD": False}]})
 
 

@@ -11,6 +11,10 @@ entry written before the metadata carried its own sha256 is a miss too). It read
 an entry can hold and never raises; the caller compiles again and `put` overwrites the entry.
 Anything else in the store was not written here (`foreign_path`), and `clear` deletes nothing
 while it is there.
+
+`open_compile_cache` is the one place that reads the cache's settings from the environment: the
+store's directory and, with HATCH_AUTOTUNE_CACHE_URL, a shared tier in Redis behind it
+(remote_cache.py) that a local miss consults and every fresh compile fills.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..runtime import load_json
+
+if TYPE_CHECKING:
+    from .remote_cache import RemoteCache
 
 CACHE_SCHEMA = 1
 
@@ -100,6 +107,10 @@ class CacheEntry:
         }
         return {**fields, "metadata_sha256": _metadata_digest(fields)}
 
+    def metadata(self, key: str) -> bytes:
+        """`record(key)` as the bytes every store keeps (on disk and in Redis alike)."""
+        return json.dumps(self.record(key), sort_keys=True).encode()
+
     @classmethod
     def from_record(cls, record: Any, key: str, read_binary: Callable[[int], bytes]) -> CacheEntry | None:
         """The entry that `record` (decoded metadata) and the binary describe, or None for
@@ -152,14 +163,25 @@ def _read_file(path: Path, limit: int, exact: bool = False) -> bytes:
         return data
 
 
-def default_cache_dir() -> Path:
-    """HATCH_AUTOTUNE_CACHE_DIR, else the platform's user cache directory."""
-    env = os.environ.get("HATCH_AUTOTUNE_CACHE_DIR")
-    if env:
-        return Path(env)
+def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """HATCH_AUTOTUNE_CACHE_DIR (of `env`, default os.environ), else the platform's user cache
+    directory."""
+    value = (os.environ if env is None else env).get("HATCH_AUTOTUNE_CACHE_DIR")
+    if value:
+        return Path(value)
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("hatch-autotune"))
+
+
+def open_compile_cache(env: Mapping[str, str] | None = None) -> CompileCache:
+    """The compile cache a build uses, as the environment (`env`, default os.environ) sets it:
+    the store in default_cache_dir(), in front of the Redis that HATCH_AUTOTUNE_CACHE_URL names,
+    if any. BuildError for a bad setting (remote_cache.RemoteCache.from_env)."""
+    from .remote_cache import RemoteCache
+
+    env = os.environ if env is None else env
+    return CompileCache(default_cache_dir(env), remote=RemoteCache.from_env(env))
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -180,18 +202,42 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 class CompileCache:
-    """get/put of (metadata, binary) by a hex key; see the module docstring for the layout."""
+    """get/put of (metadata, binary) by a hex key; see the module docstring for the layout.
+    `remote`: a shared tier that a local miss consults (a hit there is written here too) and
+    that every put fills as well."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, remote: RemoteCache | None = None):
         self.root = Path(root) / f"v{CACHE_SCHEMA}"
+        self.remote = remote
         self.write_error: str | None = None  # set (and writing stops) when the store is not writable
+
+    def warnings(self) -> list[str]:
+        """What the build log should say, once, about the cache: a store it could not write, a
+        shared tier that switched itself off."""
+        return [w for w in (self.write_error, self.remote.error if self.remote else None) if w]
 
     def _paths(self, key: str) -> tuple[Path, Path]:
         d = self.root / key[:2]
         return d / f"{key}.json", d / f"{key}.bin"
 
     def get(self, key: str) -> CacheEntry | None:
-        """The entry put under `key`, or None (a miss); never raises, whatever the files hold."""
+        """The entry put under `key`, from the store or else the shared tier, or None (a miss);
+        never raises, whatever the files or the server hold."""
+        entry = self._get_local(key)
+        if entry is None and self.remote is not None:
+            entry = self.remote.get(key)
+            if entry is not None:
+                self._put_local(key, entry)
+        return entry
+
+    def put(self, key: str, entry: CacheEntry) -> None:
+        """Store an entry here and in the shared tier. Neither failing fails the build: each
+        keeps its first error as a warning (`warnings`) and skips later writes."""
+        self._put_local(key, entry)
+        if self.remote is not None:
+            self.remote.put(key, entry)
+
+    def _get_local(self, key: str) -> CacheEntry | None:
         meta_path, bin_path = self._paths(key)
         try:
             record = load_json(_read_file(meta_path, MAX_METADATA_BYTES))
@@ -199,16 +245,16 @@ class CompileCache:
         except (OSError, ValueError):  # load_json: ValueError for any text that is not JSON
             return None
 
-    def put(self, key: str, entry: CacheEntry) -> None:
-        """Store an entry; a store that cannot be written (read-only, full) is a warning, not a
-        failed build: the first error is kept in `write_error` and later puts are skipped."""
+    def _put_local(self, key: str, entry: CacheEntry) -> None:
+        """A store that cannot be written (read-only, full) is a warning, not a failed build:
+        the first error is kept in `write_error` and later writes are skipped."""
         if self.write_error is not None:
             return
         meta_path, bin_path = self._paths(key)
         try:
             if entry.binary is not None:
                 atomic_write(bin_path, entry.binary)
-            atomic_write(meta_path, json.dumps(entry.record(key), sort_keys=True).encode())
+            atomic_write(meta_path, entry.metadata(key))
         except OSError as exc:
             self.write_error = f"cannot write the compile cache at {self.root} ({exc}); going on without it"
 

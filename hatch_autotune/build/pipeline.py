@@ -271,8 +271,8 @@ def build_payload(
         log(f"warning: {mixed}")
     if untuned:
         _log_untuned(outcome, project.lock_file.name, log)
-    if cache is not None and cache.write_error:
-        log(f"warning: {cache.write_error}")
+    for problem in cache.warnings() if cache is not None else []:  # a store not written, a shared tier switched off
+        log(f"warning: {problem}")
 
     counts = compile_mod.count([*shipping.results, *ptx_results])
     log(f"hatch-autotune: in all, {counts_text(counts)}; {len(shipped)} shipped in the wheel")

@@ -38,12 +38,13 @@ class AutotuneBuildHook(BuildHookInterface):
             return
         import os
 
-        from ..build.cache import CompileCache, default_cache_dir
+        from ..build.cache import open_compile_cache
         from ..build.devices import detect_gpus
         from ..build.payload import module_relpath, write_package
         from ..build.pipeline import build_payload
         from ..errors import BuildError
         from ..spec.config import ConfigError, parse_project
+        from ..tuning.schedule import RAY_ADDRESS_ENV
 
         root = Path(self.root)
         try:
@@ -51,10 +52,15 @@ class AutotuneBuildHook(BuildHookInterface):
         except ConfigError as exc:
             raise SystemExit(str(exc)) from None
         gpus = [] if project.mode == "offline" else detect_gpus()
-        cache = CompileCache(default_cache_dir())
         try:
+            cache = open_compile_cache()  # BuildError for a bad HATCH_AUTOTUNE_CACHE_* setting
             plan = None
-            if project.mode != "offline":  # tuning.plan_tuning decides what this machine tunes
+            if project.mode != "offline" and os.environ.get(RAY_ADDRESS_ENV):  # the cluster's GPUs tune, every arch it has
+                from ..tuning.ray_engine import tune_on_ray
+
+                address = os.environ[RAY_ADDRESS_ENV]
+                plan = tune_on_ray(project, address, mode={"auto": "tune"}.get(project.mode, project.mode), log=self._say, cache=cache).plan
+            elif project.mode != "offline":  # tuning.plan_tuning decides what this machine tunes
                 from ..tuning import tune
 
                 plan = tune(project, mode=project.mode, log=self._say, cache=cache, gpus=gpus).plan

@@ -302,7 +302,7 @@ def project_source(root: Path) -> Source:
     the compile cache), so a winner that no longer compiles shows as the build's fallback."""
     from collections import Counter
 
-    from ..build.cache import CompileCache, default_cache_dir
+    from ..build.cache import open_compile_cache
     from ..build.devices import detect_gpus
     from ..build.lock import tuned_with
     from ..build.pipeline import compile_shipped, record_outcome
@@ -327,7 +327,8 @@ def project_source(root: Path) -> Source:
         )
     try:
         plan = make_plan(project, archs, lock=lock)
-        shipping = compile_shipped(plan, CompileCache(default_cache_dir()), log=lambda _: None)
+        cache = open_compile_cache()
+        shipping = compile_shipped(plan, cache, log=lambda _: None)
     except BuildError as exc:
         lines = str(exc).removeprefix("hatch-autotune: ").splitlines()
         raise CliError(lines[0], lines[1:]) from None
@@ -358,6 +359,7 @@ def project_source(root: Path) -> Source:
             f"{orphans} lock entr{'y matches' if orphans == 1 else 'ies match'} nothing the project declares "
             "(kernel, types, arch or bucket removed)"
         )
+    notes += cache.warnings()
     notes.append(PROJECT_NO_RESOURCES)
     return Source(str(root), "project", rows, list(project.kernels), notes, outcome=record_outcome(plan, shipping))
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import queue
 import tempfile
 import threading
 import time
@@ -22,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .. import __version__
 from ..build import compile as compile_mod
-from ..build.cache import CompileCache, default_cache_dir
+from ..build.cache import CompileCache, open_compile_cache
 from ..build.devices import Gpu, detect_gpus
 from ..build.lock import TIMED, EntryId, LockEntry, LockFile, LockFormatError
 from ..build.outcome import instance_text, log_excerpt
@@ -31,7 +30,8 @@ from ..build.table import kernel_json
 from ..errors import BuildError
 from ..spec.config import ProjectSpec, SearchSpec, TuningSpec
 from .bench import median, spread
-from .inputs import bucket_inputs, reference_outputs
+from .inputs import bucket_inputs, input_bytes, reference_outputs
+from .schedule import Job, ScheduleResult, Slot, run_schedule
 from .search import Budget, SearchSpace, make_strategy, run_search
 from .verify import tolerance
 from .worker import WorkerClient, WorkerDied
@@ -39,6 +39,12 @@ from .worker import WorkerClient, WorkerDied
 Log = Callable[[str], None]
 TIE_FLOOR = 0.005  # timings closer than 0.5% are a tie whatever the measured spread
 PROGRESS_EVERY = 16  # configs between progress lines within a bucket
+# Scheduling: a bucket's inputs are made on the host (drawn, written, loaded and uploaded by the
+# worker) before anything is measured, seconds per GiB; counting 8 MiB as one more config puts a
+# bucket of 1 GiB (128 configs more) early rather than last, where it would stretch the run's
+# tail. A rough figure that only orders the jobs; erring high costs little, since the biggest
+# inputs also make the longest measurements.
+HOST_BYTES_PER_CONFIG = 8 << 20
 
 
 class TuningError(BuildError):
@@ -237,6 +243,7 @@ class TuneSummary:
     tuned: list[tuple[str, LockEntry]] = field(default_factory=list)  # (entry id, lock entry)
     skipped: int = 0  # entries whose lock entry was still valid
     plan: Plan | None = None  # what was tuned, for the build that follows (None: nothing, or some kernels only)
+    schedule: ScheduleResult | None = None  # how the buckets were spread over the GPUs (None: nothing was tuned)
 
     def table(self) -> str:
         rows = [("entry", "winner", "ms", "vs default", "measured", "rejected/failed")]
@@ -529,14 +536,13 @@ def tune(
     """Tune the stale (or, in `retune`, all) entries of `project` for every target arch that has
     a device here (plan_tuning; in `auto`, none is not an error), or only for `gpu_arch`, and
     write them into its lock file as each bucket finishes. `gpus`: this machine's devices when
-    the caller has detected them already (the build hook), else detected here. The summary
-    carries the plan it tuned (all kernels only), whose lock holds the new entries: the build
-    that follows uses it, rendering and reading nothing again."""
+    the caller has detected them already (the build hook), else detected here. Every device of a
+    tuned arch gets a worker, and the buckets are spread over them (schedule.py, the loop the
+    Ray engine shares). The summary carries the plan it tuned (all kernels only), whose lock
+    holds the new entries: the build that follows uses it, rendering and reading nothing again."""
     if mode == "offline":
         raise TuningError("mode 'offline' never touches a GPU; use mode 'tune' or 'retune' to tune")
-    unknown = sorted(set(kernels or []) - set(project.kernels))
-    if unknown:
-        raise TuningError(f"no kernel named {', '.join(unknown)}; kernels: {', '.join(project.kernels)}")
+    check_kernels(project, kernels)
     gpus = detect_gpus() if gpus is None else gpus
     if gpu_arch is None:
         tuning = plan_tuning(project, gpus, mode)
@@ -553,54 +559,177 @@ def tune(
     summary = TuneSummary()
     if not tuning.archs:
         return summary
-    cache = cache or CompileCache(default_cache_dir())
+    cache = cache or open_compile_cache()
     plan = make_plan(project, targets, log=log, kernels=kernels)
-    if not kernels:
-        summary.plan = plan
-    todo, summary.skipped = plan.to_tune(tuning.archs, mode)
-    if summary.skipped:
-        log(f"tuning: {summary.skipped} entr(y/ies) still valid in {project.lock_file.name}; not re-tuned")
+    todo = stale_points(plan, tuning.archs, mode, kernels, summary, log)
     factory = client_factory or (lambda device: WorkerClient())
-    for arch in tuning.archs:
-        groups = [[BucketJob(inst, p) for p in points] for a, inst, points in todo if a == arch]
-        if not groups:
-            continue
-        # none detected (a stand-in worker, or a driver that would not say): device 0, whose worker says what it is
-        devices = [g.ordinal for g in gpus if g.arch == arch] or [0]
-        log(f"tuning {arch} on device{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))} (NVRTC {plan.compiler}), mode {mode}")
-        _tune_arch(arch, groups, [_Session(factory(d), d, project.tuning) for d in devices], plan, cache, summary, log)
-    if todo:
-        log("tuning summary:\n" + summary.table())
-    return summary
-
-
-def _tune_arch(
-    arch: str,
-    groups: list[list[BucketJob]],
-    sessions: list[_Session],
-    plan: Plan,
-    cache: CompileCache,
-    summary: TuneSummary,
-    log: Log,
-) -> None:
-    """Search one arch's groups (an instance's buckets) on its devices' workers."""
+    sessions: list[_Session] = []
     try:
-        sessions = _matching_sessions(sessions, arch, log)
+        slots: list[LocalSlot] = []
+        binaries = InstanceBinaries(cache)
         with tempfile.TemporaryDirectory(prefix="hatch-autotune-tune-") as tmpdir:
-            for jobs in groups:
-                inst = jobs[0].inst
-                binaries = _Binaries(inst, arch, cache)
-                named = f"{inst.spec.name} ({instance_text(inst.types_key)})"
-                default = binaries.get(inst.default_index)
-                if not default.ok:  # the build would stop: no GPU time for it
-                    if not plan.project.default_may_fail:
-                        raise TuningError(plan.default_failure([(inst, arch, default.log)]))
-                    log(f"warning: the default config of {named} does not compile for {arch}; measuring the others (default-may-fail = true)")
-                log(f"tuning {named}: {len(jobs)} bucket(s) x {len(inst.variants)} configs on {len(sessions)} GPU(s), {_strategy_text(inst.spec.search)}")
-                _run_jobs(jobs, binaries, sessions, plan, Path(tmpdir), summary, log)
+            for arch in dict.fromkeys(a for a, _, _ in todo):
+                # none detected (a stand-in worker, or a driver that would not say): device 0, whose worker says what it is
+                devices = [g.ordinal for g in gpus if g.arch == arch] or [0]
+                log(f"tuning {arch} on device{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))} (NVRTC {plan.compiler}), mode {mode}")
+                arch_sessions = [_Session(factory(d), d, project.tuning) for d in devices]
+                sessions += arch_sessions
+                slots += [LocalSlot(s, arch, binaries, plan, Path(tmpdir), log) for s in _matching_sessions(arch_sessions, arch, log)]
+            run_tuning(plan, todo, slots, binaries, summary, log)
     finally:
         for s in sessions:
             s.client.close()
+    return summary
+
+
+def check_kernels(project: ProjectSpec, kernels: Sequence[str] | None) -> None:
+    unknown = sorted(set(kernels or []) - set(project.kernels))
+    if unknown:
+        raise TuningError(f"no kernel named {', '.join(unknown)}; kernels: {', '.join(project.kernels)}")
+
+
+Todo = list[tuple[str, Instance, list[Point]]]
+
+
+def stale_points(plan: Plan, archs: Sequence[str], mode: str, kernels: Sequence[str] | None, summary: TuneSummary, log: Log) -> Todo:
+    """What to tune (plan.to_tune), said in the log; the summary keeps the plan (all kernels only)."""
+    if not kernels:
+        summary.plan = plan
+    todo, summary.skipped = plan.to_tune(archs, mode)
+    if summary.skipped:
+        log(f"tuning: {summary.skipped} entr(y/ies) still valid in {plan.project.lock_file.name}; not re-tuned")
+    return todo
+
+
+class InstanceBinaries:
+    """Each (instance, arch)'s `_Binaries`, made once and shared by every slot of this machine."""
+
+    def __init__(self, cache: CompileCache):
+        self.cache = cache
+        self._made: dict[tuple[int, str], _Binaries] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, inst: Instance, arch: str) -> _Binaries:
+        with self._lock:
+            key = (id(inst), arch)
+            if key not in self._made:
+                self._made[key] = _Binaries(inst, arch, self.cache)
+            return self._made[key]
+
+
+class LocalSlot:
+    """One GPU of this machine: its worker session tunes one bucket at a time."""
+
+    depth = 1  # it runs in the scheduler's thread: one bucket at a time
+
+    def __init__(self, session: _Session, arch: str, binaries: InstanceBinaries, plan: Plan, tmp: Path, log: Log):
+        self.session, self.arch, self.binaries, self.plan, self.log = session, arch, binaries, plan, log
+        self.name = f"gpu{session.device}"
+        self.workdir = tmp / self.name
+        self.workdir.mkdir(exist_ok=True)
+
+    def start(self, job: Job) -> Callable[[], LockEntry]:
+        bucket: BucketJob = job.payload
+        root, compiler = self.plan.project.root, self.plan.compiler
+        return lambda: tune_bucket(self.session, bucket, self.binaries(bucket.inst, self.arch), job.warm, root, self.workdir, self.log, compiler)
+
+
+class LockSaver:
+    """Saves the lock as results arrive without holding up the GPUs: the slot that finished a
+    bucket goes on at once, and this thread writes the newest state (results that arrive during
+    a write go into the next one, so it never falls behind by more than one write). `close`
+    waits for the last write; a write that failed is raised there, and `put` raises it too, so
+    that the run stops rather than tune what it cannot keep."""
+
+    def __init__(self, lock: LockFile, path: Path):
+        self.lock, self.path = lock, path
+        self._cond = threading.Condition()
+        self._changes = self._saved = 0
+        self._closing = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write, name="hatch-autotune-lock", daemon=True)
+        self._thread.start()
+
+    def put(self, eid: str, entry: LockEntry) -> None:
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            self.lock.entries[eid] = entry
+            self._changes += 1
+            self._cond.notify_all()
+
+    def _write(self) -> None:
+        while True:
+            with self._cond:
+                while self._changes == self._saved and not self._closing:
+                    self._cond.wait()
+                if self._changes == self._saved:
+                    return
+                changes, snapshot = self._changes, LockFile(entries=dict(self.lock.entries))
+            try:
+                snapshot.save(self.path)
+            except BaseException as exc:  # noqa: BLE001 - raised by put and close, in the run's threads
+                with self._cond:
+                    self._error = TuningError(f"cannot save {self.path}: {exc}")
+                return
+            with self._cond:
+                self._saved = changes
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def run_tuning(plan: Plan, todo: Todo, slots: Sequence[Slot], binaries: InstanceBinaries, summary: TuneSummary, log: Log) -> None:
+    """The engine-independent part of a tuning run (this machine's GPUs, or a Ray cluster's):
+    check each instance's default compiles (a build would stop: no GPU time for it), fix every
+    job's warm starts from the lock as it is now (the same search whoever runs it, and when),
+    schedule the jobs over the slots, and merge each result into the lock and save it as it
+    arrives, so an interrupted run resumes where it stopped. Lost jobs are a TuningError that
+    names them, raised after everything else is saved."""
+    jobs = []
+    per_arch = {}
+    for s in slots:
+        per_arch[s.arch] = per_arch.get(s.arch, 0) + 1
+    for arch, inst, points in todo:
+        named = f"{inst.spec.name} ({instance_text(inst.types_key)})"
+        default = binaries(inst, arch).get(inst.default_index)
+        if not default.ok:
+            if not plan.project.default_may_fail:
+                raise TuningError(plan.default_failure([(inst, arch, default.log)]))
+            log(f"warning: the default config of {named} does not compile for {arch}; measuring the others (default-may-fail = true)")
+        log(f"tuning {named} on {arch}: {len(points)} bucket(s) x {len(inst.variants)} configs on {per_arch.get(arch, 0)} GPU(s), {_strategy_text(inst.spec.search)}")
+        measured = min(inst.spec.search.configs_budget(len(inst.configs)) or len(inst.configs), len(inst.configs))
+        for p in points:
+            bucket = BucketJob(inst, p)
+            warm = warm_starts(plan.lock, p, inst.configs) if inst.spec.search.warm_start else []
+            cost = measured + input_bytes(inst.spec, p.id.bucket, inst.types) / HOST_BYTES_PER_CONFIG
+            jobs.append(Job(p.eid, arch, tuple(warm), bucket, cost=cost))
+
+    saver = LockSaver(plan.lock, plan.project.lock_file)
+
+    def done(job: Job, entry: LockEntry, slot: Slot) -> None:
+        saver.put(job.eid, entry)
+        summary.tuned.append((job.eid, entry))
+
+    try:
+        result = summary.schedule = run_schedule(jobs, slots, done, log)
+    finally:
+        saver.close()  # every result that arrived is on disk, whatever stopped the run
+    if len(slots) > 1:
+        log("tuning: buckets per GPU\n" + result.table())
+    if todo:
+        log("tuning summary:\n" + summary.table())
+    if result.lost:
+        listed = "\n".join(f"  {eid}: {why}" for eid, why in sorted(result.lost.items()))
+        raise TuningError(
+            f"{len(result.lost)} of {len(jobs)} bucket(s) were not tuned because their GPUs were lost; the other "
+            f"{len(jobs) - len(result.lost)} are saved in {plan.project.lock_file.name}, and running again tunes only these:\n{listed}"
+        )
 
 
 def _matching_sessions(sessions: list[_Session], gpu_arch: str, log: Log) -> list[_Session]:
@@ -617,41 +746,3 @@ def _matching_sessions(sessions: list[_Session], gpu_arch: str, log: Log) -> lis
     if not keep:
         raise TuningError(f"no device of arch {gpu_arch} answered")
     return keep
-
-
-def _run_jobs(jobs: list[BucketJob], binaries: _Binaries, sessions: list[_Session], plan: Plan, tmp: Path, summary: TuneSummary, log: Log) -> None:
-    """Spread a group's buckets over the devices, one worker per device; save after each bucket,
-    so that a later bucket warm-starts from the winners before it."""
-    pending: queue.Queue = queue.Queue()
-    for j in jobs:
-        pending.put(j)
-    save_lock = threading.Lock()
-    errors: list[BaseException] = []
-
-    def drive(session: _Session, index: int) -> None:
-        workdir = tmp / f"gpu{index}"
-        workdir.mkdir(exist_ok=True)
-        while not errors:
-            try:
-                job = pending.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                with save_lock:
-                    warm = warm_starts(plan.lock, job.point, job.inst.configs) if job.spec.search.warm_start else []
-                entry = tune_bucket(session, job, binaries, warm, plan.project.root, workdir, log, plan.compiler)
-            except BaseException as exc:  # noqa: BLE001 - reported once, below
-                errors.append(exc)
-                return
-            with save_lock:
-                plan.lock.entries[job.eid] = entry
-                plan.lock.save(plan.project.lock_file)
-                summary.tuned.append((job.eid, entry))
-
-    threads = [threading.Thread(target=drive, args=(s, i)) for i, s in enumerate(sessions)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]

@@ -1,0 +1,299 @@
+"""Tuning on a Ray cluster: one actor per GPU, placed by arch, fed by the local engine's scheduler.
+
+Each node advertises how many GPUs of each arch it has as a custom resource
+(`hatch-autotune ray-resources` prints them for `ray start --resources`), so one cluster of H100s
+and A100s tunes sm_90 and sm_80 in one run (Kernel Tuner's Ray runner refuses a cluster whose GPUs
+differ). An actor holds one GPU (`num_gpus=1` and one unit of its arch's resource), renders the
+project once, and tunes the buckets it is sent with the code a local GPU runs (`tune_bucket`:
+compiling on its node's CPUs while it measures, crashes isolated in its worker process). The
+driver keeps the lock: `run_tuning` merges each entry as it arrives and saves it. Only plain data
+crosses Ray: the project directory (shipped as the job's working_dir), entry ids, warm starts,
+lock entries as JSON and log lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from .. import __version__
+from ..build.cache import CompileCache, open_compile_cache
+from ..build.devices import Gpu
+from ..build.lock import LockEntry
+from ..build.plan import make_plan
+from ..spec.config import ProjectSpec
+from .schedule import Job, SlotLost
+from .tuner import (
+    BucketJob,
+    InstanceBinaries,
+    Log,
+    TuneSummary,
+    TuningError,
+    _Binaries,
+    _Session,
+    check_kernels,
+    run_tuning,
+    stale_points,
+    tune_bucket,
+)
+from .worker import WorkerClient
+
+RESOURCE_PREFIX = "hatch-autotune:"  # + arch: a node's number of GPUs of that arch
+READY_TIMEOUT_S = 120.0  # an actor that has no GPU after this long is given up
+SHIPPED_EXCLUDES = [".git", ".venv", "venv", "dist", "build", "*.whl", "__pycache__", ".pytest_cache"]
+
+
+def arch_resources(gpus: Sequence[Gpu]) -> dict[str, int]:
+    """The custom resources a node advertises for its GPUs: {"hatch-autotune:sm_90": 8}."""
+    out: dict[str, int] = {}
+    for g in gpus:
+        out[RESOURCE_PREFIX + g.arch] = out.get(RESOURCE_PREFIX + g.arch, 0) + 1
+    return out
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+RAY_LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray keeps a loopback address as it is
+
+
+def _ray(address: str | None = None) -> Any:
+    """Ray, imported. For a loopback `address`, before the first import: Ray would otherwise
+    rewrite 127.0.0.1 to this machine's outward IP, where a head started with
+    --node-ip-address=127.0.0.1 does not listen, and ray.init would retry there for minutes."""
+    if address is not None and address.rpartition(":")[0].strip("[]") in LOOPBACK and "ray" not in sys.modules:
+        os.environ.setdefault(RAY_LOCAL_ONLY_ENV, "0")
+    try:
+        import ray
+    except ImportError:
+        raise TuningError("tuning on a Ray cluster needs Ray on this machine and every node: pip install 'hatch-autotune[ray]'") from None
+    return ray
+
+
+class TuneActor:
+    """One GPU of the cluster (Ray sets CUDA_VISIBLE_DEVICES, so its worker opens device 0).
+    `worker`: {"command": [...], "env": {...}} instead of the GPU worker (tests, benchmarks)."""
+
+    def __init__(self, arch: str, worker: Mapping[str, Any] | None = None, root: str | None = None):
+        from ..inspection.readers import load_project
+
+        self.arch = arch
+        self.root = Path(root or os.getcwd())  # the shipped working_dir
+        self.project = load_project(self.root)
+        self.plan = make_plan(self.project, [arch], log=lambda _: None)
+        self.jobs = {p.eid: BucketJob(inst, p) for inst in self.plan.instances for p in inst.points[arch]}
+        self.cache = open_compile_cache()  # the node's disk, and the shared Redis if its HATCH_AUTOTUNE_CACHE_URL names one
+        self.binaries: dict[int, _Binaries] = {}
+        worker = worker or {}
+        env = {**os.environ, **worker["env"]} if worker.get("env") else None
+        self.session = _Session(WorkerClient(worker.get("command"), env=env), 0, self.project.tuning)
+        self.tmp = Path(tempfile.mkdtemp(prefix="hatch-autotune-actor-"))
+        # Ray runs two calls at once (max_concurrency, below) so that the queued bucket starts the
+        # moment this lock is free, not after the finished one's reply has gone out: one GPU,
+        # one bucket at a time all the same.
+        self._one_at_a_time = threading.Lock()
+
+    def hello(self) -> dict[str, Any]:
+        """Where it runs and what it runs with: the driver checks the arch and the versions."""
+        import ray
+
+        context = ray.get_runtime_context()
+        return {
+            "host": socket.gethostname(),
+            "node": context.get_node_id(),
+            "gpus": [str(g) for g in ray.get_gpu_ids()],
+            "device": self.session.hello(),
+            "hatch_autotune": __version__,
+            "compiler": self.plan.compiler,
+        }
+
+    def tune(self, eid: str, warm: list[int]) -> dict[str, Any]:
+        """One bucket: its lock entry (JSON), the log lines it wrote, and when it began and
+        ended on this actor's clock (the driver's idle-time figures)."""
+        with self._one_at_a_time:
+            began = time.monotonic()
+            job = self.jobs.get(eid)
+            if job is None:
+                raise TuningError(f"{eid}: not a point of the project this node received (is it the same project and hatch-autotune version?)")
+            key = id(job.inst)
+            if key not in self.binaries:
+                self.binaries[key] = _Binaries(job.inst, self.arch, self.cache)
+            lines: list[str] = []
+            entry = tune_bucket(self.session, job, self.binaries[key], warm, self.root, self.tmp, lines.append, self.plan.compiler)
+            return {"entry": entry.to_json(), "log": lines, "span": [began, time.monotonic()]}
+
+    def close(self) -> None:
+        self.session.client.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class RaySlot:
+    """The scheduler's view of one actor; a dead actor or node is SlotLost. Its next bucket is
+    queued on the actor while it runs one (`depth`), so the GPU does not wait for the round trip."""
+
+    depth = 2
+
+    def __init__(self, actor: Any, arch: str, hello: Mapping[str, Any], log: Log):
+        self.actor, self.arch, self.log = actor, arch, log
+        gpus = ",".join(hello["gpus"]) or "?"
+        self.name = f"{hello['host']}:{hello['node'][:6]}/gpu{gpus}"
+        self.spans: list[tuple[float, float]] = []  # each bucket's begin and end, on the actor's clock
+
+    def start(self, job: Job) -> Callable[[], LockEntry]:
+        ray = _ray()
+        ref = self.actor.tune.remote(job.eid, list(job.warm))
+        return lambda: self._result(ray, ref, job)
+
+    def _result(self, ray: Any, ref: Any, job: Job) -> LockEntry:
+        lost = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError)
+        try:
+            reply = ray.get(ref)
+        except lost as exc:
+            raise SlotLost(_first_line(exc)) from None
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if isinstance(exc.cause, BaseException) else None
+            if isinstance(cause, TuningError):
+                raise cause from None
+            raise TuningError(f"{job.eid} on {self.name}: {_first_line(cause or exc)}") from None
+        for line in reply["log"]:
+            self.log(f"[{self.name}] {line}")
+        self.spans.append((reply["span"][0], reply["span"][1]))
+        return LockEntry.from_json(reply["entry"])
+
+    def idle_s(self) -> float:
+        """The actor's time between its buckets (its first excluded): what the engine costs per bucket."""
+        spans = sorted(self.spans)
+        return sum(max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:]))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines() or [type(exc).__name__])[0][:300]
+
+
+def tune_on_ray(
+    project: ProjectSpec,
+    address: str,
+    *,
+    kernels: list[str] | None = None,
+    mode: str = "tune",
+    log: Log = print,
+    cache: CompileCache | None = None,
+    workers: Mapping[str, Mapping[str, Any]] | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> TuneSummary:
+    """Tune the stale (or, in `retune`, all) entries of `project` on the GPUs of the Ray cluster
+    at `address`, every target arch that the cluster has, in one run; the lock is written here
+    as each bucket arrives. `workers`: per arch, the worker to run instead of the GPU worker.
+    The summary's schedule has each actor's idle time between its buckets (`idle_s`)."""
+    if mode == "offline":
+        raise TuningError("mode 'offline' never touches a GPU; use mode 'tune' or 'retune' to tune")
+    check_kernels(project, kernels)
+    _probe(address)
+    ray = _ray(address)
+    try:
+        ray.init(
+            address=address,
+            runtime_env={"working_dir": str(project.root), "excludes": SHIPPED_EXCLUDES},
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+    except Exception as exc:  # ConnectionError, a refused runtime_env, a bad address
+        raise TuningError(f"cannot join the Ray cluster at {address!r}: {_first_line(exc)}") from None
+    actors: list[Any] = []
+    try:
+        have = {k[len(RESOURCE_PREFIX) :]: int(v) for k, v in ray.cluster_resources().items() if k.startswith(RESOURCE_PREFIX)}
+        if not have:
+            raise TuningError(
+                f"the Ray cluster at {address} advertises no GPU arch: start each GPU node with "
+                f'`ray start --address=... --resources="$(hatch-autotune ray-resources)"`'
+            )
+        targets = project.archs or tuple(sorted(have))
+        archs = [a for a in targets if a in have]
+        missing = [a for a in targets if a not in have]
+        if missing:
+            log(f"warning: the Ray cluster has no GPU of {', '.join(missing)}: those entries are not tuned")
+        summary = TuneSummary()
+        if not archs:
+            return summary
+        plan = make_plan(project, targets, log=log, kernels=kernels)
+        todo = stale_points(plan, archs, mode, kernels, summary, log)
+        if not todo:  # every entry is valid: no actor, no GPU time
+            return summary
+        wanted: dict[str, int] = {}
+        for arch, _, points in todo:
+            wanted[arch] = min(have[arch], wanted.get(arch, 0) + len(points))
+        log(f"tuning on the Ray cluster at {address}: " + ", ".join(f"{n} x {a}" for a, n in wanted.items()) + f" (NVRTC {plan.compiler}), mode {mode}")
+        remote = ray.remote(TuneActor)
+        for arch, n in wanted.items():
+            for _ in range(n):
+                opts = {"num_gpus": 1, "num_cpus": 0, "resources": {RESOURCE_PREFIX + arch: 1}, "max_restarts": 0, "max_concurrency": RaySlot.depth}
+                actors.append((arch, remote.options(**opts).remote(arch, (workers or {}).get(arch))))
+        slots = _ready_slots(ray, actors, plan.compiler, ready_timeout_s, log)
+        run_tuning(plan, todo, slots, InstanceBinaries(cache or open_compile_cache()), summary, log)
+        for slot, slot_stats in zip(slots, summary.schedule.slots if summary.schedule else []):
+            slot_stats.idle_s = slot.idle_s()  # the actor's own clock: the driver sees only round trips
+        return summary
+    finally:
+        for _, actor in actors:
+            try:
+                actor.close.remote()
+                ray.kill(actor)
+            except Exception:  # already dead with its node
+                pass
+        ray.shutdown()
+
+
+def _probe(address: str, timeout_s: float = 5.0) -> None:
+    """A clear error in bounded time when nothing answers at `address` (ray.init would retry
+    for minutes)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise TuningError(f"--ray {address!r}: expected the head node's host:port (the address `ray start --head` prints)")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise TuningError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is `ray start --head` running there?)") from None
+
+
+def _ready_slots(ray: Any, actors: list[tuple[str, Any]], compiler: str, timeout_s: float, log: Log) -> list[RaySlot]:
+    """The actors that got a GPU in time and run what this driver runs: a device of their arch,
+    this hatch-autotune version, the same NVRTC (lock entries record it); the others are dropped
+    with a warning."""
+    refs = {actor.hello.remote(): (arch, actor) for arch, actor in actors}
+    ready, waiting = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    slots, dropped = [], []
+    for ref in waiting:
+        arch, actor = refs[ref]
+        dropped.append(f"a {arch} actor got no GPU within {timeout_s:g} s (are the nodes' GPUs busy?); not using it")
+        ray.kill(actor)
+    for ref in ready:
+        arch, actor = refs[ref]
+        try:
+            hello = ray.get(ref)
+        except Exception as exc:  # the actor's __init__ failed: the project does not load there
+            dropped.append(f"a {arch} actor did not start: {_first_line(exc)}")
+            continue
+        device_arch = "sm_" + "".join(str(c) for c in hello["device"]["cc"])
+        problem = (
+            f"its GPU is {device_arch}" if device_arch != arch
+            else f"it runs hatch-autotune {hello['hatch_autotune']}, this driver {__version__}" if hello["hatch_autotune"] != __version__
+            else f"its NVRTC is {hello['compiler']}, this driver's {compiler}" if hello["compiler"] != compiler
+            else None
+        )  # fmt: skip
+        if problem:
+            dropped.append(f"the {arch} actor on {hello['host']} is not used: {problem}")
+            ray.kill(actor)
+            continue
+        slots.append(RaySlot(actor, arch, hello, log))
+    for why in dropped:
+        log(f"warning: {why}")
+    if not slots:
+        raise TuningError("no Ray actor could tune:\n" + "\n".join(f"  {why}" for why in dropped))
+    return sorted(slots, key=lambda s: (s.arch, s.name))
