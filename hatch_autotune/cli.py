@@ -156,7 +156,7 @@ def cmd_tune(args: argparse.Namespace, ui: UI) -> int:
     if unknown:
         raise CliError(f"no kernel named {', '.join(unknown)} in {root}; its kernels: {', '.join(project.kernels)}")
     mode = args.mode or {"auto": "tune"}.get(project.mode, project.mode)
-    from .tuning.schedule import RAY_ADDRESS_ENV
+    from .tuning.ray_engine import RAY_ADDRESS_ENV
 
     address = args.ray or os.environ.get(RAY_ADDRESS_ENV)
     with ui.progress(None, f"tuning {root}" + (f" on the Ray cluster at {address}" if address else "")) as log:

@@ -274,7 +274,7 @@ def mixed_cluster(ray_env):
 def test_a_cluster_of_mixed_gpus_tunes_every_arch_in_one_run_as_a_local_machine_would(mixed_cluster, tmp_path):
     root = project(tmp_path / "p")
     logs: list[str] = []
-    summary = tune_on_ray(load_project(root), mixed_cluster.address, workers=workers(), cache=CompileCache(tmp_path / "c"), log=logs.append)
+    summary = tune_on_ray(load_project(root), mixed_cluster.address, mode="auto", workers=workers(), cache=CompileCache(tmp_path / "c"), log=logs.append)
     lock = LockFile.load(root / "autotune.lock.json")
     assert len(summary.tuned) == 6 and len(lock.entries) == 6
     for eid, entry in lock.entries.items():  # each arch measured on its own GPUs
@@ -282,7 +282,7 @@ def test_a_cluster_of_mixed_gpus_tunes_every_arch_in_one_run_as_a_local_machine_
     # the same verification, choice and lock entries as the local engine, crash and hang included
     local = local_tune(project(tmp_path / "local"), tmp_path / "c", {0: "sm_90", 1: "sm_80"})
     assert comparable(lock) == comparable(local)
-    assert any(m.startswith("tuning on the Ray cluster at") and "2 x sm_80, 2 x sm_90" in m for m in logs)
+    assert any(m.startswith("tuning on the Ray cluster at") and "2 x sm_80, 2 x sm_90" in m and m.endswith("mode tune") for m in logs)  # auto: tune
     table = logs[logs.index(next(m for m in logs if m.startswith("tuning: buckets per GPU")))]
     assert table.count("sm_80") == 2 and table.count("sm_90") == 2  # progress per node and arch
     # run again: every entry is valid, nothing is sent to the cluster

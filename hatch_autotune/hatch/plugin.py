@@ -44,7 +44,7 @@ class AutotuneBuildHook(BuildHookInterface):
         from ..build.pipeline import build_payload
         from ..errors import BuildError
         from ..spec.config import ConfigError, parse_project
-        from ..tuning.schedule import RAY_ADDRESS_ENV
+        from ..tuning.ray_engine import RAY_ADDRESS_ENV
 
         root = Path(self.root)
         try:
@@ -58,8 +58,7 @@ class AutotuneBuildHook(BuildHookInterface):
             if project.mode != "offline" and os.environ.get(RAY_ADDRESS_ENV):  # the cluster's GPUs tune, every arch it has
                 from ..tuning.ray_engine import tune_on_ray
 
-                address = os.environ[RAY_ADDRESS_ENV]
-                plan = tune_on_ray(project, address, mode={"auto": "tune"}.get(project.mode, project.mode), log=self._say, cache=cache).plan
+                plan = tune_on_ray(project, os.environ[RAY_ADDRESS_ENV], mode=project.mode, log=self._say, cache=cache).plan
             elif project.mode != "offline":  # tuning.plan_tuning decides what this machine tunes
                 from ..tuning import tune
 

@@ -46,6 +46,7 @@ from .tuner import (
 )
 from .worker import WorkerClient
 
+RAY_ADDRESS_ENV = "HATCH_AUTOTUNE_RAY"  # tune on this Ray cluster (the build hook; `tune --ray` overrides)
 RESOURCE_PREFIX = "hatch-autotune:"  # + arch: a node's number of GPUs of that arch
 READY_TIMEOUT_S = 120.0  # an actor that has no GPU after this long is given up
 SHIPPED_EXCLUDES = [".git", ".venv", "venv", "dist", "build", "*.whl", "__pycache__", ".pytest_cache"]
@@ -190,10 +191,12 @@ def tune_on_ray(
 ) -> TuneSummary:
     """Tune the stale (or, in `retune`, all) entries of `project` on the GPUs of the Ray cluster
     at `address`, every target arch that the cluster has, in one run; the lock is written here
-    as each bucket arrives. `workers`: per arch, the worker to run instead of the GPU worker.
+    as each bucket arrives. Mode `auto` is `tune`: naming a cluster asks for its GPUs.
+    `workers`: per arch, the worker to run instead of the GPU worker.
     The summary's schedule has each actor's idle time between its buckets (`idle_s`)."""
     if mode == "offline":
         raise TuningError("mode 'offline' never touches a GPU; use mode 'tune' or 'retune' to tune")
+    mode = {"auto": "tune"}.get(mode, mode)
     check_kernels(project, kernels)
     _probe(address)
     ray = _ray(address)

@@ -27,7 +27,6 @@ from ..build.lock import LockEntry
 
 Log = Callable[[str], None]
 RETRIES = 2  # a job whose slot is lost goes to another slot at most this many times
-RAY_ADDRESS_ENV = "HATCH_AUTOTUNE_RAY"  # tune on this Ray cluster (the build hook; `tune --ray` overrides)
 
 
 class SlotLost(RuntimeError):
@@ -44,7 +43,7 @@ class Job:
     arch: str
     warm: tuple[int, ...] = ()
     payload: Any = None
-    cost: float = 1.0  # an estimate of its measuring time (the configs it will measure): bigger goes first
+    cost: float = 1.0  # an estimate of its time (configs to measure, inputs to make): bigger goes first
 
 
 class Slot(Protocol):
@@ -77,8 +76,13 @@ class ScheduleResult:
     def table(self) -> str:
         rows = [("GPU", "arch", "buckets", "busy s", "")]
         rows += [(s.name, s.arch, str(s.jobs), f"{s.busy_s:.1f}", f"lost: {s.lost}" if s.lost else "") for s in self.slots]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+        return text_table(rows)
+
+
+def text_table(rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns two spaces apart, for the tuning log."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
 def run_schedule(
@@ -162,7 +166,7 @@ def run_schedule(
             with cond:
                 running[job.arch] -= 1
                 stats.jobs += 1
-                stats.busy_s += ended - (began if last_end is None or slot.depth == 1 else max(began, last_end))
+                stats.busy_s += ended - began
                 if last_end is not None and slot.depth == 1:
                     stats.idle_s += began - last_end
                 last_end = ended

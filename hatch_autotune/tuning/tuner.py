@@ -31,7 +31,7 @@ from ..errors import BuildError
 from ..spec.config import ProjectSpec, SearchSpec, TuningSpec
 from .bench import median, spread
 from .inputs import bucket_inputs, input_bytes, reference_outputs
-from .schedule import Job, ScheduleResult, Slot, run_schedule
+from .schedule import Job, ScheduleResult, Slot, run_schedule, text_table
 from .search import Budget, SearchSpace, make_strategy, run_search
 from .verify import tolerance
 from .worker import WorkerClient, WorkerDied
@@ -261,8 +261,7 @@ class TuneSummary:
                     str(sum(m["status"] in ("rejected", "failed") for m in ms)),
                 )
             )
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+        return text_table(rows)
 
 
 def provenance(device: Mapping[str, Any], compiler: str) -> dict[str, Any]:
