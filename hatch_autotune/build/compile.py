@@ -244,9 +244,10 @@ def compile_all(
             with contextlib.nullcontext() if method == "fork" else _main_left_alone():
                 outputs = pool.map(compile_one, todo_jobs, chunksize=max(1, min(8, len(todo) // (4 * n))))
             _collect(todo, outputs, cache, done, on_result)
-    elif n > 1 and len(todo) >= PARALLEL_THRESHOLD:
+    elif n > 1:
         # Forking while other threads hold locks can deadlock the children (seen here when the
-        # tuner compiles in its producer thread): off the main thread, use threads.
+        # tuner compiles in its producer thread): off the main thread, use threads, which cost
+        # little to start, so even a few jobs (the tuner's next guesses) compile side by side.
         with ThreadPoolExecutor(max_workers=n) as pool:
             _collect(todo, pool.map(compile_one, todo_jobs), cache, done, on_result)
     else:

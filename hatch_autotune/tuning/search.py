@@ -89,6 +89,13 @@ class Strategy:
     def propose(self) -> Iterable[int]:
         raise NotImplementedError
 
+    def upcoming(self, k: int) -> list[int]:
+        """Up to k configs this strategy is likely to ask for next, likeliest first, so that they
+        can be compiled while the current batch is measured. A guess that changes nothing: the
+        search is the same whether or not it is called. Strategies that ask for everything at
+        once (exhaustive, random) have nothing to add."""
+        return []
+
     def _fastest(self) -> list[int]:
         """The configs told so far that ran, fastest first (ties: canonical order)."""
         return [i for _, i in sorted((ms, i) for i, ms in self.times.items() if not math.isinf(ms))]
@@ -99,6 +106,21 @@ class Strategy:
     def _random(self, k: int) -> list[int]:
         rest = self._unasked()
         return self.rng.sample(rest, min(k, len(rest)))
+
+    def _next_random(self, k: int) -> list[int]:
+        """What `_random(k)` would draw now, without drawing: a copy of the generator draws it."""
+        copy = random.Random()
+        copy.setstate(self.rng.getstate())
+        rest = self._unasked()
+        return copy.sample(rest, min(k, len(rest)))
+
+    def _fresh_neighbours(self, bases: Iterable[int]) -> list[int]:
+        """The unasked neighbours of the first of `bases` that has any."""
+        for i in bases:
+            fresh = [j for j in self.space.neighbours(i) if j not in self._asked]
+            if fresh:
+                return fresh
+        return []
 
 
 class Exhaustive(Strategy):
@@ -131,11 +153,10 @@ class LocalSearch(Strategy):
     def propose(self) -> Iterable[int]:
         if len(self.times) < self.initial:
             return self._random(self.initial - len(self.times))
-        for i in self._fastest():
-            fresh = [j for j in self.space.neighbours(i) if j not in self._asked]
-            if fresh:
-                return fresh
-        return self._random(self.initial)
+        return self._fresh_neighbours(self._fastest()) or self._random(self.initial)
+
+    def upcoming(self, k: int) -> list[int]:
+        return self._fresh_neighbours(self._fastest())[:k] if len(self.times) >= self.initial else self._next_random(k)
 
 
 class ParzenSearch(Strategy):
@@ -168,6 +189,7 @@ class ParzenSearch(Strategy):
                 self._columns.append((ranks[:, d], table / table.sum(axis=0)))
         self._free = np.ones(len(space), dtype=bool)
         self._sum_all = np.zeros(len(space))  # kernel sum over every config told
+        self._score: Any = None  # the last proposal's scores: the next ones are likely near its top
         self._good_kernels: dict[int, Any] = {}  # the good set's kernels, kept while they stay good
 
     def _kernel(self, index: int) -> Any:
@@ -204,7 +226,19 @@ class ParzenSearch(Strategy):
         with np.errstate(divide="ignore"):
             score = np.log((good + uniform) / (n_good + self.prior)) - np.log(np.maximum((self._sum_all - good + uniform) / (n_rest + self.prior), 1e-300))
         score[~self._free] = -np.inf
+        self._score = score
         return [int(np.argmax(score))]
+
+    def upcoming(self, k: int) -> list[int]:
+        np = self._np
+        if len(self.times) < self.initial or self._score is None:
+            return self._next_random(k)
+        score = np.where(self._free, self._score, -np.inf)
+        k = min(k, int(self._free.sum()))
+        if k <= 0:
+            return []
+        top = np.argpartition(-score, k - 1)[:k]
+        return [int(i) for i in top[np.argsort(-score[top], kind="stable")] if np.isfinite(score[i])]
 
 
 class ParzenLocalSearch(ParzenSearch):
@@ -222,17 +256,30 @@ class ParzenLocalSearch(ParzenSearch):
         super().__init__(space, seed, first)
         self._steps = 0
 
+    def _step(self, n: int) -> str:
+        """What the n-th proposal after the random start is: random, local or the model's."""
+        if self.random_every and n % self.random_every == 0:
+            return "random"
+        return "local" if n % self.local_every == 0 else "model"
+
     def propose(self) -> Iterable[int]:
         if len(self.times) >= self.initial:
             self._steps += 1
-            if self.random_every and self._steps % self.random_every == 0:
+            step = self._step(self._steps)
+            if step == "random":
                 return self._random(1)
-            if self._steps % self.local_every == 0:
-                for i in self._fastest()[: self.local_from]:
-                    fresh = [j for j in self.space.neighbours(i) if j not in self._asked]
-                    if fresh:
-                        return [self.rng.choice(fresh)]
+            if step == "local":
+                fresh = self._fresh_neighbours(self._fastest()[: self.local_from])
+                if fresh:
+                    return [self.rng.choice(fresh)]
         return super().propose()
+
+    def upcoming(self, k: int) -> list[int]:
+        if len(self.times) < self.initial:
+            return super().upcoming(k)
+        step = self._step(self._steps + 1)
+        guess = self._next_random(1) if step == "random" else self._fresh_neighbours(self._fastest()[: self.local_from]) if step == "local" else []
+        return list(dict.fromkeys(guess + super().upcoming(k)))[:k]
 
 
 def make_strategy(name: str, space: SearchSpace, seed: int = 0, first: Sequence[int] = ()) -> Strategy:
@@ -261,10 +308,15 @@ def run_search(
     budget: Budget,
     clock: Callable[[], float],
     prepare: Callable[[list[int]], None] = lambda batch: None,
+    prefetch: Callable[[list[int]], None] | None = None,
+    ahead: int = 0,
 ) -> list[int]:
     """Ask, (prepare: compile the batch), measure and tell until the budget is spent or the
     strategy is done; returns the configs tried, in order. `measure` returns a config's time in
-    ms or None if it failed; `clock` is seconds (wall, or a replay's simulated clock)."""
+    ms or None if it failed; `clock` is seconds (wall, or a replay's simulated clock). While a
+    batch is measured, `prefetch` gets the strategy's `ahead` likeliest next configs, to compile
+    them in the meantime: a strategy that asks for one config at a time would otherwise wait
+    for each compile in turn."""
     tried: list[int] = []
     start = clock()
     while not budget.spent(len(tried), clock() - start):
@@ -274,6 +326,8 @@ def run_search(
         if budget.configs is not None:
             batch = batch[: budget.configs - len(tried)]
         prepare(batch)
+        if prefetch is not None and ahead > 0:
+            prefetch(strategy.upcoming(ahead))
         for i in batch:
             strategy.tell(i, measure(i))
             tried.append(i)

@@ -325,16 +325,19 @@ class _Session:
 
 
 class _Binaries:
-    """One instance's variants compiled for one arch on demand, a strategy's batch at a time, in
-    a background thread: measuring starts as soon as the first binary is ready and overlaps
-    with compiling the rest. Shared by the instance's buckets; compile errors reach `get`."""
+    """One instance's variants compiled for one arch on demand, in a background thread: what the
+    search asks for first (`request`), then its likely next configs (`prefetch`), so that the
+    next binary is usually ready when the current one has been measured. Shared by the
+    instance's buckets; compile errors reach `get`."""
 
     def __init__(self, inst: Instance, arch: str, cache: CompileCache):
         self.inst, self.arch, self.cache = inst, arch, cache
-        self.chunk = 2 * compile_mod.default_workers()
+        self.workers = compile_mod.default_workers()
+        self.chunk = 2 * self.workers
         self._results: dict[int, compile_mod.CompileResult | BaseException] = {}
-        self._queued: set[int] = set()
-        self._todo: list[int] = []
+        self._queued: set[int] = set()  # asked for or compiling or compiled: never compiled twice
+        self._todo: list[int] = []  # asked for: compiled first
+        self._guesses: list[int] = []  # the latest prefetch, not asked for yet
         self._running = False
         self._cond = threading.Condition()
 
@@ -343,9 +346,18 @@ class _Binaries:
             new = [i for i in indices if i not in self._queued]
             self._queued.update(new)
             self._todo.extend(new)
-            if new and not self._running:
-                self._running = True
-                threading.Thread(target=self._work, daemon=True, name="hatch-autotune-compile").start()
+            self._start()
+
+    def prefetch(self, indices: Sequence[int]) -> None:
+        """Compile these when nothing asked for waits; they replace the previous guesses."""
+        with self._cond:
+            self._guesses = [i for i in indices if i not in self._queued]
+            self._start()
+
+    def _start(self) -> None:  # with self._cond held
+        if (self._todo or self._guesses) and not self._running:
+            self._running = True
+            threading.Thread(target=self._work, daemon=True, name="hatch-autotune-compile").start()
 
     def get(self, index: int) -> compile_mod.CompileResult:
         self.request([index])
@@ -359,12 +371,16 @@ class _Binaries:
     def _work(self) -> None:
         while True:
             with self._cond:
-                if not self._todo:
+                if self._todo:
+                    chunk, self._todo = self._todo[: self.chunk], self._todo[self.chunk :]
+                elif self._guesses:  # one round of the pool, so that a request soon gets its turn
+                    chunk, self._guesses = self._guesses[: self.workers], self._guesses[self.workers :]
+                    self._queued.update(chunk)
+                else:
                     self._running = False
                     return
-                chunk, self._todo = self._todo[: self.chunk], self._todo[self.chunk :]
             try:
-                results: list[Any] = compile_mod.compile_all([self.inst.compile_job(i, self.arch) for i in chunk], self.cache)
+                results: list[Any] = compile_mod.compile_all([self.inst.compile_job(i, self.arch) for i in chunk], self.cache, self.workers)
             except BaseException as exc:  # noqa: BLE001 - raised by get(), in the measuring thread
                 results = [exc] * len(chunk)
             with self._cond:
@@ -482,7 +498,7 @@ def tune_bucket(
             m.reason = "reference (no user reference configured)"
         return record(m)
 
-    run_search(strategy, measure, budget, clock=lambda: state["seconds"], prepare=binaries.request)
+    run_search(strategy, measure, budget, clock=lambda: state["seconds"], prepare=binaries.request, prefetch=binaries.prefetch, ahead=binaries.workers)
     skipped = f"not tried by the search ({_strategy_text(search)})"
     ordered = [measurements.get(i) or Measurement(i, configs[i], "skipped", reason=skipped) for i in range(len(configs))]
     winner = choose_winner(ordered, default_index)
