@@ -182,11 +182,11 @@ def test_binaries_compile_what_is_asked_for_first_then_the_latest_guesses_each_o
     binaries = tuner._Binaries(_FakeInstance(), "sm_90", cache=None)
     binaries.prefetch([1, 2, 3])
     assert entered.wait(10)  # guesses 1 and 2 compile (one round of 2 workers) while nothing is asked for
-    binaries.prefetch([4, 5, 6, 2])  # replaces guess 3; 2 is compiling already
-    binaries.request([7])
+    binaries.prefetch([4, 5, 6, 2, 8])  # replaces guess 3; 2 is compiling already
+    binaries.request([7, 8])  # 8, a guess not started yet, is now asked for: compiled once, first
     gate.set()
     assert binaries.get(7) == "binary 7" and binaries.get(1) == "binary 1" and binaries.get(6) == "binary 6"
-    assert chunks == [[1, 2], [7], [4, 5], [6]]  # asked for first, each once, 3 dropped
+    assert chunks == [[1, 2], [7, 8], [4, 5], [6]]  # asked for first, each once, 3 dropped
     binaries.prefetch([13])
     with pytest.raises(RuntimeError, match="compiler crashed"):
         binaries.get(13)  # a guess's compile error reaches the search when it asks for it

@@ -346,6 +346,7 @@ class _Binaries:
             new = [i for i in indices if i not in self._queued]
             self._queued.update(new)
             self._todo.extend(new)
+            self._guesses = [i for i in self._guesses if i not in self._queued]  # asked for now: not twice
             self._start()
 
     def prefetch(self, indices: Sequence[int]) -> None:
