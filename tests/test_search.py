@@ -10,6 +10,7 @@ timings are replayed recordings.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 import os
@@ -108,6 +109,93 @@ def test_the_model_based_and_local_strategies_find_the_optimum_of_a_bowl_with_fe
     for name in ("local", "tpe", "auto"):
         found = [best in run_search(make_strategy(name, space, seed), ms, Budget(configs=14), clock=lambda: 0.0) for seed in range(10)]
         assert sum(found) >= 8, name
+
+
+def test_auto_learns_which_axes_matter_and_finds_a_value_that_no_trend_leads_to():
+    """Only A matters, jumpily: its fastest value lies next to its slowest. B and C change
+    nothing. The fitted weights say so, and the search finds A's fastest value."""
+    axes = {"A": list(range(12)), "B": list(range(6)), "C": ["x", "y", "z"]}
+    configs = [dict(zip(axes, v)) for v in itertools.product(*axes.values())]
+    space = SearchSpace(axes, configs)
+    speed = [0.3, 0.5, 0.2, 0.4, 0.1, 0.35, 1.0, 0.05, 0.3, 0.45, 0.25, 0.4]
+
+    def ms(i: int) -> float:
+        return 1.0 / speed[configs[i]["A"]]
+
+    for seed in range(5):
+        auto = make_strategy("auto", space, seed)
+        tried = run_search(auto, ms, Budget(configs=30), clock=lambda: 0.0)
+        assert any(configs[i]["A"] == 6 for i in tried), seed
+        differ, apart = auto._log_weights[:3], auto._log_weights[3:]  # per axis A, B, C
+        assert differ[0] > max(differ[1], differ[2], apart[1], apart[2]) + 3, auto._log_weights
+
+
+def test_autos_model_grown_one_config_at_a_time_equals_the_model_computed_at_once():
+    import numpy as np
+
+    from hatch_autotune.tuning.search import _forward, _normal_cdf
+
+    data = ReplayData.load(DATA)
+    space = data.space()
+    auto = make_strategy("auto", space, 1)
+    auto.max_train = 20  # a refit keeps the fastest 10 and the latest 10; the next ones are added
+
+    def ms(i: int) -> float | None:
+        return None if i % 7 == 0 else data.records[i].mean_ms  # some configs fail
+
+    tried = run_search(auto, ms, Budget(configs=70), clock=lambda: 0.0)
+    assert len(auto._train) > auto.max_train and auto._fitted_at < len(tried)  # configs were added since the last refit
+    train, candidates = np.array(auto._train), auto._candidates
+    noise = math.exp(auto._log_noise) + auto.noise_floor
+    kernel = auto._kernel(train, train, auto._tabs) + noise * np.eye(len(train))
+    cross = auto._kernel(train, candidates, auto._tabs)
+    y = auto._targets(auto._train)
+    assert np.allclose(auto._mean, cross.T @ np.linalg.solve(kernel, y))
+    assert np.allclose(auto._var, 1.0 - (cross * np.linalg.solve(kernel, cross)).sum(axis=0))
+    failed = [k for k, i in enumerate(auto._train) if math.isinf(auto.times[i])]
+    assert failed and all(y[k] == y.min() < min(y[j] for j in range(len(y)) if j not in failed) for k in failed)  # speed 0
+    chosen = auto._choose_train()
+    by_time = sorted(tried, key=lambda i: (auto.times[i], i))
+    assert chosen[:10] == by_time[:10] and chosen[10:] == [i for i in tried if i not in by_time[:10]][-10:]
+    lower = np.tril(np.random.default_rng(0).uniform(0.5, 1.5, (6, 6)))
+    b = np.arange(6.0)
+    assert np.allclose(_forward(lower, b), np.linalg.solve(lower, b))
+    z = np.linspace(-6, 6, 49)
+    assert np.abs(_normal_cdf(z) - [0.5 * (1 + math.erf(v / math.sqrt(2))) for v in z]).max() < 2e-7
+
+
+def test_auto_scores_a_sample_of_a_big_space_and_still_covers_it_once():
+    axes = {f"x{d}": [1, 2, 3, 4] for d in range(4)}
+    configs = [dict(zip(axes, v)) for v in itertools.product(*axes.values())]
+    space = SearchSpace(axes, configs)
+    auto = make_strategy("auto", space, 2)
+    auto.max_candidates, auto.max_train = 25, 12
+    seen: list[int] = []
+    rebuild = auto._rebuild
+
+    def counted_rebuild() -> None:
+        rebuild()
+        seen.append(len(auto._candidates))
+
+    auto._rebuild = counted_rebuild
+
+    def ms(i: int) -> float:
+        return 1.0 + sum((v - 3) ** 2 for v in configs[i].values())
+
+    tried = run_search(auto, ms, Budget(), clock=lambda: 0.0)
+    assert sorted(tried) == list(range(len(space)))
+    assert seen and max(seen) <= 25 and len(auto._train) <= 2 * auto.max_train + 1
+
+
+def test_auto_finds_the_optimum_of_recorded_data_more_often_than_random_sampling():
+    data = ReplayData.load(DATA)
+    space = data.space()
+    best = data.fastest()
+
+    def found(name: str) -> int:
+        return sum(best in run_search(make_strategy(name, space, seed), lambda i: data.records[i].mean_ms, Budget(configs=44), lambda: 0.0) for seed in range(20))
+
+    assert found("auto") >= found("random") + 4  # 10% of the 432-config slice, 20 seeds
 
 
 def test_an_unknown_strategy_is_refused_with_the_choices():
@@ -472,6 +560,14 @@ def test_search_quality_benchmark_runs_on_a_dataset_and_compares_with_kernel_tun
     assert summary["convolution_milo|A100|kt:stuck"]["0.2"]["median"] == pytest.approx(data.optimum_ms() / slowest)
     head = result["tables"]["auto_vs_kernel_tuner"].splitlines()
     assert head[2].startswith("| convolution | A100 | ") and "(1.00)" in head[2]  # theirs: the best strategy per cell
+    goals = result["tables"]["goals"].splitlines()  # auto's two goals over its 2 seeds; warm did not run
+    cells = []
+    for f, q, at_least in ((0.02, 0.5, 0.90), (0.05, 0.1, 0.95)):
+        ratios = sorted(r["found"][str(f)] for r in result["runs"] if r["strategy"] == "auto")
+        value = ratios[0] + q * (ratios[1] - ratios[0])
+        share = sum(round(x, 2) >= at_least for x in ratios) / 2
+        cells.append(f"{value:.2f} ({share:.0%} of seeds)" + (" ✗" if round(value, 2) < at_least else ""))
+    assert goals[2] == f"| convolution | A100 | {cells[0]} | {cells[1]} | - |"
     scores = result["methodology_score"]
     assert scores["kt:lucky"]["all"] == pytest.approx(1.0)  # the optimum within every budget
     assert scores["kt:stuck"]["all"] < 0  # worse than random sampling

@@ -159,7 +159,24 @@ class LocalSearch(Strategy):
         return self._fresh_neighbours(self._fastest())[:k] if len(self.times) >= self.initial else self._next_random(k)
 
 
-class ParzenSearch(Strategy):
+class _ModelSearch(Strategy):
+    """A model-based strategy: scores every unasked config of the space with numpy, so it keeps
+    which are unasked as a mask."""
+
+    def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = ()):
+        import numpy as np
+
+        super().__init__(space, seed, first)
+        self._np = np
+        self._free = np.ones(len(space), dtype=bool)
+
+    def ask(self) -> list[int]:
+        batch = super().ask()
+        self._free[batch] = False
+        return batch
+
+
+class ParzenSearch(_ModelSearch):
     """Model-based: a tree-structured Parzen estimator over the finite space. After a small
     random sample, the measured configs split into the fastest few ("good") and the rest; each
     set's density is a sum of product kernels, one per measured config (per axis: most weight
@@ -176,10 +193,8 @@ class ParzenSearch(Strategy):
     prior = 1.0  # weight of a uniform component in both densities: unexplored configs keep a chance
 
     def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = ()):
-        import numpy as np
-
         super().__init__(space, seed, first)
-        self._np = np
+        np = self._np
         ranks = np.array(space.ranks, dtype=np.int64).reshape(len(space), len(space.sizes))
         self._columns = []  # per axis with more than one value: (each config's rank, kernel table)
         for d, n in enumerate(space.sizes):
@@ -187,7 +202,6 @@ class ParzenSearch(Strategy):
                 gap = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :])
                 table = self.same * (gap == 0) + self.near * self.decay**gap + self.floor
                 self._columns.append((ranks[:, d], table / table.sum(axis=0)))
-        self._free = np.ones(len(space), dtype=bool)
         self._sum_all = np.zeros(len(space))  # kernel sum over every config told
         self._score: Any = None  # the last proposal's scores: the next ones are likely near its top
         self._good_kernels: dict[int, Any] = {}  # the good set's kernels, kept while they stay good
@@ -198,11 +212,6 @@ class ParzenSearch(Strategy):
         for rank, table in self._columns:
             out *= table[rank, rank[index]]
         return out
-
-    def ask(self) -> list[int]:
-        batch = super().ask()
-        self._free[batch] = False
-        return batch
 
     def tell(self, index: int, ms: float | None) -> None:
         super().tell(index, ms)
@@ -241,50 +250,253 @@ class ParzenSearch(Strategy):
         return [int(i) for i in top[np.argsort(-score[top], kind="stable")] if np.isfinite(score[i])]
 
 
-class ParzenLocalSearch(ParzenSearch):
-    """The default (`auto`): the Parzen model's proposals, with every few a local step (an
-    unmeasured neighbour of one of the fastest configs). The model finds the promising region;
-    the local step searches next to its best configs, where the model's view is coarse, which
-    makes the search steadier across seeds (benchmarks/search_quality.py measures both)."""
+class GaussianProcessSearch(_ModelSearch):
+    """The default (`auto`): Bayesian optimisation with a Gaussian process over the enumerated
+    space. After a small random sample, a GP models each config's speed relative to the fastest
+    so far (failed configs count as speed 0); the unmeasured config with the largest expected
+    improvement over the fastest is measured next. Two configs are alike by how many axes they
+    differ on and by how far apart their values lie, each axis with its own two weights, fitted
+    to the measurements (maximum likelihood): the model learns which axes matter and whether
+    an axis is smooth (block sizes on one GPU) or jumpy (a value that is 100x slower than its
+    neighbours on another). Expected improvement leaves a region once nothing there can beat
+    the best by much, which is what finds a narrow optimum away from a broad second-best region
+    (benchmarks/search_quality.py measures it against tpe and Kernel Tuner's strategies).
+
+    The cost stays bounded on big spaces and budgets: the model keeps at most `max_train`
+    measurements (the fastest half of them and the latest), scores at most `max_candidates`
+    unmeasured configs (a seeded sample, drawn again at every refit), and between refits adds
+    each measurement in O(measurements x candidates)."""
 
     name = "auto"
-    local_every = 4  # every 4th proposal after the random start is a local step
-    local_from = 8  # a local step looks at the neighbours of the fastest 8 configs
-    random_every = 3  # every 3rd a random config: a way out of a basin the model settled in
+    initial = 10  # random configs before the model decides
+    max_train = 300  # measurements the model keeps: the fastest half and the latest
+    max_candidates = 16384  # unmeasured configs scored per proposal, beyond which a sample
+    fit_steps = 50  # Adam steps on the log-likelihood per refit
+    noise_floor = 1e-6
 
     def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = ()):
         super().__init__(space, seed, first)
-        self._steps = 0
+        np = self._np
+        live = [d for d, n in enumerate(space.sizes) if n > 1]
+        ranks = np.array(space.ranks, dtype=np.int64).reshape(len(space), len(space.sizes))
+        self._ranks = ranks[:, live]  # (configs, live axes)
+        self._sizes = [space.sizes[d] for d in live]
+        # per live axis, two distances between its values: differ (0/1) and how far apart (0..1)
+        self._differ = [(np.arange(n)[:, None] != np.arange(n)[None, :]).astype(float) for n in self._sizes]
+        self._apart = [np.abs(np.arange(n)[:, None] - np.arange(n)[None, :]) / (n - 1) for n in self._sizes]
+        self._log_weights = np.zeros(2 * len(live))  # log of each axis's (differ, apart) weight
+        self._log_noise = math.log(1e-2)
+        self._fitted_at = 0  # configs told at the last refit
+        self._modelled = 0  # configs told that the model's state has seen
+        self._train: list[int] = []
+        self._score: Any = None  # the last proposal's expected improvement per candidate...
+        self._mean: Any = None  # ...the model's mean and the best target it improves on
+        self._best = 0.0
+        self._proposed = 0  # ...and the candidate it proposed
 
-    def _step(self, n: int) -> str:
-        """What the n-th proposal after the random start is: random, local or the model's."""
-        if self.random_every and n % self.random_every == 0:
-            return "random"
-        return "local" if n % self.local_every == 0 else "model"
+    # ---- the kernel ---------------------------------------------------------------------
+
+    def _tables(self, log_weights: Any) -> list[Any]:
+        """Per live axis, the log kernel factor between any two of its values."""
+        w = self._np.exp(log_weights)
+        k = len(self._sizes)
+        return [-(w[d] * self._differ[d] + w[k + d] * self._apart[d]) for d in range(k)]
+
+    def _kernel(self, a: Any, b: Any, tables: list[Any]) -> Any:
+        """The kernel matrix between configs `a` and `b` (index arrays): a product over axes."""
+        log_k = self._np.zeros((len(a), len(b)))
+        for d, table in enumerate(tables):
+            log_k += table[self._ranks[a, d][:, None], self._ranks[b, d][None, :]]
+        return self._np.exp(log_k)
+
+    # ---- fitting --------------------------------------------------------------------------
+
+    def _targets(self, told: Sequence[int]) -> Any:
+        """Speed relative to the fastest told (failed: 0), standardised."""
+        np = self._np
+        t = np.array([self.times[i] for i in told])
+        finite = np.isfinite(t)
+        y = np.zeros(len(t))
+        if finite.any():
+            y[finite] = t[finite].min() / t[finite]
+        spread = y.std()
+        return (y - y.mean()) / (spread if spread > 0 else 1.0)
+
+    def _choose_train(self) -> list[int]:
+        """At most `max_train` told configs: all of them, or the fastest half and the latest."""
+        told = list(self.times)  # in the order told
+        if len(told) <= self.max_train:
+            return told
+        half = self.max_train // 2
+        fastest = sorted(told, key=lambda i: (self.times[i], i))[:half]
+        chosen = set(fastest)
+        latest = [i for i in reversed(told) if i not in chosen][: self.max_train - half]
+        return fastest + latest[::-1]
+
+    def _fit(self, train: list[int], y: Any) -> None:
+        """Maximum-likelihood weights and noise (Adam on their logs, from the last fit)."""
+        np = self._np
+        idx = np.array(train)
+        differ = [self._differ[d][self._ranks[idx, d][:, None], self._ranks[idx, d][None, :]] for d in range(len(self._sizes))]
+        apart = [self._apart[d][self._ranks[idx, d][:, None], self._ranks[idx, d][None, :]] for d in range(len(self._sizes))]
+        dists = np.stack(differ + apart) if differ else np.zeros((0, len(idx), len(idx)))
+        params = np.append(self._log_weights, self._log_noise)
+        best, best_params = math.inf, params.copy()
+        m, v = np.zeros_like(params), np.zeros_like(params)
+        eye = np.eye(len(idx))
+        for step in range(1, self.fit_steps + 1):
+            w, noise = np.exp(params[:-1]), math.exp(params[-1]) + self.noise_floor
+            signal = np.exp(-np.tensordot(w, dists, 1)) if len(w) else np.ones((len(idx), len(idx)))
+            try:
+                chol = np.linalg.cholesky(signal + noise * eye)
+            except np.linalg.LinAlgError:
+                break
+            inv = np.linalg.inv(signal + noise * eye)
+            alpha = inv @ y
+            nll = 0.5 * y @ alpha + np.log(np.diag(chol)).sum()
+            if nll < best:
+                best, best_params = nll, params.copy()
+            outer = (np.outer(alpha, alpha) - inv) * signal  # d nll / d log w = 0.5 w sum(outer * dist)
+            grad = np.append(0.5 * w * np.tensordot(dists, outer, ((1, 2), (0, 1))), -0.5 * np.trace(np.outer(alpha, alpha) - inv) * (noise - self.noise_floor))
+            m = 0.9 * m + 0.1 * grad
+            v = 0.999 * v + 0.001 * grad**2
+            params = params - 0.1 * (m / (1 - 0.9**step)) / (np.sqrt(v / (1 - 0.999**step)) + 1e-8)
+            params = np.clip(params, [-6.0] * (len(params) - 1) + [-9.0], [4.0] * (len(params) - 1) + [0.0])
+        self._log_weights, self._log_noise = best_params[:-1], float(best_params[-1])
+
+    def _rebuild(self) -> None:
+        """Refit the weights, then the model's state for the current training set and candidates."""
+        np = self._np
+        self._train = self._choose_train()
+        self._fit(self._train, self._targets(self._train))
+        self._fitted_at = len(self.times)
+        self._tabs = self._tables(self._log_weights)
+        free = np.flatnonzero(self._free)
+        if len(free) > self.max_candidates:
+            free = np.sort(np.array(self.rng.sample(list(free), self.max_candidates)))
+        self._candidates = free
+        idx = np.array(self._train)
+        n, room = len(idx), 2 * self.max_train + 1  # rows kept for the configs added before the next refit
+        noise = math.exp(self._log_noise) + self.noise_floor
+        self._chol_rows = np.zeros((room, room))  # the Cholesky factor L of the training kernel
+        self._proj_rows = np.zeros((room, len(self._candidates)))  # L^-1 K(train, candidates)
+        self._chol_rows[:n, :n] = _cholesky(self._kernel(idx, idx, self._tabs), noise)
+        self._proj_rows[:n] = np.linalg.solve(self._chol_rows[:n, :n], self._kernel(idx, self._candidates, self._tabs))
+        self._var = np.maximum(1.0 - (self._proj_rows[:n] ** 2).sum(axis=0), 1e-12)
+
+    def _extend(self, index: int) -> tuple[Any, float, Any]:
+        """What adding config `index` to the model gives, hyperparameters unchanged, in
+        O(n x candidates): its row of the Cholesky factor, the corner, and its row of L^-1 K."""
+        np = self._np
+        n = len(self._train)
+        k = self._kernel(np.array(self._train), np.array([index]), self._tabs)[:, 0]
+        row = _forward(self._chol_rows[:n, :n], k)
+        noise = math.exp(self._log_noise) + self.noise_floor
+        corner = math.sqrt(max(1.0 + noise - row @ row, 1e-12))
+        proj = (self._kernel(np.array([index]), self._candidates, self._tabs)[0] - row @ self._proj_rows[:n]) / corner
+        return row, corner, proj
+
+    def _add(self, index: int) -> None:
+        np = self._np
+        n = len(self._train)
+        self._chol_rows[n, :n], self._chol_rows[n, n], self._proj_rows[n] = self._extend(index)
+        self._var = np.maximum(self._var - self._proj_rows[n] ** 2, 1e-12)
+        self._train.append(index)
+
+    def _due(self) -> bool:
+        """Refit every 10 configs told, then every 20% more once past 50, and when the rows kept
+        for added configs run out."""
+        told, at = len(self.times), self._fitted_at
+        unmodelled = told - self._modelled
+        return at == 0 or told - at >= max(10, at // 5) or len(self._train) + unmodelled > 2 * self.max_train + 1
+
+    # ---- proposing ------------------------------------------------------------------------
 
     def propose(self) -> Iterable[int]:
-        if len(self.times) >= self.initial:
-            self._steps += 1
-            step = self._step(self._steps)
-            if step == "random":
-                return self._random(1)
-            if step == "local":
-                fresh = self._fresh_neighbours(self._fastest()[: self.local_from])
-                if fresh:
-                    return [self.rng.choice(fresh)]
-        return super().propose()
+        np = self._np
+        if not self._free.any():
+            return []
+        if len(self.times) < self.initial or not any(math.isfinite(t) for t in self.times.values()):
+            return self._random(max(1, self.initial - len(self.times)))
+        if self._due():
+            self._rebuild()
+        else:
+            for i in list(self.times)[self._modelled :]:
+                self._add(i)
+        self._modelled = len(self.times)
+        y = self._targets(self._train)
+        n = len(self._train)
+        self._mean = _forward(self._chol_rows[:n, :n], y) @ self._proj_rows[:n]
+        self._best = y.max()
+        score = self._improvement(self._mean, self._var, self._best)
+        best = int(np.argmax(score))
+        if not np.isfinite(score[best]):  # every candidate measured: draw a new sample of the rest
+            self._fitted_at, self._score = 0, None
+            return self._random(1)
+        self._score, self._proposed = score, best
+        return [int(self._candidates[best])]
+
+    def _improvement(self, mean: Any, var: Any, best: float) -> Any:
+        """Expected improvement over `best` per candidate; -inf for those already asked."""
+        np = self._np
+        sd = np.sqrt(var)
+        z = (mean - best) / sd
+        score = (mean - best) * _normal_cdf(z) + sd * np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+        score[~self._free[self._candidates]] = -np.inf
+        return score
 
     def upcoming(self, k: int) -> list[int]:
-        if len(self.times) < self.initial:
-            return super().upcoming(k)
-        step = self._step(self._steps + 1)
-        guess = self._next_random(1) if step == "random" else self._fresh_neighbours(self._fastest()[: self.local_from]) if step == "local" else []
-        return list(dict.fromkeys(guess + super().upcoming(k)))[:k]
+        """The next proposals if the config being measured turns out as the model expects
+        ("kriging believer"): its neighbourhood's uncertainty shrinks, the rest is unchanged."""
+        np = self._np
+        if len(self.times) < self.initial or self._score is None:
+            return self._next_random(k)
+        proposed = int(self._candidates[self._proposed])
+        var = np.maximum(self._var - self._extend(proposed)[2] ** 2, 1e-12)
+        score = self._improvement(self._mean, var, max(self._best, float(self._mean[self._proposed])))
+        k = min(k, int(np.isfinite(score).sum()))
+        if k <= 0:
+            return []
+        top = np.argpartition(-score, k - 1)[:k]
+        return [int(self._candidates[i]) for i in top[np.argsort(-score[top], kind="stable")]]
+
+
+def _cholesky(kernel: Any, noise: float) -> Any:
+    """The Cholesky factor of kernel + noise * I, with more noise if rounding made it indefinite."""
+    import numpy as np
+
+    for _ in range(8):
+        try:
+            return np.linalg.cholesky(kernel + noise * np.eye(len(kernel)))
+        except np.linalg.LinAlgError:
+            noise *= 10
+    raise np.linalg.LinAlgError("the kernel matrix is not positive definite even with noise added")
+
+
+def _forward(lower: Any, b: Any) -> Any:
+    """Solves lower @ x = b for a lower-triangular matrix (forward substitution; numpy has no
+    triangular solver, and a general one costs O(n^3))."""
+    import numpy as np
+
+    x = np.zeros(len(b))
+    for i in range(len(b)):
+        x[i] = (b[i] - lower[i, :i] @ x[:i]) / lower[i, i]
+    return x
+
+
+def _normal_cdf(z: Any) -> Any:
+    """The standard normal CDF, elementwise (Abramowitz and Stegun 7.1.26: error below 1.5e-7)."""
+    import numpy as np
+
+    x = np.abs(z) / math.sqrt(2)
+    t = 1.0 / (1.0 + 0.3275911 * x)
+    erf = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * np.exp(-x * x)
+    return 0.5 * (1.0 + np.sign(z) * erf)
 
 
 def make_strategy(name: str, space: SearchSpace, seed: int = 0, first: Sequence[int] = ()) -> Strategy:
     """The strategy called `name` (config.py's SEARCH_STRATEGIES); `auto` is the recommended one."""
-    classes = {c.name: c for c in (Exhaustive, RandomSample, LocalSearch, ParzenSearch, ParzenLocalSearch)}
+    classes = {c.name: c for c in (Exhaustive, RandomSample, LocalSearch, ParzenSearch, GaussianProcessSearch)}
     if name not in STRATEGIES:
         raise ValueError(f"unknown search strategy {name!r}: expected one of {', '.join(STRATEGIES)}")
     return classes[name](space, seed, first)
