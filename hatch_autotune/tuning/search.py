@@ -262,14 +262,14 @@ class GaussianProcessSearch(_ModelSearch):
     the best by much, which is what finds a narrow optimum away from a broad second-best region
     (benchmarks/search_quality.py measures it against tpe and Kernel Tuner's strategies).
 
-    The cost stays bounded on big spaces and budgets: the model keeps at most `max_train`
-    measurements (the fastest half of them and the latest), scores at most `max_candidates`
-    unmeasured configs (a seeded sample, drawn again at every refit), and between refits adds
-    each measurement in O(measurements x candidates)."""
+    The cost stays bounded on big spaces and budgets: a refit keeps `max_train` measurements
+    (the fastest half of them and the latest) and the next `max_train` + 1 are added without
+    one, each in O(measurements x candidates); at most `max_candidates` unmeasured configs are
+    scored (a seeded sample, drawn again at every refit)."""
 
     name = "auto"
     initial = 10  # random configs before the model decides
-    max_train = 300  # measurements the model keeps: the fastest half and the latest
+    max_train = 300  # measurements a refit keeps: the fastest half and the latest
     max_candidates = 16384  # unmeasured configs scored per proposal, beyond which a sample
     fit_steps = 50  # Adam steps on the log-likelihood per refit
     noise_floor = 1e-6
@@ -286,6 +286,7 @@ class GaussianProcessSearch(_ModelSearch):
         self._apart = [np.abs(np.arange(n)[:, None] - np.arange(n)[None, :]) / (n - 1) for n in self._sizes]
         self._log_weights = np.zeros(2 * len(live))  # log of each axis's (differ, apart) weight
         self._log_noise = math.log(1e-2)
+        self._noise = 0.0  # the noise variance the model's factor was built with
         self._fitted_at = 0  # configs told at the last refit
         self._modelled = 0  # configs told that the model's state has seen
         self._train: list[int] = []
@@ -312,9 +313,10 @@ class GaussianProcessSearch(_ModelSearch):
     # ---- fitting --------------------------------------------------------------------------
 
     def _targets(self, told: Sequence[int]) -> Any:
-        """Speed relative to the fastest told (failed: 0), standardised."""
+        """Speed relative to the fastest told (failed: 0), standardised. A time of 0 (a broken
+        timer, a replay file) counts as the shortest a GPU can tell, not as a division by zero."""
         np = self._np
-        t = np.array([self.times[i] for i in told])
+        t = np.maximum(np.array([self.times[i] for i in told]), 1e-9)
         finite = np.isfinite(t)
         y = np.zeros(len(t))
         if finite.any():
@@ -377,10 +379,9 @@ class GaussianProcessSearch(_ModelSearch):
         self._candidates = free
         idx = np.array(self._train)
         n, room = len(idx), 2 * self.max_train + 1  # rows kept for the configs added before the next refit
-        noise = math.exp(self._log_noise) + self.noise_floor
         self._chol_rows = np.zeros((room, room))  # the Cholesky factor L of the training kernel
         self._proj_rows = np.zeros((room, len(self._candidates)))  # L^-1 K(train, candidates)
-        self._chol_rows[:n, :n] = _cholesky(self._kernel(idx, idx, self._tabs), noise)
+        self._chol_rows[:n, :n], self._noise = _cholesky(self._kernel(idx, idx, self._tabs), math.exp(self._log_noise) + self.noise_floor)
         self._proj_rows[:n] = np.linalg.solve(self._chol_rows[:n, :n], self._kernel(idx, self._candidates, self._tabs))
         self._var = np.maximum(1.0 - (self._proj_rows[:n] ** 2).sum(axis=0), 1e-12)
 
@@ -391,8 +392,7 @@ class GaussianProcessSearch(_ModelSearch):
         n = len(self._train)
         k = self._kernel(np.array(self._train), np.array([index]), self._tabs)[:, 0]
         row = _forward(self._chol_rows[:n, :n], k)
-        noise = math.exp(self._log_noise) + self.noise_floor
-        corner = math.sqrt(max(1.0 + noise - row @ row, 1e-12))
+        corner = math.sqrt(max(1.0 + self._noise - row @ row, 1e-12))
         proj = (self._kernel(np.array([index]), self._candidates, self._tabs)[0] - row @ self._proj_rows[:n]) / corner
         return row, corner, proj
 
@@ -430,18 +430,19 @@ class GaussianProcessSearch(_ModelSearch):
         self._best = y.max()
         score = self._improvement(self._mean, self._var, self._best)
         best = int(np.argmax(score))
-        if not np.isfinite(score[best]):  # every candidate measured: draw a new sample of the rest
-            self._fitted_at, self._score = 0, None
+        if not np.isfinite(score[best]):  # every sampled candidate asked: a random config now,
+            self._fitted_at, self._score = 0, None  # a refit with a new sample at the next proposal
             return self._random(1)
         self._score, self._proposed = score, best
         return [int(self._candidates[best])]
 
     def _improvement(self, mean: Any, var: Any, best: float) -> Any:
-        """Expected improvement over `best` per candidate; -inf for those already asked."""
+        """The log of the expected improvement over `best` per candidate; -inf for those already
+        asked. The log, because far from the best the improvement itself underflows, and the
+        search spends most of its steps choosing among such candidates."""
         np = self._np
         sd = np.sqrt(var)
-        z = (mean - best) / sd
-        score = (mean - best) * _normal_cdf(z) + sd * np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+        score = np.log(sd) + _log_improvement_per_sd((mean - best) / sd)
         score[~self._free[self._candidates]] = -np.inf
         return score
 
@@ -461,13 +462,14 @@ class GaussianProcessSearch(_ModelSearch):
         return [int(self._candidates[i]) for i in top[np.argsort(-score[top], kind="stable")]]
 
 
-def _cholesky(kernel: Any, noise: float) -> Any:
-    """The Cholesky factor of kernel + noise * I, with more noise if rounding made it indefinite."""
+def _cholesky(kernel: Any, noise: float) -> tuple[Any, float]:
+    """The Cholesky factor of kernel + noise * I and the noise it took: more than asked only if
+    rounding made the matrix indefinite (the kernel is positive semi-definite)."""
     import numpy as np
 
     for _ in range(8):
         try:
-            return np.linalg.cholesky(kernel + noise * np.eye(len(kernel)))
+            return np.linalg.cholesky(kernel + noise * np.eye(len(kernel))), noise
         except np.linalg.LinAlgError:
             noise *= 10
     raise np.linalg.LinAlgError("the kernel matrix is not positive definite even with noise added")
@@ -484,14 +486,26 @@ def _forward(lower: Any, b: Any) -> Any:
     return x
 
 
-def _normal_cdf(z: Any) -> Any:
-    """The standard normal CDF, elementwise (Abramowitz and Stegun 7.1.26: error below 1.5e-7)."""
+def _log_improvement_per_sd(z: Any) -> Any:
+    """log(z * Phi(z) + phi(z)), elementwise: the log of the expected improvement in units of the
+    standard deviation, z the mean's gap to the best in the same units. Phi comes from erfc's
+    Chebyshev fit (Numerical Recipes' erfcc: relative error below 1.2e-7 everywhere), for z < 0
+    as the ratio Phi / phi so that neither tiny number is formed; below z = -12, where
+    1 + z * Phi / phi cancels, from its asymptotic series."""
     import numpy as np
 
+    z = np.asarray(z, dtype=float)
     x = np.abs(z) / math.sqrt(2)
-    t = 1.0 / (1.0 + 0.3275911 * x)
-    erf = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * np.exp(-x * x)
-    return 0.5 * (1.0 + np.sign(z) * erf)
+    t = 1.0 / (1.0 + 0.5 * x)
+    poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
+    log_phi = -0.5 * z * z - 0.5 * math.log(2 * math.pi)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        above = np.log(z * (1.0 - 0.5 * t * np.exp(poly - x * x)) + np.exp(log_phi))  # z >= 0
+        mills = 0.5 * t * np.exp(poly) * math.sqrt(2 * math.pi)  # Phi(z) / phi(z) for z < 0
+        below = log_phi + np.log(np.maximum(1.0 + z * mills, 1e-300))
+        w = 1.0 / (z * z)
+        tail = log_phi + np.log(w * (1.0 - 3.0 * w * (1.0 - 5.0 * w * (1.0 - 7.0 * w * (1.0 - 9.0 * w)))))  # 1/z^2 - 3/z^4 + 15/z^6 - ...
+    return np.where(z >= 0, above, np.where(z > -12, below, tail))
 
 
 def make_strategy(name: str, space: SearchSpace, seed: int = 0, first: Sequence[int] = ()) -> Strategy:
