@@ -161,7 +161,8 @@ class LocalSearch(Strategy):
 
 class _ModelSearch(Strategy):
     """A model-based strategy: scores every unasked config of the space with numpy, so it keeps
-    which are unasked as a mask."""
+    which are unasked as a mask, and each config's ranks as an array over the axes that have
+    more than one value (the others tell configs nothing apart)."""
 
     def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = ()):
         import numpy as np
@@ -169,6 +170,9 @@ class _ModelSearch(Strategy):
         super().__init__(space, seed, first)
         self._np = np
         self._free = np.ones(len(space), dtype=bool)
+        live = [d for d, n in enumerate(space.sizes) if n > 1]
+        self._sizes = [space.sizes[d] for d in live]  # values per live axis
+        self._ranks = np.array(space.ranks, dtype=np.int64).reshape(len(space), len(space.sizes))[:, live]  # (configs, live axes)
 
     def ask(self) -> list[int]:
         batch = super().ask()
@@ -195,13 +199,11 @@ class ParzenSearch(_ModelSearch):
     def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = ()):
         super().__init__(space, seed, first)
         np = self._np
-        ranks = np.array(space.ranks, dtype=np.int64).reshape(len(space), len(space.sizes))
-        self._columns = []  # per axis with more than one value: (each config's rank, kernel table)
-        for d, n in enumerate(space.sizes):
-            if n > 1:
-                gap = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :])
-                table = self.same * (gap == 0) + self.near * self.decay**gap + self.floor
-                self._columns.append((ranks[:, d], table / table.sum(axis=0)))
+        self._columns = []  # per live axis: (each config's rank, kernel table)
+        for d, n in enumerate(self._sizes):
+            gap = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :])
+            table = self.same * (gap == 0) + self.near * self.decay**gap + self.floor
+            self._columns.append((self._ranks[:, d], table / table.sum(axis=0)))
         self._sum_all = np.zeros(len(space))  # kernel sum over every config told
         self._score: Any = None  # the last proposal's scores: the next ones are likely near its top
         self._good_kernels: dict[int, Any] = {}  # the good set's kernels, kept while they stay good
@@ -277,14 +279,10 @@ class GaussianProcessSearch(_ModelSearch):
     def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = ()):
         super().__init__(space, seed, first)
         np = self._np
-        live = [d for d, n in enumerate(space.sizes) if n > 1]
-        ranks = np.array(space.ranks, dtype=np.int64).reshape(len(space), len(space.sizes))
-        self._ranks = ranks[:, live]  # (configs, live axes)
-        self._sizes = [space.sizes[d] for d in live]
         # per live axis, two distances between its values: differ (0/1) and how far apart (0..1)
         self._differ = [(np.arange(n)[:, None] != np.arange(n)[None, :]).astype(float) for n in self._sizes]
         self._apart = [np.abs(np.arange(n)[:, None] - np.arange(n)[None, :]) / (n - 1) for n in self._sizes]
-        self._log_weights = np.zeros(2 * len(live))  # log of each axis's (differ, apart) weight
+        self._log_weights = np.zeros(2 * len(self._sizes))  # log of each axis's (differ, apart) weight
         self._log_noise = math.log(1e-2)
         self._noise = 0.0  # the noise variance the model's factor was built with
         self._fitted_at = 0  # configs told at the last refit
