@@ -259,8 +259,8 @@ class GaussianProcessSearch(_ModelSearch):
     with the highest optimistic bound and the one with the largest expected improvement over
     the fastest (`_acquisition`). Two configs are alike by how many axes they differ on, by how
     far apart their values lie and, on an integer axis that mixes powers of two with other
-    values, by whether one is a power of two and the other not; each of these distances has its own weight per
-    axis, fitted to the measurements (maximum likelihood): the model learns which axes matter,
+    values, by whether one is a power of two and the other not; each distance has its own weight
+    per axis, fitted to the measurements (maximum likelihood): the model learns which axes matter,
     whether an axis is smooth (block sizes on one GPU) or jumpy (a value that is 100x slower
     than its neighbours on another), and whether a block size that is not a power of two is
     slow wherever it lies (three of benchmark_hub's four GPUs). This is what finds a narrow
@@ -451,9 +451,10 @@ class GaussianProcessSearch(_ModelSearch):
         deviations (where the model is unsure and might be fast: it leaves a second-best region
         for an untried one), and the log of the expected improvement over `best` (near the
         fastest: it pins down the optimum of a region). Expected improvement alone stayed in a
-        broad second-best region on three of benchmark_hub's four convolution files. Its log,
-        because far from the best the improvement itself underflows, and the search spends most
-        of its steps choosing among such candidates."""
+        broad second-best region far more often (benchmark_hub's A100 and W6600 convolution
+        files, README "What was tried"). Its log, because far from the best the improvement
+        itself underflows, and the search spends most of its steps choosing among such
+        candidates."""
         np = self._np
         sd = np.sqrt(var)
         if told % 2 == 0:
