@@ -231,8 +231,14 @@ def _two_regions() -> tuple[SearchSpace, list[float]]:
 
 def test_auto_has_a_power_of_two_distance_only_where_an_integer_axis_mixes_them():
     space, _ = _two_regions()
-    terms = [axis for axis, _ in make_strategy("auto", space, 0)._terms]
+    auto = make_strategy("auto", space, 0)
+    terms = [axis for axis, _ in auto._terms]
     assert [terms.count(d) for d in range(6)] == [3, 2, 3, 3, 2, 2]  # bx, tx, ty mix powers of two; 1, 2, 4, 8 and 0/1 do not
+    tx = [distance for axis, distance in auto._terms if axis == 2][2]  # over tx's values in rank order: 1, 2, 3, 4
+    assert tx.tolist() == [[0, 0, 1, 0], [0, 0, 1, 0], [1, 1, 0, 1], [0, 0, 1, 0]]
+    shuffled = SearchSpace({"tx": [4, 1, 3, 2]}, [{"tx": v} for v in (4, 1, 3, 2)])
+    assert shuffled.ordered == ((1, 2, 3, 4),) and [r[0] for r in shuffled.ranks] == [3, 0, 2, 1]
+    assert make_strategy("auto", shuffled, 0)._terms[2][1].tolist() == tx.tolist()  # by rank, not by declared order
 
 
 def test_auto_leaves_a_broad_second_best_region_for_a_narrow_optimum():

@@ -28,14 +28,16 @@ class SearchSpace:
     configs: Sequence[Mapping[str, Any]]
     ranks: list[tuple[int, ...]] = field(init=False)
     sizes: tuple[int, ...] = field(init=False)
+    ordered: tuple[tuple[Any, ...], ...] = field(init=False)  # per axis, its values in rank order
     _index: dict[tuple[int, ...], int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        orders = {}
-        for axis, values in self.axes.items():
+        ordered = []
+        for values in self.axes.values():
             numeric = all(isinstance(v, (int, float)) for v in values)
-            ordered = sorted(values) if numeric else list(values)
-            orders[axis] = {v: r for r, v in enumerate(ordered)}
+            ordered.append(tuple(sorted(values) if numeric else values))
+        self.ordered = tuple(ordered)
+        orders = {axis: {v: r for r, v in enumerate(values)} for axis, values in zip(self.axes, self.ordered)}
         self.sizes = tuple(len(v) for v in self.axes.values())
         self.ranks = [tuple(orders[a][c[a]] for a in self.axes) for c in self.configs]
         self._index = {r: i for i, r in enumerate(self.ranks)}
@@ -170,9 +172,9 @@ class _ModelSearch(Strategy):
         super().__init__(space, seed, first)
         self._np = np
         self._free = np.ones(len(space), dtype=bool)
-        live = [d for d, n in enumerate(space.sizes) if n > 1]
-        self._sizes = [space.sizes[d] for d in live]  # values per live axis
-        self._ranks = np.array(space.ranks, dtype=np.int64).reshape(len(space), len(space.sizes))[:, live]  # (configs, live axes)
+        self._live = [d for d, n in enumerate(space.sizes) if n > 1]  # the space's axes that are live
+        self._sizes = [space.sizes[d] for d in self._live]  # values per live axis
+        self._ranks = np.array(space.ranks, dtype=np.int64).reshape(len(space), len(space.sizes))[:, self._live]  # (configs, live axes)
 
     def ask(self) -> list[int]:
         batch = super().ask()
@@ -284,13 +286,12 @@ class GaussianProcessSearch(_ModelSearch):
         super().__init__(space, seed, first)
         np = self._np
         self._terms = []  # (live axis, distance between any two of its values), one weight each
-        values = [list(v) for v, n in zip(space.axes.values(), space.sizes) if n > 1]
-        for d, n in enumerate(self._sizes):
+        for d, (n, values) in enumerate(zip(self._sizes, (space.ordered[a] for a in self._live))):
             ranks = np.arange(n)
             self._terms.append((d, (ranks[:, None] != ranks[None, :]).astype(float)))  # differ
             self._terms.append((d, np.abs(ranks[:, None] - ranks[None, :]) / (n - 1)))  # how far apart
-            if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values[d]):
-                pow2 = np.array([v & (v - 1) == 0 for v in sorted(values[d])])
+            if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+                pow2 = np.array([v & (v - 1) == 0 for v in values])
                 if 0 < pow2.sum() < n:  # one a power of two, the other not
                     self._terms.append((d, (pow2[:, None] != pow2[None, :]).astype(float)))
         self._log_weights = np.zeros(len(self._terms))
@@ -367,8 +368,9 @@ class GaussianProcessSearch(_ModelSearch):
             nll = 0.5 * y @ alpha + np.log(np.diag(chol)).sum()
             if nll < best:
                 best, best_params = nll, params.copy()
-            outer = (np.outer(alpha, alpha) - inv) * signal  # d nll / d log w = 0.5 w sum(outer * dist)
-            grad = np.append(0.5 * w * np.tensordot(dists, outer, ((1, 2), (0, 1))), -0.5 * np.trace(np.outer(alpha, alpha) - inv) * (noise - self.noise_floor))
+            slope = np.outer(alpha, alpha) - inv  # d nll / d K = -0.5 slope
+            outer = slope * signal  # d nll / d log w = 0.5 w sum(outer * dist)
+            grad = np.append(0.5 * w * np.tensordot(dists, outer, ((1, 2), (0, 1))), -0.5 * np.trace(slope) * (noise - self.noise_floor))
             m = 0.9 * m + 0.1 * grad
             v = 0.999 * v + 0.001 * grad**2
             params = params - 0.1 * (m / (1 - 0.9**step)) / (np.sqrt(v / (1 - 0.999**step)) + 1e-8)
