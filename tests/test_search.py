@@ -652,3 +652,61 @@ def test_random_sampling_expectation_is_exact():
     assert module.random_expectation(data, 1) == pytest.approx(2.5)  # failed configs are not drawn
     assert module.random_expectation(data, 2) == pytest.approx((1 * 3 + 2 * 2 + 3 * 1) / 6)
     assert module.random_expectation(data, 4) == pytest.approx(1.0)
+
+
+def test_methodology_adapter_drives_a_strategy_through_a_kernel_tuner_cost_function():
+    """benchmarks/methodology_score.py hands our strategies to the methodology package as a Kernel
+    Tuner custom strategy. Driven here by a cost function shaped like Kernel Tuner's (a config's
+    values in, its time or the largest float for a failed config out, an exception once the budget
+    is spent): it measures only configs of the enumerated space, each once, goes on past failed
+    ones, returns the fastest, and stops when the cost function says so."""
+    import importlib.util
+    import random
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "methodology_score.py"
+    saved_path = list(sys.path)
+    try:
+        spec = importlib.util.spec_from_file_location("_bench_methodology_score", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved_path
+
+    class Spent(Exception):
+        pass
+
+    axes = {"x": [1, 2, 4, 8, 16, 32], "y": [0, 1, 2, 3, 4, 5, 6, 7], "z": [0, 1]}
+
+    class Space:  # what the adapter reads of Kernel Tuner's Searchspace
+        tune_params = axes
+        list = [(x, y, z) for x in axes["x"] for y in axes["y"] for z in axes["z"] if x * (y + 1) <= 64]
+
+    def cost_function(budget):
+        calls = []
+
+        def func(values):
+            calls.append(tuple(values))
+            if len(calls) > budget:
+                raise Spent()
+            x, y, z = values
+            if y == 3:
+                return sys.float_info.max  # a failed config, as Kernel Tuner reports one
+            return 1.0 + abs(math.log2(x) - 3) + abs(y - 5) + 0.5 * z
+
+        return func, calls
+
+    func, calls = cost_function(budget=10_000)
+    random.seed(1)
+    best = module.HatchAutotuneSearch("exhaustive")(func, Space)
+    assert sorted(calls) == sorted(Space.list) and len(calls) == len(set(calls))  # every config once, nothing else
+    assert best == ((8, 5, 0), 1.0)
+
+    func, calls = cost_function(budget=40)
+    random.seed(2)
+    with pytest.raises(Spent):
+        module.HatchAutotuneSearch("auto")(func, Space)
+    assert len(calls) == 41 and len(set(calls)) == 41 and set(calls) <= set(Space.list)
+    assert any(y == 3 for _, y, _ in calls[:40])  # it went on past failed configs
+
+    random.seed(3)  # a failed config is no result: where every config fails, there is no best
+    assert module.HatchAutotuneSearch("random")(lambda values: sys.float_info.max, Space) == (None, math.inf)
