@@ -12,7 +12,9 @@ import os
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
+import importlib.util
 import shutil
+import sys
 import textwrap
 import tomllib
 from pathlib import Path
@@ -26,6 +28,25 @@ from hatch_autotune.build.pipeline import BuildResult, build_payload
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "example_pkg"
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module, for testing its functions. The benchmarks put their
+    folder on sys.path and (through _common) the checkout on PYTHONPATH for their subprocesses:
+    both undone here, or later tests' fresh venvs would see this checkout."""
+    path = ROOT / "benchmarks" / f"{name}.py"
+    saved_env, saved_path = dict(os.environ), list(sys.path)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.path[:] = saved_path
+        sys.modules.pop("_common", None)
+    return module
 
 # A tiny kernel whose template can be broken on purpose with the BAD axis.
 SCALE_TEMPLATE = """\

@@ -6,7 +6,6 @@ summary and logs into a flat OUTDIR, and exit non-zero."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -17,15 +16,10 @@ import pytest
 
 from hatch_autotune.build.devices import detect_gpu_arch
 
+from conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-
-
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.skipif(detect_gpu_arch() is not None, reason="checks gpu_check's behaviour without a GPU")
@@ -77,7 +71,7 @@ def test_gpu_check_rejects_an_unknown_stage(tmp_path):
 
 
 def test_fetch_wheels_pins_are_exact_and_unique():
-    fw = _module("fetch_wheels")
+    fw = load_benchmark("fetch_wheels")
     pins = fw.parse_pins()
     assert len(pins) == len(fw.PINS) >= 4
     for pin in fw.PINS:

@@ -13,7 +13,6 @@ import gzip
 import itertools
 import json
 import math
-import os
 import re
 import sys
 import textwrap
@@ -31,7 +30,7 @@ from hatch_autotune.tuning.search import STRATEGIES, Budget, SearchSpace, make_s
 from hatch_autotune.tuning.tuner import warm_starts
 from hatch_autotune.tuning.worker import WorkerClient
 
-from conftest import load_project
+from conftest import load_benchmark, load_project
 
 DATA = Path(__file__).with_name("data") / "convolution_A100_subset.json.gz"
 AXES = {"A": [1, 2, 4, 8], "B": [0, 1], "C": ["x", "y", "z"]}
@@ -631,22 +630,7 @@ def test_search_quality_benchmark_runs_on_a_dataset_and_compares_with_kernel_tun
 
 
 def test_random_sampling_expectation_is_exact():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "search_quality.py"
-    # the benchmarks' _common sets PYTHONPATH for their subprocesses: undone, or later tests'
-    # fresh venvs would see this checkout
-    saved_env, saved_path = dict(os.environ), list(sys.path)
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("_bench_search_quality", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
-        sys.path[:] = saved_path
-        sys.modules.pop("_common", None)
+    module = load_benchmark("search_quality")
     records = [Record((t,), t, "", 0.0) for t in (4.0, 2.0, 1.0, 3.0)] + [Record((), None, "RuntimeFailedConfig", 0.0)]
     data = ReplayData("d", "k", {"X": [0, 1, 2, 3, 4]}, [{"X": i} for i in range(5)], records)
     assert module.random_expectation(data, 1) == pytest.approx(2.5)  # failed configs are not drawn
@@ -660,17 +644,9 @@ def test_methodology_adapter_drives_a_strategy_through_a_kernel_tuner_cost_funct
     values in, its time or the largest float for a failed config out, an exception once the budget
     is spent): it measures only configs of the enumerated space, each once, goes on past failed
     ones, returns the fastest, and stops when the cost function says so."""
-    import importlib.util
     import random
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "methodology_score.py"
-    saved_path = list(sys.path)
-    try:
-        spec = importlib.util.spec_from_file_location("_bench_methodology_score", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved_path
+    module = load_benchmark("methodology_score")
 
     class Spent(Exception):
         pass
