@@ -610,6 +610,8 @@ def _digest(path: Path) -> str | None:
 
 
 def lock_summary(path: Path, arch: str | None) -> str:
+    if str(ROOT) not in sys.path:  # run as `python3 benchmarks/gpu_check.py` where the package is not installed
+        sys.path.insert(0, str(ROOT))
     from hatch_autotune.build.lock import EntryId, LockFile, LockFormatError
 
     if not path.exists():

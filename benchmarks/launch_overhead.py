@@ -90,6 +90,15 @@ def main() -> None:
         end.sync()
         floors.append(float(end - start) * 1e3 / burst)
     results["gpu_us_per_launch_back_to_back"] = statistics.median(floors)
+    # Where the generated callable's host time goes: the parts of its fast path that the raw
+    # launch does not have, each timed alone in the same loop (no GPU work in these).
+    from cuda.bindings import driver as cu
+
+    results["host_parts_us"] = {
+        "two_cupy_cuda_array_interface": per_call_us(lambda: (x.__cuda_array_interface__, y.__cuda_array_interface__), sync, calls, repeats),
+        "two_cupy_data_ptr": per_call_us(lambda: (x.data.ptr, y.data.ptr), sync, calls, repeats),
+        "cuCtxGetDevice": per_call_us(cu.cuCtxGetDevice, sync, calls, repeats),
+    }
     results["ratio_generated_vs_raw"] = results["generated_callable_us"] / results["raw_cuda_core_launch_us"]
     results["ratio_generated_vs_cupy"] = results["generated_callable_us"] / results["cupy_rawkernel_us"]
     results["gpu_bound"] = results["raw_cuda_core_launch_us"] < 1.15 * results["gpu_us_per_launch_back_to_back"]

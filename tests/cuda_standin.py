@@ -350,6 +350,14 @@ class StandIn:
             ctypes.memmove(int(dst), bytes(alloc.data[offset : offset + nbytes]), int(nbytes))
         return (err,)
 
+    def cuMemcpyDtoDAsync(self, dst: int, src: int, nbytes: int, stream: Any) -> tuple:
+        to, to_offset = self.find(int(dst)) or (None, 0)
+        frm, frm_offset = self.find(int(src)) or (None, 0)
+        if to is None or frm is None or to_offset + nbytes > to.size or frm_offset + nbytes > frm.size:
+            return (R.CUDA_ERROR_INVALID_VALUE,)
+        to.data[to_offset : to_offset + nbytes] = bytes(frm.data[frm_offset : frm_offset + nbytes])
+        return (self._sticky(to.device),)
+
     def cuMemsetD8Async(self, ptr: int, value: int, nbytes: int, stream: Any) -> tuple:
         alloc, offset = self.find(int(ptr)) or (None, 0)
         if alloc is None or offset + nbytes > alloc.size:

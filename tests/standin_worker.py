@@ -4,7 +4,7 @@ kernels: what tests/test_standin_tuning.py runs as the worker process on a machi
 STANDIN_CCS (e.g. "9.0" or "9.0,8.6") sets the devices; the worker meets the stand-in through the
 runtime's seam (`install_globally` calls hatch_autotune.runtime.use_gpu). The emulated kernel is the test's `scale`
 kernel: its template embeds its config as "EMU:MODE=...;FACTOR=...;BLOCK=..." and the emulator
-does what that config's CUDA code does (MODE=ok: y = FACTOR * x; wrong: y = FACTOR * x + 1; oob:
+does what that config's CUDA code does (MODE=ok: y = FACTOR * x; wrong: y = FACTOR * x + 1; clobber: ok, then x = -1; oob:
 writes 2^40 elements past y, an illegal address; hang: never finishes). Its times are SYNTHETIC.
 """
 
@@ -26,6 +26,8 @@ def scale(standin, kernel, launch):
     covered = min(n, launch.grid[0] * launch.block[0])  # the threads the grid really has
     x, y = standin.view(x_ptr, "float32", n), standin.view(y_ptr, "float32", n)
     y[:covered] = factor * x[:covered] + (1.0 if mode == "wrong" else 0.0)
+    if mode == "clobber":  # writes into its input, as a buggy kernel may
+        x[:covered] = -1.0
     return 0.010 + 0.002 * 256 / block  # SYNTHETIC milliseconds: larger blocks are "faster"
 
 

@@ -32,6 +32,8 @@ extern "C" __global__ void {{ entry }}(const float* __restrict__ x, float* __res
     if (i < n) y[i] = {{ FACTOR }}.0f * x[i] + 1.0f;
 {% elif MODE == "hang" %}
     while (i < n) { }
+{% elif MODE == "clobber" %}
+    if (i < n) { y[i] = {{ FACTOR }}.0f * x[i]; ((float*)x)[i] = -1.0f; }
 {% else %}
     if (i < n) y[i] = {{ FACTOR }}.0f * x[i];
 {% endif %}
@@ -68,5 +70,31 @@ def test_tune_through_the_real_worker_fails_rejects_kills_and_still_picks_a_veri
     lock = json.loads((root / "autotune.lock.json").read_text())
     assert lock["entries"][eid]["config"] == entry.config and lock["entries"][eid]["tuned"] is True
     assert lock["entries"][eid]["provenance"]["gpu"] == "Stand-in GPU 0 (sm_90)"
+    tuned_line = next(line for line in logs if line.startswith("tuned "))
+    assert "; worker run " in tuned_line and " verify " in tuned_line and " time " in tuned_line, tuned_line
     print("\n".join(logs))
     print(json.dumps(list(entry.measurements), indent=None))
+
+
+def test_every_variant_starts_from_the_bucket_inputs_even_after_one_overwrote_them(tmp_path):
+    """The worker restores inputs from a pristine copy on the device before each variant: a
+    variant that writes into its input (a bug the tuner must survive) is measured, and every
+    correct variant after it still verifies against the reference."""
+    root = write_tiny_project(tmp_path / "p", template=EMULATED_TEMPLATE)
+    text = (root / "pyproject.toml").read_text()
+    text = text.replace("buckets = [1024, 65536, 1048576]", "buckets = [5000]")
+    text = text.replace("FACTOR = [2, 3], BAD = [false] }", 'FACTOR = [2], MODE = ["clobber", "ok"] }')
+    text = text.replace("BAD = false }", 'MODE = "ok" }')
+    (root / "pyproject.toml").write_text(text)
+    env = {**os.environ, "STANDIN_CCS": "9.0", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    summary = tune(
+        load_project(root),
+        log=lambda line: None,
+        gpu_arch="sm_90",
+        cache=CompileCache(tmp_path / "cache"),
+        client_factory=lambda device: WorkerClient(WORKER, env=env),
+    )
+    (eid, entry), = summary.tuned
+    order = [m["config"]["MODE"] for m in entry.measurements]
+    assert "clobber" in order[: order.index("ok", order.index("clobber"))], order  # an ok variant runs after a clobbering one
+    assert all(m["status"] in ("ok", "eliminated") for m in entry.measurements), entry.measurements

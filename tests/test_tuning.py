@@ -20,7 +20,7 @@ from hatch_autotune.spec.config import TuningSpec
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.bench import median, next_step, spread
 from hatch_autotune.tuning.tuner import Measurement, choose_winner, prune_reason
-from hatch_autotune.tuning.verify import compare, poison, tolerance
+from hatch_autotune.tuning.verify import compare, poison_byte, tolerance
 from hatch_autotune.tuning.worker import WorkerClient, WorkerDied
 
 from conftest import build, load_project, write_tiny_project
@@ -92,20 +92,62 @@ def test_pruning_uses_compile_time_resources():
     assert 3 not in prune(configs, res, lambda c: c["B"], lambda c: 0, LIMITS, prune_spills=False)
 
 
+def poisoned(like):
+    """What the worker's cuMemsetD8Async leaves in an output buffer before a variant runs."""
+    import numpy as np
+
+    out = np.empty_like(like)
+    out.view(np.uint8)[...] = poison_byte(like.dtype)
+    return out
+
+
 def test_verification():
     import numpy as np
+
+    for dtype in (np.float16, np.float32, np.float64):
+        assert np.isnan(poisoned(np.zeros(3, dtype))).all(), dtype  # one byte makes a NaN at every width
 
     ref = np.arange(10, dtype=np.float32)
     assert compare("y", ref + 1e-6, ref, *tolerance("float32")) is None
     reason = compare("y", np.where(np.arange(10) == 7, 0, ref).astype(np.float32), ref, *tolerance("float32"))
     assert reason.startswith("y: 1 element(s) differ (first at (7,)")
-    unwritten = poison(ref)
+    unwritten = poisoned(ref)
     unwritten[:5] = ref[:5]
     assert "5 element(s) are NaN or unwritten, first at (5,)" in compare("y", unwritten, ref, *tolerance("float32"))
-    ints = poison(np.zeros(4, np.int32))
+    ints = poisoned(np.zeros(4, np.int32))
     assert (ints.view(np.uint8) == 0x5A).all() and compare("k", ints, np.zeros(4, np.int32), *tolerance("int32"))
     half = ref.astype(np.float16)
     assert compare("h", half, ref.astype(np.float16), *tolerance("float16")) is None
+
+
+def test_verification_over_chunks_counts_every_bad_element_and_names_the_first():
+    """Outputs of hundreds of MB are compared chunk by chunk: counts and the first index must be
+    those of the whole array, and a chunk that is bitwise the reference must still be checked
+    for nothing else."""
+    import numpy as np
+
+    from hatch_autotune.tuning.verify import CHUNK
+
+    ref = np.random.default_rng(1).standard_normal((3, CHUNK)).astype(np.float32)
+    near = np.nextafter(ref, np.inf)  # one ulp off everywhere: inside float32's tolerance
+    assert compare("y", near, ref, *tolerance("float32")) is None
+    wrong = ref.copy()
+    wrong[1, 5] += 1.0
+    wrong[2, CHUNK - 1] += 1.0
+    reason = compare("y", wrong, ref, *tolerance("float32"))
+    assert reason.startswith("y: 2 element(s) differ (first at (1, 5): got ")
+    unwritten = ref.copy()
+    unwritten[2, 7:9] = np.nan
+    unwritten[0, 3] += 1.0  # a difference too: the unwritten elements are reported first
+    assert compare("y", unwritten, ref, *tolerance("float32")).startswith("y: 2 element(s) are NaN or unwritten, first at (2, 7)")
+    inf_ref = ref.copy()
+    inf_ref[0, 0] = np.inf
+    assert compare("y", inf_ref, inf_ref.copy(), *tolerance("float32")) is None
+    finite = inf_ref.copy()
+    finite[0, 0] = 1e30  # a finite value where the reference is infinite is wrong at any rtol
+    assert compare("y", finite, inf_ref, *tolerance("float32")).startswith("y: 1 element(s) differ (first at (0, 0)")
+    f64 = ref.astype(np.float64)
+    assert compare("d", f64 + 1e-9, f64, *tolerance("float64")).startswith(f"d: {3 * CHUNK} element(s) differ")
     assert tolerance("float32", (0.5, 0.5)) == (0.5, 0.5)
 
 

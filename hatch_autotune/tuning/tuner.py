@@ -453,6 +453,7 @@ def tune_bucket(
     measurements: dict[int, Measurement] = {}
     # reference: the index of the config whose outputs are the reference (None: a user reference)
     state: dict[str, Any] = {"leader": None, "best": None, "reference": None, "seconds": 0.0}
+    phases: dict[str, float] = {}  # the worker's seconds per phase, summed over the bucket
 
     def record(m: Measurement) -> float | None:
         measurements[m.index] = m
@@ -492,6 +493,8 @@ def tune_bucket(
             return record(Measurement(i, configs[i], "failed", reason=str(exc)))
         # a replayed device reports its simulated time; a GPU's is the wall clock
         state["seconds"] += (asked - started) + reply.get("seconds", time.monotonic() - asked)
+        for phase, seconds in reply.get("phases", {}).items():
+            phases[phase] = phases.get(phase, 0.0) + float(seconds)
         if not reply.get("ok"):
             return record(Measurement(i, configs[i], "failed", reason=reply.get("error", "unknown error")))
         m = Measurement(i, configs[i], reply["status"], tuple(reply.get("samples", ())), reply.get("reason", ""))
@@ -516,6 +519,7 @@ def tune_bucket(
         f"({counts['eliminated']} eliminated early), {counts['rejected']} rejected, {counts['failed']} failed, "
         f"{counts['pruned']} pruned; best {winner.config} {winner.median_ms:.4f} ms"
         + (f" ({default_ms / winner.median_ms:.2f}x the default)" if default_ms else "")
+        + (f"; worker {', '.join(f'{k} {v:.1f} s' for k, v in phases.items())}" if phases else "")
     )
     return LockEntry(
         checksum=job.point.checksum,

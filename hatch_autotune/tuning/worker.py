@@ -10,7 +10,7 @@ Requests and replies (one JSON object per line):
   {"op": "setup", ...bucket...}                   -> {"ok": true}
   {"op": "reference", "variant": vid, "binary"}   -> {"ok": true}   (its outputs become the reference)
   {"op": "measure", "variant": vid, "binary", "leader_ms"}
-                                                  -> {"ok": true, "status": "ok"|"rejected", ...}
+                                                  -> {"ok": true, "status": "ok"|"rejected", "phases", ...}
 "binary" is the file of the variant's cubin (compiled as the search goes; setup's "binaries"
 may name some up front). A replayed device (replay.py) adds "seconds": its simulated time.
 A reply with "fatal": true means the worker's CUDA context is unusable; it exits after sending it.
@@ -159,12 +159,28 @@ class WorkerClient:
 
 
 class _DeviceArray:
-    """A device allocation that exposes __cuda_array_interface__, so the runtime can take it."""
+    """A device allocation that exposes __cuda_array_interface__, so the runtime can take it.
 
-    def __init__(self, driver: Any, host: Any):
-        self._driver = driver
+    Every variant starts from the bucket's inputs and poisoned outputs. An input keeps a pristine
+    copy on the device, so that resetting it is a device-to-device copy instead of an upload from
+    pageable host memory (GB/s, and per config: on an H200 it was most of a tuning run, 2026-11-26);
+    where the device has no room for the copy, it is uploaded again."""
+
+    def __init__(self, driver: Any, host: Any, keep_pristine: bool):
+        from .verify import poison_byte
+
+        self._driver, self._host = driver, host
         self.nbytes = max(int(host.nbytes), 1)
         self.ptr = check_cuda(driver.cuMemAlloc(self.nbytes), "cuMemAlloc")
+        self._poison = poison_byte(host.dtype)
+        self._pristine = None
+        if keep_pristine and host.nbytes:
+            try:
+                self._pristine = check_cuda(driver.cuMemAlloc(self.nbytes), "cuMemAlloc (pristine copy)")
+            except CudaCallError:  # out of memory: reset() uploads from the host instead
+                self._pristine = None
+            else:
+                check_cuda(driver.cuMemcpyHtoD(self._pristine, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
         self.shape, self.dtype = host.shape, host.dtype
         self.__cuda_array_interface__ = {
             "shape": tuple(host.shape),
@@ -174,9 +190,17 @@ class _DeviceArray:
             "version": 3,
         }
 
-    def upload(self, host: Any) -> None:
-        if host.nbytes:
-            check_cuda(self._driver.cuMemcpyHtoD(self.ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
+    def reset(self, poisoned: bool, stream: Any) -> None:
+        """Poison the buffer or restore the bucket's input, ordered on `stream`; the caller
+        synchronises the context before the kernel runs (a host upload is not stream-ordered)."""
+        if not self._host.nbytes:
+            return
+        if poisoned:
+            check_cuda(self._driver.cuMemsetD8Async(self.ptr, self._poison, self._host.nbytes, stream), "cuMemsetD8Async (poison)")
+        elif self._pristine is not None:
+            check_cuda(self._driver.cuMemcpyDtoDAsync(self.ptr, self._pristine, self._host.nbytes, stream), "cuMemcpyDtoDAsync (restore input)")
+        else:
+            check_cuda(self._driver.cuMemcpyHtoD(self.ptr, self._host.ctypes.data, self._host.nbytes), "cuMemcpyHtoD")
 
     def download(self) -> Any:
         import numpy as np
@@ -188,6 +212,8 @@ class _DeviceArray:
 
     def free(self) -> None:
         check_cuda(self._driver.cuMemFree(self.ptr), "cuMemFree")
+        if self._pristine is not None:
+            check_cuda(self._driver.cuMemFree(self._pristine), "cuMemFree (pristine copy)")
 
 
 class _Fatal(RuntimeError):
@@ -253,8 +279,10 @@ class _WorkerState:
         kernel = Kernel(msg["name"], spec, cubins)
         with np.load(msg["inputs"], allow_pickle=False) as data:
             host = {k: data[k] for k in data.files}
-        arrays = {name: _DeviceArray(cuda.driver, h) for name, h in host.items()}
         outputs = [a["name"] for a in spec["args"] if a["kind"] == "array" and a["intent"] != "in"]
+        poisoned = {a["name"] for a in spec["args"] if a["kind"] == "array" and a["intent"] == "out"}
+        arrays = {name: _DeviceArray(cuda.driver, h, keep_pristine=name not in poisoned) for name, h in host.items()}
+        check_cuda(cuda.driver.cuCtxSynchronize(), "cuCtxSynchronize after uploading inputs")
         reference = None
         if msg.get("reference"):
             with np.load(msg["reference"], allow_pickle=False) as data:
@@ -265,6 +293,7 @@ class _WorkerState:
             "arrays": arrays,
             "scalars": dict(msg["scalars"]),
             "outputs": outputs,
+            "poisoned": poisoned,
             "reference": reference,
             "tolerances": {k: tuple(v) for k, v in msg["tolerances"].items()},
             "cubins": cubins,
@@ -306,16 +335,14 @@ class _WorkerState:
 
     def _run_once(self, vid: str) -> dict[str, Any]:
         """Fresh inputs, poisoned outputs, one launch, outputs back on the host."""
-        from .verify import poison
-
         cuda = self._started()
         b = self.bucket
         assert b is not None
         for name, arr in b["arrays"].items():
-            arr.upload(poison(b["host"][name]) if name in b["outputs"] and _intent(b, name) == "out" else b["host"][name])
-        # cuMemcpyHtoD from pageable memory may return before the copy lands, and it is not ordered
-        # with the timer's non-blocking stream: wait for it before the kernel reads or writes.
-        check_cuda(cuda.driver.cuCtxSynchronize(), "cuCtxSynchronize after uploading inputs")
+            arr.reset(name in b["poisoned"], self.timer.stream.handle)
+        # cuMemcpyHtoD from pageable memory (the fallback) may return before the copy lands, and it
+        # is not ordered with the timer's non-blocking stream: wait before the kernel reads or writes.
+        check_cuda(cuda.driver.cuCtxSynchronize(), "cuCtxSynchronize after resetting the buffers")
         fn = self._launcher(vid)
         try:
             fn(self.timer.stream)
@@ -338,28 +365,36 @@ class _WorkerState:
         return {"ok": True}
 
     def measure(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Verify the variant against the reference, then time it. The reply's "phases" say
+        where the worker's wall time went (run: reset, launch and download; verify; time), so
+        that a slow tuning run says what made it slow."""
+        import time
+
         from .verify import compare
 
         b = self.bucket
         assert b is not None
         vid = self._bind(msg)
+        t0 = time.perf_counter()
         got = self._run_once(vid)
+        t1 = time.perf_counter()
+        phases = {"run": t1 - t0}
         if b["reference"] is not None:
             for name in b["outputs"]:
                 rtol, atol = b["tolerances"][name]
                 reason = compare(name, got[name], b["reference"][name], rtol, atol)
                 if reason:
-                    return {"ok": True, "status": "rejected", "reason": f"wrong result: {reason}"}
+                    phases["verify"] = time.perf_counter() - t1
+                    return {"ok": True, "status": "rejected", "reason": f"wrong result: {reason}", "phases": phases}
+        t2 = time.perf_counter()
+        phases["verify"] = t2 - t1
         fn = self._launcher(vid)
         try:
             timing = self.timer.time(fn, b["settings"], msg.get("leader_ms"))
         except Exception as exc:
             raise _Fatal(f"variant {vid} failed while timed: {exc}") from None
-        return {"ok": True, "status": "eliminated" if timing.eliminated else "ok", "samples": list(timing.samples)}
-
-
-def _intent(bucket: dict[str, Any], name: str) -> str:
-    return next(a["intent"] for a in bucket["kernel"].args if a["name"] == name)
+        phases["time"] = time.perf_counter() - t2
+        return {"ok": True, "status": "eliminated" if timing.eliminated else "ok", "samples": list(timing.samples), "phases": phases}
 
 
 OPERATIONS = ("hello", "setup", "reference", "measure")
