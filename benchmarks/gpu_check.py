@@ -17,8 +17,9 @@ and appended to OUTDIR/logs.txt, going on past a stage that fails:
   tune                  python -m hatch_autotune tune example_pkg, for the GPU's arch
                         -> OUTDIR/autotune.lock.json (a copy of example_pkg/autotune.lock.json)
   launch_overhead       benchmarks/launch_overhead.py  \\
-  roofline              benchmarks/roofline.py          > OUTDIR/results.json (all three)
-  tune_vs_kernel_tuner  benchmarks/tune_vs_kernel_tuner.py /
+  first_call            benchmarks/first_call.py        \\ OUTDIR/results.json (all four)
+  roofline              benchmarks/roofline.py          /
+  tune_vs_kernel_tuner  benchmarks/tune_vs_kernel_tuner.py
 
 It ends with a table of the stages (name, ok/FAILED/skipped, seconds, one-line result), printed
 last and saved as OUTDIR/summary.md and OUTDIR/summary.json (both also rewritten after every
@@ -62,7 +63,7 @@ LOCK = EXAMPLE / "autotune.lock.json"
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 
 OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
-BENCHMARKS = ("launch_overhead", "roofline", "tune_vs_kernel_tuner")
+BENCHMARKS = ("launch_overhead", "first_call", "roofline", "tune_vs_kernel_tuner")
 # (full, --quick) timeouts in seconds; each is also capped by what is left of --budget-s
 TIMEOUTS = {
     "wheels": (120, 120),
@@ -70,6 +71,7 @@ TIMEOUTS = {
     "tests": (300, 170),
     "tune": (300, 220),
     "launch_overhead": (150, 75),
+    "first_call": (120, 60),
     "roofline": (180, 90),
     "tune_vs_kernel_tuner": (360, 180),
 }
@@ -638,6 +640,12 @@ def _line_launch(p: dict[str, Any]) -> str:
             f"CuPy {r['cupy_rawkernel_us']:.2f}: {r['ratio_generated_vs_raw']:.2f}x raw" + (" (GPU-bound loop)" if r.get("gpu_bound") else ""))
 
 
+def _line_first_call(p: dict[str, Any]) -> str:
+    r = p["results"]
+    return (f"import {r['import_ms']:.0f} ms, first call {r['first_call_ms']:.1f} ms (CuPy RawModule {r['cupy_rawmodule_first_call_ms']:.1f}), "
+            f"second {r['second_call_ms']:.2f} ms")
+
+
 def _line_roofline(p: dict[str, Any]) -> str:
     rows = p["rows"]
     parts = [f"copy {p['copy_GB_per_s']:.0f} GB/s"]
@@ -662,7 +670,7 @@ def _line_kt(p: dict[str, Any]) -> str:
 
 
 BENCH_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
-    "launch_overhead": _line_launch, "roofline": _line_roofline, "tune_vs_kernel_tuner": _line_kt,
+    "launch_overhead": _line_launch, "first_call": _line_first_call, "roofline": _line_roofline, "tune_vs_kernel_tuner": _line_kt,
 }
 
 

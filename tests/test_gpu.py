@@ -183,3 +183,91 @@ def test_zero_size_launches_nothing(kernels, cp):
         assert len(launched) == 1 and cp.asnumpy(y).tolist() == [3.0] * 5
     finally:
         rt.use_gpu(None)
+
+
+def test_a_call_captured_in_a_cuda_graph_runs_on_each_replay(kernels, cp):
+    """A call inside CuPy's stream capture launches nothing then; each replay of the graph runs
+    it again, on the arrays and the scalar it was captured with."""
+    n = 1 << 16
+    x = cp.asarray(np.random.default_rng(20).integers(-8, 8, n).astype(np.float32))  # integers: sums are exact
+    y = cp.asarray(np.random.default_rng(21).integers(-8, 8, n).astype(np.float32))
+    y0, x0 = cp.asnumpy(y), cp.asnumpy(x)
+    s = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()
+    kernels.saxpy(0.0, x, y, stream=s)  # a first call loads the module: done before capture, as for any graph
+    s.synchronize()
+    s.begin_capture()
+    kernels.saxpy(2.0, x, y, stream=s)
+    graph = s.end_capture()
+    np.testing.assert_array_equal(cp.asnumpy(y), y0)  # captured, not run
+    for replays in (1, 2, 3):
+        graph.launch(stream=s)
+        s.synchronize()
+        np.testing.assert_array_equal(cp.asnumpy(y), y0 + 2 * replays * x0)
+
+
+def test_pytorch_tensors_on_a_pytorch_stream_keep_its_order(kernels):
+    """Tensors from PyTorch, the call on a PyTorch stream between two PyTorch operations on that
+    stream: the kernel sees the first one's result and the second sees the kernel's."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    n = 1 << 20
+    x = torch.from_numpy(rng_array(n, np.float32, 22)).cuda()
+    y = torch.from_numpy(rng_array(n, np.float32, 23)).cuda()
+    x64, y64 = x.cpu().numpy().astype(np.float64), y.cpu().numpy().astype(np.float64)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y.mul_(2.0)
+        kernels.saxpy(3.0, x, y, stream=s)
+        y.add_(1.0)
+    s.synchronize()
+    np.testing.assert_allclose(y.cpu().numpy(), 2 * y64 + 3 * x64 + 1, rtol=1e-6, atol=1e-5)
+
+
+TWO_PROCESSES = """
+import os, sys, time
+import numpy as np
+import cupy as cp
+from example_pkg import kernels
+
+seed, barrier = int(sys.argv[1]), sys.argv[2]
+rng = np.random.default_rng(seed)
+x = rng.integers(-8, 8, 1 << 22).astype(np.float32)  # integers: y + CALLS * x stays exact in float32
+y = rng.integers(-8, 8, 1 << 22).astype(np.float32)
+dx, dy = cp.asarray(x), cp.asarray(y)
+kernels.saxpy(0.0, dx, dy)
+cp.cuda.Device().synchronize()
+open(os.path.join(barrier, str(seed)), "w").close()
+deadline = time.monotonic() + 60
+while len(os.listdir(barrier)) < 2:  # both started: the calls below overlap
+    if time.monotonic() > deadline:
+        sys.exit("the other process never got ready")
+    time.sleep(0.001)
+for _ in range({calls}):
+    kernels.saxpy(1.0, dx, dy)
+cp.cuda.Device().synchronize()
+np.testing.assert_array_equal(cp.asnumpy(dy), y + {calls} * x)
+print("ok", seed)
+"""
+
+
+def test_two_processes_calling_at_once_both_get_their_results(kernels, cp, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    site = Path(kernels.__file__).parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    barrier = tmp_path / "ready"
+    barrier.mkdir()
+    script = TWO_PROCESSES.format(calls=3000)
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(seed), str(barrier)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (31, 32)]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for seed, p, (out, err) in zip((31, 32), procs, outs):
+        assert p.returncode == 0 and out.split() == ["ok", str(seed)], err[-2000:]
