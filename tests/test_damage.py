@@ -362,7 +362,7 @@ def clean(tmp_path_factory) -> SimpleNamespace:
     """example_pkg without a lock file, its wheel from a cold cache, and that cache."""
     tmp = tmp_path_factory.mktemp("clean")
     src = copy_example(tmp / "src")
-    assert not (src / "autotune.lock.json").exists()
+    (src / "autotune.lock.json").unlink()  # the committed one (tuned on an H200); these builds start lockless
     wheel, printed = build_wheel(src, tmp / "out", tmp / "cache")
     assert "12 variant binaries compiled, 0 from the cache" in printed
     return SimpleNamespace(src=src, cache=tmp / "cache", wheel=wheel)

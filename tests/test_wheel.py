@@ -79,15 +79,17 @@ def test_wheel_is_pure_and_reproducible(example_wheels):
     first, second, log1, log2 = example_wheels
     assert first.name == "example_pkg-0.1.0-py3-none-any.whl"
     assert first.read_bytes() == second.read_bytes()  # same lock file -> byte-identical wheels
-    assert "hatch-autotune: in all, 0 variant binaries compiled, 12 from the cache, 0 failed; 12 shipped in the wheel" in log2
+    # example_pkg's committed lock has sm_90 winners (tuned on an H200); sm_80 has none
+    assert "hatch-autotune: in all, 0 variant binaries compiled, 37 from the cache, 0 failed; 36 shipped in the wheel" in log2
     assert "compiling" not in log2  # everything from the cache: no progress lines
     # untuned entries grouped per kernel and reason: a count and a few of them (the wheel's record has all)
     assert (
-        "warning: saxpy: 12 untuned entries use the default config (no lock entry): "
-        "saxpy|T=float32|sm_80|n=4096, saxpy|T=float32|sm_80|n=262144, saxpy|T=float32|sm_80|n=16777216 and 9 more"
+        "warning: saxpy: 6 untuned entries use the default config (no lock entry): "
+        "saxpy|T=float32|sm_80|n=4096, saxpy|T=float32|sm_80|n=262144, saxpy|T=float32|sm_80|n=16777216 and 3 more"
     ) in log1
-    assert "warning: sgemm: 36 untuned entries use the default config (no lock entry): sgemm|-|sm_80|m=256,n=256,k=256, " in log1
-    assert "hatch-autotune: 60 entries: 0 tuned, 60 on the default config" in log1
+    assert "warning: sgemm: 18 untuned entries use the default config (no lock entry): sgemm|-|sm_80|m=256,n=256,k=256, " in log1
+    assert "hatch-autotune: 30 entries use tuned winners from autotune.lock.json" in log1
+    assert "hatch-autotune: 60 entries: 30 tuned, 30 on the default config" in log1
     assert f"`hatch-autotune show {first.name}`" in log1
 
 
@@ -121,8 +123,9 @@ def test_wheel_ships_exactly_the_referenced_binaries_each_valid(example_wheels):
     # the build's outcome, recorded: every entry of the table, why it is untuned, nothing failed
     selected = {(k, t, a, tuple(e["bucket"])) for k, kernel in table["kernels"].items() for t, per in kernel["select"].items() for a, es in per.items() for e in es}
     assert len(outcome["entries"]) == len(selected) == 60
-    assert {(e["status"], e["reason"]) for e in outcome["entries"]} == {("default", "no lock entry")}
-    assert outcome["failures"] == [] and outcome["shipped"] == len(shipped) == 12
+    by_arch = {(e["id"].split("|")[2], e["status"], e["reason"]) for e in outcome["entries"]}
+    assert by_arch == {("sm_80", "default", "no lock entry"), ("sm_90", "tuned", "")}, by_arch
+    assert outcome["failures"] == [] and outcome["shipped"] == len(shipped) == 36
 
 
 CHECK_SCRIPT = textwrap.dedent(
@@ -177,7 +180,8 @@ def test_installs_and_selects_in_a_fresh_runtime_only_venv(example_wheels, tmp_p
     assert saxpy[("sm_89", 1, "float32")][5:7] == ["sm_80", "sm_80"]
     assert saxpy[("sm_90", 1, "float32")][5:7] == ["sm_90", "sm_90"]
     assert saxpy[("sm_120", 1, "float32")][5:7] == ["sm_90", "compute_90"]
-    assert all(r[7] is False and r[8] > 0 for r in by["saxpy"])  # untuned (no lock), binaries load
+    # tuned where the sm_90 entries serve (sm_90, and newer GPUs through its PTX), binaries load
+    assert all(r[7] is (r[5] == "sm_90") and r[8] > 0 for r in by["saxpy"])
     softmax = {(r[1], tuple(r[2])): r for r in by["row_softmax"]}
     assert softmax[("sm_90", (300, 129))][3] == {"rows": 256, "cols": 1024}  # cols maps by ceil
     assert softmax[("sm_90", (10**5, 10**5))][3] == {"rows": 16384, "cols": 8192}
