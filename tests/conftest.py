@@ -139,6 +139,25 @@ def load_project(project_dir: Path, env: dict | None = None) -> ProjectSpec:
     return parse_project(hook_table(project_dir), project_dir, env=env or {})
 
 
+def tune_over_standin(root: Path, cache_dir: Path, log=lambda line: None):
+    """`tune()` of the project at `root` for sm_90, its worker the real worker process over the
+    driver stand-in with emulated kernels (tests/standin_worker.py), one sm_90 device."""
+    from hatch_autotune.build.cache import CompileCache
+    from hatch_autotune.tuning import tune
+    from hatch_autotune.tuning.worker import WorkerClient
+
+    here = Path(__file__).parent
+    worker = [sys.executable, str(here / "standin_worker.py")]
+    env = {**os.environ, "STANDIN_CCS": "9.0", "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
+    return tune(
+        load_project(root),
+        log=log,
+        gpu_arch="sm_90",
+        cache=CompileCache(cache_dir),
+        client_factory=lambda device: WorkerClient(worker, env=env),
+    )
+
+
 def device_sync(device_id: int = 0) -> None:
     """Wait for everything queued on a CUDA device. cuda.core's Device.sync() (like most device
     calls) raises "not yet initialized" unless the device was made current in this process first."""

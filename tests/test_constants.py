@@ -25,7 +25,7 @@ from hatch_autotune.runtime import choose_arch
 from hatch_autotune.spec.config import ConfigError
 from hatch_autotune.tuning.inputs import bucket_inputs, reference_outputs
 
-from conftest import load_project
+from conftest import load_project, tune_over_standin
 
 CONSUMER = Path(__file__).parent / "consumers" / "stencil_kit"
 
@@ -335,11 +335,7 @@ block = ["BLOCK"]
 
 
 def test_each_constant_value_is_tuned_and_verified_through_the_real_worker(tmp_path):
-    import os
-
     from hatch_autotune.build.lock import LockFile
-    from hatch_autotune.tuning import tune
-    from hatch_autotune.tuning.worker import WorkerClient
 
     root = tmp_path / "halo"
     (root / "src" / "halopkg").mkdir(parents=True)
@@ -347,15 +343,7 @@ def test_each_constant_value_is_tuned_and_verified_through_the_real_worker(tmp_p
     (root / "halo.cu.j2").write_text(HALO_TEMPLATE)
     (root / "ref.py").write_text("def halo(x, y, RADIUS):\n    m = len(x) - 2 * RADIUS\n    return sum(x[d:m + d] for d in range(2 * RADIUS + 1))\n")
     (root / "pyproject.toml").write_text('[project]\nname = "halopkg"\nversion = "0"\n\n' + HALO_TABLE)
-    env = {**os.environ, "STANDIN_CCS": "9.0", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    worker = [sys.executable, str(Path(__file__).with_name("standin_worker.py"))]
-    summary = tune(
-        load_project(root),
-        log=lambda m: None,
-        gpu_arch="sm_90",
-        cache=CompileCache(tmp_path / "cache"),
-        client_factory=lambda device: WorkerClient(worker, env=env),
-    )
+    summary = tune_over_standin(root, tmp_path / "cache")
     assert sorted(eid for eid, _ in summary.tuned) == ["halo|RADIUS=1|sm_90|n=5000", "halo|RADIUS=2|sm_90|n=5000"]
     lock = LockFile.load(root / "autotune.lock.json")
     for eid, entry in lock.entries.items():

@@ -22,7 +22,7 @@ from hatch_autotune.tuning import tune
 from hatch_autotune.tuning.inputs import InputError, bucket_inputs, random_inputs, reference_outputs, resolved_dtype
 from hatch_autotune.tuning.worker import WorkerClient
 
-from conftest import load_project, write_tiny_project
+from conftest import load_project, tune_over_standin, write_tiny_project
 
 HERE = Path(__file__).parent
 
@@ -360,15 +360,7 @@ def test_the_user_reference_reaches_the_workers_setup(tmp_path):
 
 def test_the_real_worker_verifies_against_the_user_reference(tmp_path):
     root = scale_project_with_hooks(tmp_path, "real")
-    worker = [sys.executable, str(HERE / "standin_worker.py")]
-    env = {**os.environ, "STANDIN_CCS": "9.0", "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    summary = tune(
-        load_project(root),
-        log=lambda m: None,
-        gpu_arch="sm_90",
-        cache=CompileCache(tmp_path / "cache"),
-        client_factory=lambda device: WorkerClient(worker, env=env),
-    )
+    summary = tune_over_standin(root, tmp_path / "cache")
     assert len(summary.tuned) == 1
     (entry,) = json.loads((root / "autotune.lock.json").read_text())["entries"].values()
     by = {(m["config"]["FACTOR"], m["config"]["BLOCK"]): m for m in entry["measurements"]}

@@ -9,17 +9,8 @@ event timing with the L2 flush, and its JSON protocol. Timings are SYNTHETIC (th
 from __future__ import annotations
 
 import json
-import os
-import sys
-from pathlib import Path
 
-from hatch_autotune.build.cache import CompileCache
-from hatch_autotune.tuning import tune
-from hatch_autotune.tuning.worker import WorkerClient
-
-from conftest import load_project, write_tiny_project
-
-WORKER = [sys.executable, str(Path(__file__).with_name("standin_worker.py"))]
+from conftest import tune_over_standin, write_tiny_project
 
 EMULATED_TEMPLATE = """\
 __device__ const char emu_tag[] = "EMU:MODE={{ MODE }};FACTOR={{ FACTOR }};BLOCK={{ BLOCK }}";
@@ -49,14 +40,7 @@ def test_tune_through_the_real_worker_fails_rejects_kills_and_still_picks_a_veri
     text = text.replace("BAD = false }", 'MODE = "ok" }')
     (root / "pyproject.toml").write_text(text)
     logs: list[str] = []
-    env = {**os.environ, "STANDIN_CCS": "9.0", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    summary = tune(
-        load_project(root),
-        log=logs.append,
-        gpu_arch="sm_90",
-        cache=CompileCache(tmp_path / "cache"),
-        client_factory=lambda device: WorkerClient(WORKER, env=env),
-    )
+    summary = tune_over_standin(root, tmp_path / "cache", log=logs.append)
     assert len(summary.tuned) == 1
     eid, entry = summary.tuned[0]
     statuses = {(m["config"]["MODE"], m["config"]["BLOCK"]): m for m in entry.measurements}
@@ -86,14 +70,7 @@ def test_every_variant_starts_from_the_bucket_inputs_even_after_one_overwrote_th
     text = text.replace("FACTOR = [2, 3], BAD = [false] }", 'FACTOR = [2], MODE = ["clobber", "ok"] }')
     text = text.replace("BAD = false }", 'MODE = "ok" }')
     (root / "pyproject.toml").write_text(text)
-    env = {**os.environ, "STANDIN_CCS": "9.0", "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    summary = tune(
-        load_project(root),
-        log=lambda line: None,
-        gpu_arch="sm_90",
-        cache=CompileCache(tmp_path / "cache"),
-        client_factory=lambda device: WorkerClient(WORKER, env=env),
-    )
+    summary = tune_over_standin(root, tmp_path / "cache")
     (eid, entry), = summary.tuned
     order = [m["config"]["MODE"] for m in entry.measurements]
     assert "clobber" in order[: order.index("ok", order.index("clobber"))], order  # an ok variant runs after a clobbering one
