@@ -58,6 +58,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
+# The package is imported from this checkout (the environment probe, the lock summary): on a GPU
+# machine it is not installed, and `python3 benchmarks/gpu_check.py` puts only benchmarks/ on the path.
+sys.path.insert(0, str(ROOT))
 EXAMPLE = ROOT / "example_pkg"
 LOCK = EXAMPLE / "autotune.lock.json"
 RESULTS_DIR = ROOT / "benchmarks" / "results"
@@ -267,7 +270,6 @@ def probe_env(txt: Path, js: Path) -> int:
             lines.append(f"  {names[0]}: not installed")
     info["versions"] = versions
     try:
-        sys.path.insert(0, str(ROOT))
         from hatch_autotune import __version__
 
         add("hatch_autotune", __version__)
@@ -612,8 +614,6 @@ def _digest(path: Path) -> str | None:
 
 
 def lock_summary(path: Path, arch: str | None) -> str:
-    if str(ROOT) not in sys.path:  # run as `python3 benchmarks/gpu_check.py` where the package is not installed
-        sys.path.insert(0, str(ROOT))
     from hatch_autotune.build.lock import EntryId, LockFile, LockFormatError
 
     if not path.exists():

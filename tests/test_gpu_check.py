@@ -83,3 +83,17 @@ def test_fetch_wheels_pins_are_exact_and_unique():
     for bad in (["hatchling>=1.26"], ["hatchling"], ["hatchling==1.33.0", "Hatchling==1.32.0"]):
         with pytest.raises(ValueError):
             fw.parse_pins(bad)
+
+
+def test_gpu_check_reads_a_lock_where_the_package_is_not_installed(tmp_path):
+    """On a GPU machine hatch-autotune is not installed: gpu_check imports it from the checkout
+    (`-S`: no site-packages, so the editable install here is not seen either). Without that, the
+    tune stage's summary failed on an H200 with ModuleNotFoundError."""
+    script = (
+        "import runpy, sys\nfrom pathlib import Path\n"
+        f"m = runpy.run_path({str(BENCH / 'gpu_check.py')!r}, run_name='probe')\n"
+        f"print(m['lock_summary'](Path({str(ROOT / 'example_pkg' / 'autotune.lock.json')!r}), 'sm_90'))\n"
+    )
+    proc = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "lock: 30 entries for sm_90, 30 tuned (30 in all)"
