@@ -252,6 +252,87 @@ def test_auto_leaves_a_broad_second_best_region_for_a_narrow_optimum():
     assert sum(found("random", seed) for seed in range(10)) <= 1
 
 
+def _another_gpu(space: SearchSpace, speed: list[float]) -> list[float]:
+    """The same kernel's speeds on a related GPU: alike overall, but its optimum (tx=2 with shared
+    memory on) is in the other region, at 0.8 here."""
+    return [s * (1.3 if c["tx"] == 2 else 1.0) * (0.9 if c["ty"] == 4 else 1.0) for c, s in zip(space.configs, speed)]
+
+
+def test_auto_with_another_gpus_results_as_its_prior_finds_the_optimum_sooner():
+    space, speed = _two_regions()
+    best = max(range(len(space)), key=speed.__getitem__)
+    related = _another_gpu(space, speed)
+    assert speed[max(range(len(space)), key=related.__getitem__)] == pytest.approx(0.8)  # its optimum is not this one's
+
+    def found(prior: list[list[float | None]], seed: int) -> bool:
+        return best in run_search(make_strategy("auto", space, seed, prior=prior), lambda i: 1.0 / speed[i], Budget(configs=30), clock=lambda: 0.0)
+
+    assert sum(found([related], seed) for seed in range(10)) >= 8
+    assert sum(found([], seed) for seed in range(10)) <= 2
+
+
+def test_auto_uses_a_prior_only_while_it_predicts_better_than_none():
+    """Decided at each refit by the model's leave-one-out error: the related GPU's results stay
+    in use, results that are noise are dropped."""
+    import random as stdlib_random
+
+    space, speed = _two_regions()
+    noise = stdlib_random.Random(5)
+    for prior, used in (([_another_gpu(space, speed)], True), ([[noise.random() for _ in speed]], False)):
+        auto = make_strategy("auto", space, 0, prior=prior)
+        run_search(auto, lambda i: 1.0 / speed[i], Budget(configs=60), clock=lambda: 0.0)
+        assert auto._prior_on is used
+
+
+def test_the_leave_one_out_error_is_that_of_refitting_without_each_point():
+    import numpy as np
+
+    from hatch_autotune.tuning.search import _loo_error
+
+    rng = np.random.default_rng(1)
+    points = rng.normal(size=(12, 2))
+    kernel = np.exp(-((points[:, None, :] - points[None, :, :]) ** 2).sum(-1)) + 0.1 * np.eye(12)
+    y = rng.normal(size=12)
+    errors = []
+    for i in range(12):
+        rest = [j for j in range(12) if j != i]
+        mean = kernel[i, rest] @ np.linalg.solve(kernel[np.ix_(rest, rest)], y[rest])
+        errors.append((y[i] - mean) ** 2)
+    assert _loo_error(np.linalg.cholesky(kernel), y) == pytest.approx(float(np.mean(errors)))
+
+
+def test_a_prior_that_does_not_predict_changes_nothing():
+    """Results of a GPU where the order is reversed, or where nothing was measured, get no weight:
+    the search is the one without them, config for config."""
+    space, speed = _two_regions()
+    ms = lambda i: 1.0 / speed[i]  # noqa: E731
+
+    def tried(prior: list[list[float | None]]) -> list[int]:
+        return run_search(make_strategy("auto", space, 3, prior=prior), ms, Budget(configs=40), clock=lambda: 0.0)
+
+    cold = tried([])
+    assert tried([[1.0 - s for s in speed]]) == cold
+    assert tried([[None] * len(space), [0.5] * len(space)]) == cold  # nothing known; nothing told apart
+    with pytest.raises(ValueError, match="a prior has 3 speeds for a space of 4096 configs"):
+        make_strategy("auto", space, 0, prior=[[1.0, 0.5, 0.2]])
+
+
+def test_the_prior_mix_is_non_negative_least_squares():
+    import numpy as np
+
+    from hatch_autotune.tuning.search import _nonnegative_fit
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(50, 3))
+    weights, constant = _nonnegative_fit(x, 2.0 * x[:, 0] + 0.5 * x[:, 2] + 1.0)
+    assert weights.tolist() == pytest.approx([2.0, 0.0, 0.5]) and constant == pytest.approx(1.0)
+    y = -x[:, 1] + 0.25 * x[:, 0] + 3.0  # column 1 predicts, reversed: no weight
+    weights, constant = _nonnegative_fit(x, y)
+    assert weights[1] == 0.0 and weights[0] > 0 and (weights >= 0).all()
+    free = np.linalg.lstsq(np.column_stack([x[:, [0, 2]], np.ones(50)]), y, rcond=None)[0]  # the best without column 1
+    assert weights[[0, 2]].tolist() == pytest.approx(np.maximum(free[:2], 0).tolist())
+
+
 def test_an_unknown_strategy_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="unknown search strategy 'annealing': expected one of exhaustive, random, local, tpe, auto"):
         make_strategy("annealing", small_space())
@@ -399,6 +480,38 @@ def test_warm_starts_order_the_previous_winner_then_other_archs_then_the_nearest
     lock.entries[str(EntryId.of("other", "-", "sm_90", {"n": 1024}))] = LockEntry(checksum="c", config={"X": 7}, tuned=True)
     point = Point(EntryId.of("k", "-", "sm_90", {"n": 1024}), (1024,), "c")
     assert warm_starts(lock, point, configs) == [1, 2, 5, 3, 4]
+
+
+def test_a_lock_hands_the_search_its_related_results_as_speeds():
+    """The prior is the nearest related entries' measurements: this entry's previous run, then the
+    same bucket on other archs, then the nearest buckets; failed, rejected and pruned configs
+    count as speed 0, configs not measured there (skipped, or not in the space now) as unknown.
+    It crosses Ray as JSON."""
+    from hatch_autotune.tuning.search import MAX_PRIORS, WarmStart
+    from hatch_autotune.tuning.tuner import related_speeds, warm_start
+
+    configs = [{"X": x} for x in range(6)]
+    lock = LockFile()
+
+    def put(arch: str, n: int, measured: list[tuple[int, str, float | None]], winner: int = 0) -> None:
+        ms = [{"config": {"X": x}, "status": status, **({"median_ms": t} if t is not None else {})} for x, status, t in measured]
+        lock.entries[str(EntryId.of("k", "-", arch, {"n": n}))] = LockEntry(checksum="c", config={"X": winner}, tuned=True, measurements=tuple(ms))
+
+    put("sm_80", 1024, [(0, "ok", 2.0), (1, "eliminated", 8.0), (2, "failed", None), (3, "rejected", 1.0), (4, "skipped", None), (99, "ok", 0.5)])
+    put("sm_90", 1024, [(5, "ok", 1.0), (1, "ok", 4.0), (0, "pruned", None)], winner=5)  # this entry's previous run
+    put("sm_90", 4096, [(2, "ok", 3.0), (3, "ok", "3.0")], winner=2)  # a damaged time reads as not run
+    put("sm_90", 2048, [(4, "ok", 1.0)], winner=4)  # measured only its winner: tells nothing
+    put("sm_90", 65536, [(0, "ok", 1.0), (1, "ok", 2.0)])
+    point = Point(EntryId.of("k", "-", "sm_90", {"n": 1024}), (1024,), "c")
+    assert related_speeds(lock, point, configs) == [
+        [0.0, 0.25, None, None, None, 1.0],
+        [1.0, 0.25, 0.0, 0.0, None, None],
+        [None, None, 1.0, 0.0, None, None],
+    ][:MAX_PRIORS]
+    warm = warm_start(lock, point, configs)
+    assert warm.first == (5, 0, 4, 2) and len(warm.prior) == MAX_PRIORS
+    assert WarmStart.from_json(json.loads(json.dumps(warm.to_json()))) == warm
+    assert warm_start(lock, point, configs, "tpe") == WarmStart(warm.first, ())  # only auto uses a prior
 
 
 # ---- replay --------------------------------------------------------------------------------
@@ -567,10 +680,13 @@ def test_a_bucket_warm_starts_from_the_winners_before_it(tmp_path, conv_cache):
     # a budget of 2: the default and one more; with a warm start, that one is the first bucket's winner
     text = (root / "pyproject.toml").read_text().replace('search = { budget = "15%" }', "search = { budget = 2 }")
     (root / "pyproject.toml").write_text(text)
-    _, warm = replay_tune(root, conv_cache)
+    logs: list[str] = []
+    _, warm = replay_tune(root, conv_cache, logs=logs)
     for eid, entry in warm.entries.items():
         tried = [m["config"] for m in entry.measurements if m["status"] != "skipped"]
         assert winners[eid] in tried  # this entry's previous winner (its checksum is stale now)
+    tuned = [line for line in logs if line.startswith("tuned ")]
+    assert len(tuned) == 2 and all("; prior: the times of 2 earlier result(s)" in line for line in tuned)  # its own and the other bucket's
     (root / "pyproject.toml").write_text(text.replace("search = { budget = 2 }", "search = { budget = 2, warm-start = false, strategy = 'exhaustive' }"))
     _, cold = replay_tune(root, conv_cache)
     for eid, entry in cold.entries.items():
@@ -622,7 +738,7 @@ def test_search_quality_benchmark_runs_on_a_dataset_and_compares_with_kernel_tun
         value = ratios[0] + q * (ratios[1] - ratios[0])
         share = sum(round(x, 2) >= at_least for x in ratios) / 2
         cells.append(f"{value:.2f} ({share:.0%} of seeds)" + (" ✗" if round(value, 2) < at_least else ""))
-    assert goals[2] == f"| convolution | A100 | {cells[0]} | {cells[1]} | - |"
+    assert goals[2] == f"| convolution | A100 | {cells[0]} | {cells[1]} | - | - |"
     scores = result["methodology_score"]
     assert scores["kt:lucky"]["all"] == pytest.approx(1.0)  # the optimum within every budget
     assert scores["kt:stuck"]["all"] < 0  # worse than random sampling

@@ -31,6 +31,7 @@ from ..build.lock import LockEntry
 from ..build.plan import make_plan
 from ..spec.config import ProjectSpec
 from .schedule import Job, SlotLost
+from .search import WarmStart
 from .tuner import (
     BucketJob,
     InstanceBinaries,
@@ -114,7 +115,7 @@ class TuneActor:
             "compiler": self.plan.compiler,
         }
 
-    def tune(self, eid: str, warm: list[int]) -> dict[str, Any]:
+    def tune(self, eid: str, warm: Mapping[str, Any]) -> dict[str, Any]:
         """One bucket: its lock entry (JSON), the log lines it wrote, and when it began and
         ended on this actor's clock (the driver's idle-time figures)."""
         with self._one_at_a_time:
@@ -126,7 +127,7 @@ class TuneActor:
             if key not in self.binaries:
                 self.binaries[key] = _Binaries(job.inst, self.arch, self.cache)
             lines: list[str] = []
-            entry = tune_bucket(self.session, job, self.binaries[key], warm, self.root, self.tmp, lines.append, self.plan.compiler)
+            entry = tune_bucket(self.session, job, self.binaries[key], WarmStart.from_json(warm), self.root, self.tmp, lines.append, self.plan.compiler)
             return {"entry": entry.to_json(), "log": lines, "span": [began, time.monotonic()]}
 
     def close(self) -> None:
@@ -148,7 +149,7 @@ class RaySlot:
 
     def start(self, job: Job) -> Callable[[], LockEntry]:
         ray = _ray()
-        ref = self.actor.tune.remote(job.eid, list(job.warm))
+        ref = self.actor.tune.remote(job.eid, job.warm.to_json())
         return lambda: self._result(ray, ref, job)
 
     def _result(self, ray: Any, ref: Any, job: Job) -> LockEntry:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from ..build.lock import LockEntry
+from .search import WarmStart
 
 Log = Callable[[str], None]
 RETRIES = 2  # a job whose slot is lost goes to another slot at most this many times
@@ -35,13 +36,13 @@ class SlotLost(RuntimeError):
 
 @dataclass(frozen=True)
 class Job:
-    """One point to tune: its lock id, arch, warm starts (config indices, fixed when the run
-    starts so that a result does not depend on which jobs finished before it), and what the
+    """One point to tune: its lock id, arch, warm start (fixed when the run starts so that a
+    result does not depend on which jobs finished before it), and what the
     engine needs to run it (a tuner BucketJob locally; the id is enough for a Ray actor)."""
 
     eid: str
     arch: str
-    warm: tuple[int, ...] = ()
+    warm: WarmStart = WarmStart()
     payload: Any = None
     cost: float = 1.0  # an estimate of its time (configs to measure, inputs to make): bigger goes first
 

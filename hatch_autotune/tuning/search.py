@@ -11,12 +11,15 @@ crashed, gave a wrong answer): the strategy treats it as infinitely slow.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..spec.config import SEARCH_STRATEGIES as STRATEGIES  # the names a project may configure
+
+MAX_PRIORS = 3  # related results a model uses as its prior mean, at most
 
 
 @dataclass
@@ -65,11 +68,14 @@ class SearchSpace:
 
 
 class Strategy:
-    """Proposes configs; `first` (the default, warm starts) are measured before anything else."""
+    """Proposes configs; `first` (the default, warm starts) are measured before anything else.
+    `prior`: per related tuning result (the same bucket on another arch, ...), each config's
+    speed there relative to its fastest (0: failed there, None: not measured there); only `auto`
+    uses it, as its model's prior mean."""
 
     name = ""
 
-    def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = ()):
+    def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = (), prior: Sequence[Sequence[float | None]] = ()):
         self.space = space
         self.rng = random.Random(f"{self.name}:{seed}")
         self.times: dict[int, float] = {}  # told so far; math.inf for a failed config
@@ -166,10 +172,10 @@ class _ModelSearch(Strategy):
     which are unasked as a mask, and each config's ranks as an array over the axes that have
     more than one value (the others tell configs nothing apart)."""
 
-    def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = ()):
+    def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = (), prior: Sequence[Sequence[float | None]] = ()):
         import numpy as np
 
-        super().__init__(space, seed, first)
+        super().__init__(space, seed, first, prior)
         self._np = np
         self._free = np.ones(len(space), dtype=bool)
         self._live = [d for d, n in enumerate(space.sizes) if n > 1]  # the space's axes that are live
@@ -198,8 +204,8 @@ class ParzenSearch(_ModelSearch):
     same, near, decay, floor = 3.0, 0.05, 0.5, 0.05  # per-axis kernel: same value, nearby, anywhere
     prior = 1.0  # weight of a uniform component in both densities: unexplored configs keep a chance
 
-    def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = ()):
-        super().__init__(space, seed, first)
+    def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = (), prior: Sequence[Sequence[float | None]] = ()):
+        super().__init__(space, seed, first, prior)
         np = self._np
         self._columns = []  # per live axis: (each config's rank, kernel table)
         for d, n in enumerate(self._sizes):
@@ -267,7 +273,8 @@ class GaussianProcessSearch(_ModelSearch):
     than its neighbours on another), and whether a block size that is not a power of two is
     slow wherever it lies (three of benchmark_hub's four GPUs). This is what finds a narrow
     optimum away from a broad second-best region (benchmarks/search_quality.py measures it
-    against tpe and Kernel Tuner's strategies).
+    against tpe and Kernel Tuner's strategies). With a warm start, what earlier results
+    measured is the model's prior mean (`_prior_mean`), while it predicts better than none.
 
     The cost stays bounded on big spaces and budgets: a refit keeps `max_train` measurements
     (the fastest half of them and the latest) and the next `max_train` + 1 are added without
@@ -282,9 +289,11 @@ class GaussianProcessSearch(_ModelSearch):
     explore = 3.0  # standard deviations above the mean of every other proposal's bound
     noise_floor = 1e-6
 
-    def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = ()):
-        super().__init__(space, seed, first)
+    def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = (), prior: Sequence[Sequence[float | None]] = ()):
+        super().__init__(space, seed, first, prior)
         np = self._np
+        self._prior = self._prior_columns(prior)  # (configs, related results) standardised, or None
+        self._prior_on = self._prior is not None  # whether the prior predicts the measurements (decided at each refit)
         self._terms = []  # (live axis, distance between any two of its values), one weight each
         for d, (n, values) in enumerate(zip(self._sizes, (space.ordered[a] for a in self._live))):
             ranks = np.arange(n)
@@ -335,6 +344,38 @@ class GaussianProcessSearch(_ModelSearch):
         spread = y.std()
         return (y - y.mean()) / (spread if spread > 0 else 1.0)
 
+    def _prior_columns(self, prior: Sequence[Sequence[float | None]]) -> Any:
+        """The related results as model inputs: each standardised over the configs measured
+        there, 0 (its mean) where a config was not; None without any that tells configs apart."""
+        np = self._np
+        columns = []
+        for speeds in prior[:MAX_PRIORS]:
+            if len(speeds) != len(self.space):
+                raise ValueError(f"a prior has {len(speeds)} speeds for a space of {len(self.space)} configs")
+            known = np.array([s is not None for s in speeds])
+            x = np.array([s if s is not None else 0.0 for s in speeds], dtype=float)
+            if known.sum() < 2 or x[known].std() == 0:
+                continue
+            columns.append(np.where(known, (x - x[known].mean()) / x[known].std(), 0.0))
+        return np.column_stack(columns) if columns else None
+
+    def _prior_mean(self, told: Sequence[int], y: Any) -> Callable[[Any], Any]:
+        """The model's prior mean for any configs: the mix of related results that best predicts
+        the targets `y` of the configs `told` (non-negative weights and a constant, least squares;
+        transfer between GPUs is partial, between buckets strong). A result that does not predict
+        this one gets weight 0; with none that does, the prior mean is 0, as without a prior.
+        Used while it predicts the measurements better than no prior, by the model's
+        leave-one-out error at each refit (`_rebuild`): a GPU whose optimum lies where the others
+        are slow (benchmark_hub's A100 convolution) is searched as without the others' results
+        once its own measurements say so."""
+        np = self._np
+        if self._prior is None:
+            return lambda idx: np.zeros(len(idx))
+        weights, constant = _nonnegative_fit(self._prior[np.array(told)], y)
+        if not weights.any():
+            return lambda idx: np.zeros(len(idx))
+        return lambda idx: constant + self._prior[idx] @ weights
+
     def _choose_train(self) -> list[int]:
         """At most `max_train` told configs: all of them, or the fastest half and the latest."""
         told = list(self.times)  # in the order told
@@ -381,7 +422,9 @@ class GaussianProcessSearch(_ModelSearch):
         """Refit the weights, then the model's state for the current training set and candidates."""
         np = self._np
         self._train = self._choose_train()
-        self._fit(self._train, self._targets(self._train))
+        y = self._targets(self._train)
+        offset = self._prior_mean(self._train, y)(np.array(self._train))
+        self._fit(self._train, y - offset if self._prior_on else y)  # the kernel for the model in use
         self._fitted_at = len(self.times)
         self._tabs = self._tables(self._log_weights)
         free = np.flatnonzero(self._free)
@@ -393,6 +436,7 @@ class GaussianProcessSearch(_ModelSearch):
         self._chol_rows = np.zeros((room, room))  # the Cholesky factor L of the training kernel
         self._proj_rows = np.zeros((room, len(self._candidates)))  # L^-1 K(train, candidates)
         self._chol_rows[:n, :n], self._noise = _cholesky(self._kernel(idx, idx, self._tabs), math.exp(self._log_noise) + self.noise_floor)
+        self._prior_on = self._prior is not None and _loo_error(self._chol_rows[:n, :n], y - offset) < _loo_error(self._chol_rows[:n, :n], y)
         self._proj_rows[:n] = np.linalg.solve(self._chol_rows[:n, :n], self._kernel(idx, self._candidates, self._tabs))
         self._var = np.maximum(1.0 - (self._proj_rows[:n] ** 2).sum(axis=0), 1e-12)
 
@@ -436,8 +480,9 @@ class GaussianProcessSearch(_ModelSearch):
                 self._add(i)
         self._modelled = len(self.times)
         y = self._targets(self._train)
+        prior = self._prior_mean(self._train, y) if self._prior_on else lambda idx: np.zeros(len(idx))
         n = len(self._train)
-        self._mean = _forward(self._chol_rows[:n, :n], y) @ self._proj_rows[:n]
+        self._mean = _forward(self._chol_rows[:n, :n], y - prior(np.array(self._train))) @ self._proj_rows[:n] + prior(self._candidates)
         self._best = y.max()
         score = self._acquisition(self._mean, self._var, self._best, len(self.times))
         best = int(np.argmax(score))
@@ -480,6 +525,34 @@ class GaussianProcessSearch(_ModelSearch):
             return []
         top = np.argpartition(-score, k - 1)[:k]
         return [int(self._candidates[i]) for i in top[np.argsort(-score[top], kind="stable")]]
+
+
+def _nonnegative_fit(x: Any, y: Any) -> tuple[Any, float]:
+    """Least squares y ~ x @ w + c with w >= 0, over every subset of x's few columns (at most
+    MAX_PRIORS: 2^k small solves, exact where a projected method would iterate)."""
+    import numpy as np
+
+    n, k = x.shape
+    best, weights, constant = float(((y - y.mean()) ** 2).sum()), np.zeros(k), float(y.mean())
+    for r in range(1, k + 1):
+        for cols in itertools.combinations(range(k), r):
+            a = np.column_stack([x[:, cols], np.ones(n)])
+            solution = np.linalg.lstsq(a, y, rcond=None)[0]
+            residual = float(((a @ solution - y) ** 2).sum())
+            if (solution[:-1] > 0).all() and residual < best:
+                best, weights, constant = residual, np.zeros(k), float(solution[-1])
+                weights[list(cols)] = solution[:-1]
+    return weights, constant
+
+
+def _loo_error(lower: Any, y: Any) -> float:
+    """The mean squared leave-one-out error of a Gaussian process's prediction of targets `y`
+    from the Cholesky factor of its training kernel (exact: r_i = [K^-1 y]_i / [K^-1]_ii)."""
+    import numpy as np
+
+    inverse = np.linalg.inv(lower)
+    k_inv = inverse.T @ inverse
+    return float((((k_inv @ y) / np.diag(k_inv)) ** 2).mean())
 
 
 def _cholesky(kernel: Any, noise: float) -> tuple[Any, float]:
@@ -528,12 +601,29 @@ def _log_improvement_per_sd(z: Any) -> Any:
     return np.where(z >= 0, above, np.where(z > -12, below, tail))
 
 
-def make_strategy(name: str, space: SearchSpace, seed: int = 0, first: Sequence[int] = ()) -> Strategy:
+def make_strategy(name: str, space: SearchSpace, seed: int = 0, first: Sequence[int] = (), prior: Sequence[Sequence[float | None]] = ()) -> Strategy:
     """The strategy called `name` (config.py's SEARCH_STRATEGIES); `auto` is the recommended one."""
     classes = {c.name: c for c in (Exhaustive, RandomSample, LocalSearch, ParzenSearch, GaussianProcessSearch)}
     if name not in STRATEGIES:
         raise ValueError(f"unknown search strategy {name!r}: expected one of {', '.join(STRATEGIES)}")
-    return classes[name](space, seed, first)
+    return classes[name](space, seed, first, prior)
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What the lock tells a bucket's search before it measures anything: configs to measure
+    first, and related results as `auto`'s prior (see Strategy). Fixed when a run starts; plain
+    data, so that it crosses Ray as JSON."""
+
+    first: tuple[int, ...] = ()
+    prior: tuple[tuple[float | None, ...], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"first": list(self.first), "prior": [list(p) for p in self.prior]}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "WarmStart":
+        return cls(tuple(raw["first"]), tuple(tuple(p) for p in raw["prior"]))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from ..spec.config import ProjectSpec, SearchSpec, TuningSpec
 from .bench import median, spread
 from .inputs import bucket_inputs, input_bytes, reference_outputs
 from .schedule import Job, ScheduleResult, Slot, run_schedule, text_table
-from .search import Budget, SearchSpace, make_strategy, run_search
+from .search import MAX_PRIORS, Budget, SearchSpace, WarmStart, make_strategy, run_search
 from .verify import tolerance
 from .worker import WorkerClient, WorkerDied
 
@@ -111,10 +111,9 @@ def prune_reason(
 MAX_WARM = 8  # warm-start configs measured first, at most
 
 
-def warm_starts(lock: LockFile, point: Point, configs: Sequence[Mapping[str, Any]]) -> list[int]:
-    """Configs worth measuring first (indices into `configs`): this entry's previous winner, then
-    the tuned winners of the instance's other entries: the same bucket on other archs first,
-    then the nearest buckets (log2 distance). A lock tuned on one GPU warm-starts the next."""
+def _related(lock: LockFile, point: Point) -> list[LockEntry]:
+    """The tuned entries of the point's instance, likeliest to resemble it first: its own
+    previous result, the same bucket on other archs, then the nearest buckets (log2 distance)."""
     me = point.id
 
     def distance(eid: EntryId) -> tuple:
@@ -128,10 +127,51 @@ def warm_starts(lock: LockFile, point: Point, configs: Sequence[Mapping[str, Any
         except LockFormatError:
             continue
         if entry.tuned and eid.kernel == me.kernel and eid.types == me.types:
-            found.append((distance(eid), entry.config))
+            found.append((distance(eid), entry))
+    return [entry for _, entry in sorted(found, key=lambda f: f[0])]
+
+
+def warm_starts(lock: LockFile, point: Point, configs: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Configs worth measuring first (indices into `configs`): the winners of the related
+    entries, in `_related`'s order. A lock tuned on one GPU warm-starts the next."""
     index = {_config_key(c): i for i, c in enumerate(configs)}
-    picks = (index.get(_config_key(config)) for _, config in sorted(found, key=lambda f: f[0]))
+    picks = (index.get(_config_key(entry.config)) for entry in _related(lock, point))
     return list(dict.fromkeys(i for i in picks if i is not None))[:MAX_WARM]
+
+
+def related_speeds(lock: LockFile, point: Point, configs: Sequence[Mapping[str, Any]]) -> list[list[float | None]]:
+    """The measurements of the nearest related entries that measured more than one config (at
+    most search.MAX_PRIORS), as each config's speed there relative to its fastest (0: failed,
+    rejected or pruned there; None: not measured there): `auto`'s prior. How much they help is
+    measured by benchmarks/search_quality.py (`warm`)."""
+    index = {_config_key(c): i for i, c in enumerate(configs)}
+    out = []
+    for entry in _related(lock, point):
+        times: dict[int, float] = {}  # config index -> median ms; inf where it did not run
+        for m in entry.measurements:
+            i = index.get(_config_key(m["config"]))
+            ms = m.get("median_ms")
+            if i is None or m.get("status") == "skipped":
+                continue
+            timed = m.get("status") in TIMED and isinstance(ms, (int, float)) and not isinstance(ms, bool) and 0 < ms < math.inf
+            times[i] = min(times.get(i, math.inf), ms if timed else math.inf)
+        fastest = min(times.values(), default=math.inf)
+        if len(times) < 2 or math.isinf(fastest):
+            continue
+        speeds: list[float | None] = [None] * len(configs)
+        for i, t in times.items():
+            speeds[i] = fastest / t
+        out.append(speeds)
+        if len(out) == MAX_PRIORS:
+            break
+    return out
+
+
+def warm_start(lock: LockFile, point: Point, configs: Sequence[Mapping[str, Any]], strategy: str = "auto") -> WarmStart:
+    """What the lock, as it is when the run starts, tells this point's search (the prior only
+    to `auto`, the one strategy that uses it)."""
+    prior = related_speeds(lock, point, configs) if strategy == "auto" else []
+    return WarmStart(tuple(warm_starts(lock, point, configs)), tuple(tuple(s) for s in prior))
 
 
 def _config_key(config: Mapping[str, Any]) -> str:
@@ -404,7 +444,7 @@ def tune_bucket(
     session: _Session,
     job: BucketJob,
     binaries: _Binaries,
-    warm: Sequence[int],
+    warm: WarmStart,
     root: Path,
     tmp: Path,
     log: Log,
@@ -449,7 +489,7 @@ def tune_bucket(
     search = spec.search
     budget = Budget(search.configs_budget(len(configs)), search.seconds)
     total = min(budget.configs or len(configs), len(configs))
-    strategy = make_strategy(search.strategy, SearchSpace(spec.space, configs), zlib.crc32(f"{search.seed}:{job.eid}".encode()), [default_index, *warm])
+    strategy = make_strategy(search.strategy, SearchSpace(spec.space, configs), zlib.crc32(f"{search.seed}:{job.eid}".encode()), [default_index, *warm.first], warm.prior)
     measurements: dict[int, Measurement] = {}
     # reference: the index of the config whose outputs are the reference (None: a user reference)
     state: dict[str, Any] = {"leader": None, "best": None, "reference": None, "seconds": 0.0}
@@ -519,6 +559,7 @@ def tune_bucket(
         f"({counts['eliminated']} eliminated early), {counts['rejected']} rejected, {counts['failed']} failed, "
         f"{counts['pruned']} pruned; best {winner.config} {winner.median_ms:.4f} ms"
         + (f" ({default_ms / winner.median_ms:.2f}x the default)" if default_ms else "")
+        + (f"; prior: the times of {len(warm.prior)} earlier result(s)" if warm.prior else "")
         + (f"; worker {', '.join(f'{k} {v:.1f} s' for k, v in phases.items())}" if phases else "")
     )
     return LockEntry(
@@ -726,9 +767,9 @@ def run_tuning(plan: Plan, todo: Todo, slots: Sequence[Slot], binaries: Instance
         measured = min(inst.spec.search.configs_budget(len(inst.configs)) or len(inst.configs), len(inst.configs))
         for p in points:
             bucket = BucketJob(inst, p)
-            warm = warm_starts(plan.lock, p, inst.configs) if inst.spec.search.warm_start else []
+            warm = warm_start(plan.lock, p, inst.configs, inst.spec.search.strategy) if inst.spec.search.warm_start else WarmStart()
             cost = measured + input_bytes(inst.spec, p.id.bucket, inst.types) / HOST_BYTES_PER_CONFIG
-            jobs.append(Job(p.eid, arch, tuple(warm), bucket, cost=cost))
+            jobs.append(Job(p.eid, arch, warm, bucket, cost=cost))
 
     saver = LockSaver(plan.lock, plan.project.lock_file)
 
