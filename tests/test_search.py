@@ -27,7 +27,7 @@ from hatch_autotune.spec.config import ConfigError, SearchSpec, TuningSpec
 from hatch_autotune.tuning import tune
 from hatch_autotune.tuning.replay import Record, ReplayData, ReplayDataError, ReplayDevice
 from hatch_autotune.tuning.search import STRATEGIES, Budget, SearchSpace, make_strategy, run_search
-from hatch_autotune.tuning.tuner import warm_starts
+from hatch_autotune.tuning.tuner import warm_start
 from hatch_autotune.tuning.worker import WorkerClient
 
 from conftest import load_benchmark, load_project
@@ -287,7 +287,7 @@ def test_auto_uses_a_prior_only_while_it_predicts_better_than_none():
 def test_the_leave_one_out_error_is_that_of_refitting_without_each_point():
     import numpy as np
 
-    from hatch_autotune.tuning.search import _loo_error
+    from hatch_autotune.tuning.search import _loo_errors
 
     rng = np.random.default_rng(1)
     points = rng.normal(size=(12, 2))
@@ -298,7 +298,7 @@ def test_the_leave_one_out_error_is_that_of_refitting_without_each_point():
         rest = [j for j in range(12) if j != i]
         mean = kernel[i, rest] @ np.linalg.solve(kernel[np.ix_(rest, rest)], y[rest])
         errors.append((y[i] - mean) ** 2)
-    assert _loo_error(np.linalg.cholesky(kernel), y) == pytest.approx(float(np.mean(errors)))
+    assert _loo_errors(np.linalg.cholesky(kernel), [y, 2 * y]) == pytest.approx([float(np.mean(errors)), 4 * float(np.mean(errors))])
 
 
 def test_a_prior_that_does_not_predict_changes_nothing():
@@ -479,7 +479,7 @@ def test_warm_starts_order_the_previous_winner_then_other_archs_then_the_nearest
     put("sm_90", 8192, 99)  # not in the space (the space changed): skipped
     lock.entries[str(EntryId.of("other", "-", "sm_90", {"n": 1024}))] = LockEntry(checksum="c", config={"X": 7}, tuned=True)
     point = Point(EntryId.of("k", "-", "sm_90", {"n": 1024}), (1024,), "c")
-    assert warm_starts(lock, point, configs) == [1, 2, 5, 3, 4]
+    assert warm_start(lock, point, configs).first == (1, 2, 5, 3, 4)
 
 
 def test_a_lock_hands_the_search_its_related_results_as_speeds():
@@ -488,7 +488,6 @@ def test_a_lock_hands_the_search_its_related_results_as_speeds():
     count as speed 0, configs not measured there (skipped, or not in the space now) as unknown.
     It crosses Ray as JSON."""
     from hatch_autotune.tuning.search import MAX_PRIORS, WarmStart
-    from hatch_autotune.tuning.tuner import related_speeds, warm_start
 
     configs = [{"X": x} for x in range(6)]
     lock = LockFile()
@@ -503,12 +502,12 @@ def test_a_lock_hands_the_search_its_related_results_as_speeds():
     put("sm_90", 2048, [(4, "ok", 1.0)], winner=4)  # measured only its winner: tells nothing
     put("sm_90", 65536, [(0, "ok", 1.0), (1, "ok", 2.0)])
     point = Point(EntryId.of("k", "-", "sm_90", {"n": 1024}), (1024,), "c")
-    assert related_speeds(lock, point, configs) == [
-        [0.0, 0.25, None, None, None, 1.0],
-        [1.0, 0.25, 0.0, 0.0, None, None],
-        [None, None, 1.0, 0.0, None, None],
-    ][:MAX_PRIORS]
     warm = warm_start(lock, point, configs)
+    assert warm.prior == (
+        (0.0, 0.25, None, None, None, 1.0),
+        (1.0, 0.25, 0.0, 0.0, None, None),
+        (None, None, 1.0, 0.0, None, None),
+    )[:MAX_PRIORS]
     assert warm.first == (5, 0, 4, 2) and len(warm.prior) == MAX_PRIORS
     assert WarmStart.from_json(json.loads(json.dumps(warm.to_json()))) == warm
     assert warm_start(lock, point, configs, "tpe") == WarmStart(warm.first, ())  # only auto uses a prior

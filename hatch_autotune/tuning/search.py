@@ -370,10 +370,10 @@ class GaussianProcessSearch(_ModelSearch):
         once its own measurements say so."""
         np = self._np
         if self._prior is None:
-            return lambda idx: np.zeros(len(idx))
+            return _no_prior
         weights, constant = _nonnegative_fit(self._prior[np.array(told)], y)
         if not weights.any():
-            return lambda idx: np.zeros(len(idx))
+            return _no_prior
         return lambda idx: constant + self._prior[idx] @ weights
 
     def _choose_train(self) -> list[int]:
@@ -436,7 +436,9 @@ class GaussianProcessSearch(_ModelSearch):
         self._chol_rows = np.zeros((room, room))  # the Cholesky factor L of the training kernel
         self._proj_rows = np.zeros((room, len(self._candidates)))  # L^-1 K(train, candidates)
         self._chol_rows[:n, :n], self._noise = _cholesky(self._kernel(idx, idx, self._tabs), math.exp(self._log_noise) + self.noise_floor)
-        self._prior_on = self._prior is not None and _loo_error(self._chol_rows[:n, :n], y - offset) < _loo_error(self._chol_rows[:n, :n], y)
+        if self._prior is not None:
+            with_prior, without = _loo_errors(self._chol_rows[:n, :n], [y - offset, y])
+            self._prior_on = with_prior < without
         self._proj_rows[:n] = np.linalg.solve(self._chol_rows[:n, :n], self._kernel(idx, self._candidates, self._tabs))
         self._var = np.maximum(1.0 - (self._proj_rows[:n] ** 2).sum(axis=0), 1e-12)
 
@@ -480,7 +482,7 @@ class GaussianProcessSearch(_ModelSearch):
                 self._add(i)
         self._modelled = len(self.times)
         y = self._targets(self._train)
-        prior = self._prior_mean(self._train, y) if self._prior_on else lambda idx: np.zeros(len(idx))
+        prior = self._prior_mean(self._train, y) if self._prior_on else _no_prior
         n = len(self._train)
         self._mean = _forward(self._chol_rows[:n, :n], y - prior(np.array(self._train))) @ self._proj_rows[:n] + prior(self._candidates)
         self._best = y.max()
@@ -527,6 +529,13 @@ class GaussianProcessSearch(_ModelSearch):
         return [int(self._candidates[i]) for i in top[np.argsort(-score[top], kind="stable")]]
 
 
+def _no_prior(idx: Any) -> Any:
+    """The prior mean without a prior: 0 for every config (the targets are standardised)."""
+    import numpy as np
+
+    return np.zeros(len(idx))
+
+
 def _nonnegative_fit(x: Any, y: Any) -> tuple[Any, float]:
     """Least squares y ~ x @ w + c with w >= 0, over every subset of x's few columns (at most
     MAX_PRIORS: 2^k small solves, exact where a projected method would iterate)."""
@@ -545,14 +554,16 @@ def _nonnegative_fit(x: Any, y: Any) -> tuple[Any, float]:
     return weights, constant
 
 
-def _loo_error(lower: Any, y: Any) -> float:
-    """The mean squared leave-one-out error of a Gaussian process's prediction of targets `y`
-    from the Cholesky factor of its training kernel (exact: r_i = [K^-1 y]_i / [K^-1]_ii)."""
+def _loo_errors(lower: Any, targets: Sequence[Any]) -> list[float]:
+    """For each of `targets`, the mean squared leave-one-out error of a Gaussian process's
+    prediction of it, from the Cholesky factor of its training kernel (exact:
+    r_i = [K^-1 y]_i / [K^-1]_ii; the inverse formed once for all of them)."""
     import numpy as np
 
     inverse = np.linalg.inv(lower)
     k_inv = inverse.T @ inverse
-    return float((((k_inv @ y) / np.diag(k_inv)) ** 2).mean())
+    diagonal = np.diag(k_inv)
+    return [float((((k_inv @ y) / diagonal) ** 2).mean()) for y in targets]
 
 
 def _cholesky(kernel: Any, noise: float) -> tuple[Any, float]:

@@ -131,22 +131,26 @@ def _related(lock: LockFile, point: Point) -> list[LockEntry]:
     return [entry for _, entry in sorted(found, key=lambda f: f[0])]
 
 
-def warm_starts(lock: LockFile, point: Point, configs: Sequence[Mapping[str, Any]]) -> list[int]:
-    """Configs worth measuring first (indices into `configs`): the winners of the related
-    entries, in `_related`'s order. A lock tuned on one GPU warm-starts the next."""
+def warm_start(lock: LockFile, point: Point, configs: Sequence[Mapping[str, Any]], strategy: str = "auto") -> WarmStart:
+    """What the lock, as it is when the run starts, tells this point's search: the winners of
+    the related entries to measure first (`_related`'s order, at most MAX_WARM; a lock tuned on
+    one GPU warm-starts the next), and to `auto`, the one strategy that uses it, their times as
+    its prior (`_speeds`)."""
+    related = _related(lock, point)
     index = {_config_key(c): i for i, c in enumerate(configs)}
-    picks = (index.get(_config_key(entry.config)) for entry in _related(lock, point))
-    return list(dict.fromkeys(i for i in picks if i is not None))[:MAX_WARM]
+    picks = (index.get(_config_key(entry.config)) for entry in related)
+    first = list(dict.fromkeys(i for i in picks if i is not None))[:MAX_WARM]
+    prior = _speeds(related, index, len(configs)) if strategy == "auto" else []
+    return WarmStart(tuple(first), tuple(tuple(s) for s in prior))
 
 
-def related_speeds(lock: LockFile, point: Point, configs: Sequence[Mapping[str, Any]]) -> list[list[float | None]]:
-    """The measurements of the nearest related entries that measured more than one config (at
+def _speeds(related: Sequence[LockEntry], index: Mapping[str, int], n_configs: int) -> list[list[float | None]]:
+    """The measurements of the first related entries that measured more than one config (at
     most search.MAX_PRIORS), as each config's speed there relative to its fastest (0: failed,
-    rejected or pruned there; None: not measured there): `auto`'s prior. How much they help is
-    measured by benchmarks/search_quality.py (`warm`)."""
-    index = {_config_key(c): i for i, c in enumerate(configs)}
+    rejected or pruned there; None: not measured there). How much they help is measured by
+    benchmarks/search_quality.py (`warm`)."""
     out = []
-    for entry in _related(lock, point):
+    for entry in related:
         times: dict[int, float] = {}  # config index -> median ms; inf where it did not run
         for m in entry.measurements:
             i = index.get(_config_key(m["config"]))
@@ -158,20 +162,13 @@ def related_speeds(lock: LockFile, point: Point, configs: Sequence[Mapping[str, 
         fastest = min(times.values(), default=math.inf)
         if len(times) < 2 or math.isinf(fastest):
             continue
-        speeds: list[float | None] = [None] * len(configs)
+        speeds: list[float | None] = [None] * n_configs
         for i, t in times.items():
             speeds[i] = fastest / t
         out.append(speeds)
         if len(out) == MAX_PRIORS:
             break
     return out
-
-
-def warm_start(lock: LockFile, point: Point, configs: Sequence[Mapping[str, Any]], strategy: str = "auto") -> WarmStart:
-    """What the lock, as it is when the run starts, tells this point's search (the prior only
-    to `auto`, the one strategy that uses it)."""
-    prior = related_speeds(lock, point, configs) if strategy == "auto" else []
-    return WarmStart(tuple(warm_starts(lock, point, configs)), tuple(tuple(s) for s in prior))
 
 
 def _config_key(config: Mapping[str, Any]) -> str:
