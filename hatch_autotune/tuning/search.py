@@ -70,10 +70,11 @@ class SearchSpace:
 class Strategy:
     """Proposes configs; `first` (the default, warm starts) are measured before anything else.
     `prior`: per related tuning result (the same bucket on another arch, ...), each config's
-    speed there relative to its fastest (0: failed there, None: not measured there); only `auto`
-    uses it, as its model's prior mean."""
+    speed there relative to its fastest (0: failed there, None: not measured there); used only
+    by a strategy with `uses_prior` (`auto`, as its model's prior mean)."""
 
     name = ""
+    uses_prior = False  # whether `prior` changes what it proposes: the tuner builds one only then
 
     def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = (), prior: Sequence[Sequence[float | None]] = ()):
         self.space = space
@@ -282,6 +283,7 @@ class GaussianProcessSearch(_ModelSearch):
     scored (a seeded sample, drawn again at every refit)."""
 
     name = "auto"
+    uses_prior = True
     initial = 10  # random configs before the model decides
     max_train = 300  # measurements a refit keeps: the fastest half and the latest
     max_candidates = 16384  # unmeasured configs scored per proposal, beyond which a sample
@@ -612,12 +614,23 @@ def _log_improvement_per_sd(z: Any) -> Any:
     return np.where(z >= 0, above, np.where(z > -12, below, tail))
 
 
-def make_strategy(name: str, space: SearchSpace, seed: int = 0, first: Sequence[int] = (), prior: Sequence[Sequence[float | None]] = ()) -> Strategy:
-    """The strategy called `name` (config.py's SEARCH_STRATEGIES); `auto` is the recommended one."""
-    classes = {c.name: c for c in (Exhaustive, RandomSample, LocalSearch, ParzenSearch, GaussianProcessSearch)}
+_CLASSES = {c.name: c for c in (Exhaustive, RandomSample, LocalSearch, ParzenSearch, GaussianProcessSearch)}
+
+
+def _strategy_class(name: str) -> type[Strategy]:
     if name not in STRATEGIES:
         raise ValueError(f"unknown search strategy {name!r}: expected one of {', '.join(STRATEGIES)}")
-    return classes[name](space, seed, first, prior)
+    return _CLASSES[name]
+
+
+def make_strategy(name: str, space: SearchSpace, seed: int = 0, first: Sequence[int] = (), prior: Sequence[Sequence[float | None]] = ()) -> Strategy:
+    """The strategy called `name` (config.py's SEARCH_STRATEGIES); `auto` is the recommended one."""
+    return _strategy_class(name)(space, seed, first, prior)
+
+
+def uses_prior(name: str) -> bool:
+    """Whether the strategy called `name` uses a prior (`Strategy.uses_prior`)."""
+    return _strategy_class(name).uses_prior
 
 
 @dataclass(frozen=True)

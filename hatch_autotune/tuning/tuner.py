@@ -32,7 +32,7 @@ from ..spec.config import ProjectSpec, SearchSpec, TuningSpec
 from .bench import median, spread
 from .inputs import bucket_inputs, input_bytes, reference_outputs
 from .schedule import Job, ScheduleResult, Slot, run_schedule, text_table
-from .search import MAX_PRIORS, Budget, SearchSpace, WarmStart, make_strategy, run_search
+from .search import MAX_PRIORS, Budget, SearchSpace, WarmStart, make_strategy, run_search, uses_prior
 from .verify import tolerance
 from .worker import WorkerClient, WorkerDied
 
@@ -134,13 +134,13 @@ def _related(lock: LockFile, point: Point) -> list[LockEntry]:
 def warm_start(lock: LockFile, point: Point, configs: Sequence[Mapping[str, Any]], strategy: str = "auto") -> WarmStart:
     """What the lock, as it is when the run starts, tells this point's search: the winners of
     the related entries to measure first (`_related`'s order, at most MAX_WARM; a lock tuned on
-    one GPU warm-starts the next), and to `auto`, the one strategy that uses it, their times as
-    its prior (`_speeds`)."""
+    one GPU warm-starts the next), and to a strategy that uses one (`auto`), their times as its
+    prior (`_speeds`)."""
     related = _related(lock, point)
     index = {_config_key(c): i for i, c in enumerate(configs)}
     picks = (index.get(_config_key(entry.config)) for entry in related)
     first = list(dict.fromkeys(i for i in picks if i is not None))[:MAX_WARM]
-    prior = _speeds(related, index, len(configs)) if strategy == "auto" else []
+    prior = _speeds(related, index, len(configs)) if uses_prior(strategy) else []
     return WarmStart(tuple(first), tuple(tuple(s) for s in prior))
 
 
