@@ -49,7 +49,7 @@ def require_gpu(script: str) -> str:
 
 
 def example_project(root: Path = EXAMPLE, env: dict[str, str] | None = None) -> Any:
-    from hatch_autotune.spec.config import parse_project
+    from hatch_autotune.declare.config import parse_project
 
     table = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["autotune"]
     return parse_project(table, root, env=env or {})
@@ -57,9 +57,10 @@ def example_project(root: Path = EXAMPLE, env: dict[str, str] | None = None) -> 
 
 def import_generated(project: Any, site: Path) -> Any:
     """Build the generated package with the real pipeline into `site` and import it."""
-    from hatch_autotune.build.cache import CompileCache, default_cache_dir
-    from hatch_autotune.build.payload import write_package
-    from hatch_autotune.build.pipeline import build_payload
+    from hatch_autotune.compile.cache import CompileCache
+    from hatch_autotune.compile.tiers import default_cache_dir
+    from hatch_autotune.wheel.payload import write_package
+    from hatch_autotune.wheel.assemble import build_payload
 
     result = build_payload(project, cache=CompileCache(default_cache_dir()), log=lambda m: None)
     pkg = site / "example_pkg"
@@ -106,7 +107,7 @@ def machine() -> dict[str, Any]:
         dev.set_current()
         err, v = driver.cuDriverGetVersion()
         info.update(gpu=dev.name, cc=".".join(map(str, dev.compute_capability)), driver_cuda=f"{v // 1000}.{(v % 1000) // 10}")
-        from hatch_autotune.build.compile import nvrtc_version
+        from hatch_autotune.compile.nvrtc import nvrtc_version
 
         info["nvrtc"] = nvrtc_version()
     except Exception as exc:  # no GPU: say so in the file rather than guess

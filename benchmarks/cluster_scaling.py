@@ -70,7 +70,7 @@ def project_copy(dest: Path, kernels: list[str] | None) -> Path:
 
 
 def load(root: Path) -> Any:
-    from hatch_autotune.inspection.readers import load_project  # as the command and the Ray actors read it
+    from hatch_autotune.declare.project import load_project  # as the command and the Ray actors read it
 
     return load_project(root)
 
@@ -88,8 +88,8 @@ def comparable(lock_file: Path) -> dict[str, Any]:
 
 
 def run_local(root: Path, n: int, measure_ms: float, cache_dir: Path) -> tuple[float, Any]:
-    from hatch_autotune.build.cache import CompileCache
-    from hatch_autotune.build.devices import Gpu
+    from hatch_autotune.compile.cache import CompileCache
+    from hatch_autotune.plan.devices import Gpu
     from hatch_autotune.tuning import tune
     from hatch_autotune.tuning.worker import WorkerClient
 
@@ -101,7 +101,7 @@ def run_local(root: Path, n: int, measure_ms: float, cache_dir: Path) -> tuple[f
 
 
 def run_ray(address: str, root: Path, measure_ms: float, cache_dir: Path) -> tuple[float, Any]:
-    from hatch_autotune.build.cache import CompileCache
+    from hatch_autotune.compile.cache import CompileCache
     from hatch_autotune.tuning.ray_engine import tune_on_ray
 
     workers = {ARCH: {"command": FAKE_WORKER, "env": worker_env(measure_ms)}}
@@ -112,7 +112,7 @@ def run_ray(address: str, root: Path, measure_ms: float, cache_dir: Path) -> tup
 
 def scheduler_overhead(jobs: int = 2000, slots: int = 4) -> float:
     """Milliseconds per job of run_schedule alone: jobs that return at once."""
-    from hatch_autotune.build.lock import LockEntry
+    from hatch_autotune.lock import LockEntry
     from hatch_autotune.tuning.schedule import Job, run_schedule
 
     entry = LockEntry(checksum="c", config={}, tuned=True)
@@ -165,9 +165,9 @@ def main() -> None:
     repeats = 1 if opts.quick else opts.repeats
     import ray  # noqa: F401 - imported now, after the loopback switch above
 
-    from hatch_autotune.build import compile as compile_mod
-    from hatch_autotune.build.cache import CompileCache
-    from hatch_autotune.build.plan import make_plan
+    from hatch_autotune.compile import nvrtc as compile_mod
+    from hatch_autotune.compile.cache import CompileCache
+    from hatch_autotune.plan.planner import make_plan
 
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {"local": {n: [] for n in WORKERS}}
     runs.update({name: {n: [] for n in WORKERS if shape(n)} for name, shape in RAY_NODES.items()})

@@ -10,7 +10,7 @@ pure-Python) wheels, each pinned to one version (PINS below):
 
 - hatchling (the build backend of hatch-autotune and example_pkg) and the part of its
   Requires-Dist the machine lacks: tomlkit, trove-classifiers;
-- platformdirs (hatch_autotune.build.cache's default cache directory);
+- platformdirs (hatch_autotune.compile.cache's default cache directory);
 - kernel_tuner (benchmarks/tune_vs_kernel_tuner.py, through its CuPy backend, which never imports
   `cuda.cuda`) and the part of its Requires-Dist the machine lacks: python-constraint2,
   xmltodict, jsonschema (+ jsonschema-specifications, referencing, rpds-py). Not carried: pymoo,
@@ -50,7 +50,7 @@ PINS = [
     "hatchling==1.33.0",
     "tomlkit==0.15.2",
     "trove-classifiers==2026.9.21.13",
-    # hatch_autotune.build.cache.default_cache_dir()
+    # hatch_autotune.compile.tiers.default_cache_dir()
     "platformdirs==4.14.7",
     # kernel_tuner 1.5.0 imports cuda.bindings (cuda-python 13), not `from cuda import cuda`; the
     # benchmark uses its CuPy backend anyway. Requires-Dist: numpy, packaging, pandas, scipy,
@@ -103,8 +103,8 @@ print(f"  kernel_tuner Searchspace with a callable restriction (python-constrain
 from kernel_tuner.backends import cupy as kt_cupy
 print(f"  kernel_tuner.backends.cupy imported (CuPy here: {kt_cupy.cp is not None})")
 sys.path.insert(0, root)
-import hatch_autotune.hatch.hooks, hatch_autotune.build.cache
-print(f"  hatch_autotune.hatch.hooks (hatchling hook) ok; default cache dir {hatch_autotune.build.cache.default_cache_dir()}")
+import hatch_autotune.hatch.hooks, hatch_autotune.compile.cache
+print(f"  hatch_autotune.hatch.hooks (hatchling hook) ok; default cache dir {hatch_autotune.compile.tiers.default_cache_dir()}")
 print("verified: python " + sys.version.split()[0])
 """
 

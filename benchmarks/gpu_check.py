@@ -305,7 +305,7 @@ def probe_env(txt: Path, js: Path) -> int:
     attempt("cuda driver", driver_facts)
 
     def nvrtc() -> None:
-        from hatch_autotune.build import compile as comp
+        from hatch_autotune.compile import nvrtc as comp
 
         add("nvrtc", f"{comp.nvrtc_version()} ({comp.nvrtc_build()})")
 
@@ -323,7 +323,7 @@ def probe_env(txt: Path, js: Path) -> int:
     attempt("cuda.core device", device)
 
     def arch() -> None:
-        from hatch_autotune.build.devices import detect_gpu_arch
+        from hatch_autotune.plan.devices import detect_gpu_arch
 
         add("arch", detect_gpu_arch())
 
@@ -614,7 +614,7 @@ def _digest(path: Path) -> str | None:
 
 
 def lock_summary(path: Path, arch: str | None) -> str:
-    from hatch_autotune.build.lock import EntryId, LockFile, LockFormatError
+    from hatch_autotune.lock import EntryId, LockFile, LockFormatError
 
     if not path.exists():
         return f"lock file unreadable: {path}: no such file"

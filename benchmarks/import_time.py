@@ -22,10 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hatch_autotune.build.cache import CompileCache, default_cache_dir  # noqa: E402
-from hatch_autotune.spec.config import parse_project  # noqa: E402
-from hatch_autotune.build.payload import write_package  # noqa: E402
-from hatch_autotune.build.pipeline import build_payload  # noqa: E402
+from hatch_autotune.compile.cache import CompileCache  # noqa: E402
+from hatch_autotune.compile.tiers import default_cache_dir
+from hatch_autotune.declare.config import parse_project  # noqa: E402
+from hatch_autotune.wheel.payload import write_package  # noqa: E402
+from hatch_autotune.wheel.assemble import build_payload  # noqa: E402
 
 PROBE = """
 import sys, time

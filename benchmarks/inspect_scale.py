@@ -50,7 +50,7 @@ def _example_kernels() -> list[tuple[str, Any]]:
     import tomllib
 
     sys.path.insert(0, str(ROOT))
-    from hatch_autotune.spec.config import parse_project
+    from hatch_autotune.declare.config import parse_project
 
     table = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["autotune"]
     return list(parse_project(table, EXAMPLE, env={}).kernels.items())
@@ -62,8 +62,8 @@ def big_lock(n_entries: int, *, seed: int = 0, configs_per_kernel: int = CONFIGS
     its kernel's configs (the default always in), every type instance x arch x bucket an entry
     whose measurements follow the tuner's format: mostly timed, some eliminated early, a few
     rejected, failed or pruned; about 1% untuned. Deterministic for a seed."""
-    from hatch_autotune.build.lock import LOCK_SCHEMA, EntryId
-    from hatch_autotune.spec.space import bucket_points
+    from hatch_autotune.lock import LOCK_SCHEMA, EntryId
+    from hatch_autotune.declare.space import bucket_points
 
     rng = random.Random(seed)
     kernels = _example_kernels()

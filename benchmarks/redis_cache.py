@@ -71,14 +71,14 @@ def stop_redis(proc: subprocess.Popen) -> None:
 
 
 def build(project: Any, cache: Any) -> dict[str, int]:
-    from hatch_autotune.build.pipeline import build_payload
+    from hatch_autotune.wheel.assemble import build_payload
 
     return build_payload(project, cache=cache, log=lambda m: None).counts
 
 
 def all_variants(project: Any, cache: Any, arch: str = "sm_90") -> dict[str, int]:
-    from hatch_autotune.build import compile as compile_mod
-    from hatch_autotune.build.plan import make_plan
+    from hatch_autotune.compile import nvrtc as compile_mod
+    from hatch_autotune.plan.planner import make_plan
 
     plan = make_plan(project, (arch,), log=lambda m: None)
     jobs = [inst.compile_job(i, arch) for inst in plan.instances for i in range(len(inst.variants))]
@@ -88,7 +88,7 @@ def all_variants(project: Any, cache: Any, arch: str = "sm_90") -> dict[str, int
 def timed(workload: Callable[[Any, Any], dict[str, int]], project: Any, cache_dir: Path, url: str | None) -> tuple[float, dict[str, int], list[str]]:
     """(seconds, the workload's counts, the cache's warnings) of one run, the cache opened as
     the build hook opens it."""
-    from hatch_autotune.build.cache import open_compile_cache
+    from hatch_autotune.compile.tiers import open_compile_cache
 
     env = {"HATCH_AUTOTUNE_CACHE_DIR": str(cache_dir)} | ({"HATCH_AUTOTUNE_CACHE_URL": url} if url else {})
     t0 = time.perf_counter()

@@ -82,7 +82,7 @@ def main() -> None:
         })
     speedups = []
     if opts.lock.exists():
-        from hatch_autotune.build.lock import LockFile
+        from hatch_autotune.lock import LockFile
 
         for eid, e in LockFile.load(opts.lock).entries.items():
             if e.default_ms and e.winner_ms:

@@ -32,9 +32,9 @@ from typing import Any
 
 from _common import ROOT, machine, options, write_result
 
-from hatch_autotune.build.lock import EntryId, LockEntry, LockFile
-from hatch_autotune.build.plan import Point
-from hatch_autotune.spec.config import TuningSpec
+from hatch_autotune.lock import EntryId, LockEntry, LockFile
+from hatch_autotune.plan.planner import Point
+from hatch_autotune.declare.config import TuningSpec
 from hatch_autotune.tuning.replay import ReplayData, ReplayDevice
 from hatch_autotune.tuning.search import Budget, WarmStart, make_strategy, run_search
 from hatch_autotune.tuning.tuner import Measurement, choose_winner, warm_start

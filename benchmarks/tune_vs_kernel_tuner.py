@@ -143,7 +143,7 @@ class Retimer:
     def __init__(self, arch: str, cache: Any):
         from cuda.core import Device
 
-        from hatch_autotune.spec.config import TuningSpec
+        from hatch_autotune.declare.config import TuningSpec
         from hatch_autotune.tuning.bench import GpuTimer
 
         self.arch, self.cache = arch, cache
@@ -154,7 +154,7 @@ class Retimer:
     def kernel(self, spec: Any, variant: Any) -> Any:
         from cuda.core import ObjectCode
 
-        from hatch_autotune.build.compile import compile_all
+        from hatch_autotune.compile.nvrtc import compile_all
 
         (result,) = compile_all([variant.compile_job(self.arch, spec.entry, spec.nvrtc_options)], self.cache)
         if not result.ok:
@@ -202,10 +202,10 @@ def main() -> None:
         raise SystemExit(f"tune_vs_kernel_tuner.py: needs kernel_tuner ({exc}); carry it with benchmarks/fetch_wheels.py") from None
     import cupy as cp
 
-    from hatch_autotune.build.cache import CompileCache
-    from hatch_autotune.build.lock import EntryId
-    from hatch_autotune.build.render import render_kernel
-    from hatch_autotune.spec.space import bucket_points
+    from hatch_autotune.compile.cache import CompileCache
+    from hatch_autotune.lock import EntryId
+    from hatch_autotune.compile.render import render_kernel
+    from hatch_autotune.declare.space import bucket_points
     from hatch_autotune.tuning import tune
     from hatch_autotune.tuning.inputs import bucket_inputs
 

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from . import __version__
-from .build.cache import atomic_write, default_cache_dir, open_compile_cache
-from .build.lock import MERGE_PREFERENCES, LockFormatError, merge
+from .compile.tiers import default_cache_dir, open_compile_cache
+from .files import atomic_write
+from .lock import MERGE_PREFERENCES, LockFormatError, merge
 from .inspection.diff import KINDS, diff_sources
-from .inspection.errors import CliError
+from .errors import CliError
 from .inspection.fmt import fmt_bucket, fmt_bytes, fmt_config, fmt_delta, fmt_ms, fmt_speedup
 from .inspection.model import combine, provenance_lines
 from .inspection.readers import load_project, load_source, read_lock
@@ -182,7 +183,7 @@ def cmd_tune(args: argparse.Namespace, ui: UI) -> int:
 def cmd_ray_resources(args: argparse.Namespace, ui: UI) -> int:
     """What this node offers a Ray cluster: its GPUs, counted by arch, as `ray start --resources`
     takes them (stdout holds the JSON alone, for `--resources="$(hatch-autotune ray-resources)"`)."""
-    from .build.devices import detect_gpus
+    from .plan.devices import detect_gpus
     from .tuning.ray_engine import arch_resources
 
     gpus = detect_gpus()
@@ -246,7 +247,7 @@ def _show_outcome(src: Any, kernels: Sequence[str] | None, limit: int | None, ui
     """What the build's outcome record adds to the tables: the untuned entries grouped by
     kernel and reason, and the compile failures grouped by kernel, type instance and arch (the
     first one's log in each group; every recorded log with --all). Returns how many failed."""
-    from .build.outcome import indent, instance_text
+    from .text import indent, instance_text
 
     outcome = src.outcome
     if outcome is None:
@@ -486,7 +487,7 @@ def make_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("tune", help="tune a project on this machine's GPU and write its lock file (no wheel)")
     s.add_argument("project", nargs="?", default=".", help="project directory (default: .)")
     s.add_argument("--kernel", "-k", action="append", metavar="K", help="tune only this kernel (repeatable)")
-    from .spec.config import MODES
+    from .declare.config import MODES
 
     s.add_argument("--mode", choices=MODES, help="tune: missing and stale entries; retune: all (default: the project's mode, else tune)")
     s.add_argument("--ray", metavar="ADDRESS", help="tune on the GPUs of the Ray cluster at ADDRESS (host:port), every arch it has, in one run (default: $HATCH_AUTOTUNE_RAY)")

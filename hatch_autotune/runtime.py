@@ -62,7 +62,7 @@ class _Record:
 
 # --------------------------------------------------------------------------------------------
 # The selection table (table.json): the one definition of the wheel's data file. The build
-# writes it with `table_bytes` (hatch_autotune.build.table fills it), and the runtime, the
+# writes it with `table_bytes` (hatch_autotune.wheel.table fills it), and the runtime, the
 # tuning worker and the command read it with `parse_table`. Shape (schema 1):
 #   {"schema": 1, "module": str, "archs": [table arch], "ptx": {table arch: PTX arch},
 #    "provenance": {...}, "kernels": {name: {entry, doc, args, key, type_params, launch,
@@ -134,7 +134,7 @@ def parse_table(data: Any, where: str) -> dict[str, Any]:
 # Expression trees.
 #
 # Config expressions (constraints, shapes, grid/block) are parsed and whitelisted at build time
-# by hatch_autotune.spec.expr and shipped as JSON trees: a number or bool is a literal; a list is
+# by hatch_autotune.declare.expr and shipped as JSON trees: a number or bool is a literal; a list is
 # [op, *operands] with op one of the keys of _OPS, "n" (a name), "neg", "not", "and", "or",
 # "cmp" (chained comparison: [cmp, a, [op, b], [op, c], ...]), "if" (ternary) and "call".
 # Nothing read from a data file is ever passed to eval().

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from hatch_autotune.build.cache import CompileCache
-from hatch_autotune.build.lock import LockEntry, LockFile
-from hatch_autotune.spec.config import ProjectSpec, parse_project
-from hatch_autotune.build.pipeline import BuildResult, build_payload
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.lock import LockEntry, LockFile
+from hatch_autotune.declare.config import ProjectSpec, parse_project
+from hatch_autotune.wheel.assemble import BuildResult, build_payload
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "example_pkg"
@@ -142,7 +142,7 @@ def load_project(project_dir: Path, env: dict | None = None) -> ProjectSpec:
 def tune_over_standin(root: Path, cache_dir: Path, log=lambda line: None):
     """`tune()` of the project at `root` for sm_90, its worker the real worker process over the
     driver stand-in with emulated kernels (tests/standin_worker.py), one sm_90 device."""
-    from hatch_autotune.build.cache import CompileCache
+    from hatch_autotune.compile.cache import CompileCache
     from hatch_autotune.tuning import tune
     from hatch_autotune.tuning.worker import WorkerClient
 
@@ -185,7 +185,7 @@ def example_site(session_cache, tmp_path_factory):
     """example_site(archs) -> a directory holding example_pkg with its generated `kernels`
     package, built by the real pipeline (NVRTC) for `archs` (None: the archs example_pkg
     declares), once per session and archs."""
-    from hatch_autotune.build.payload import write_package
+    from hatch_autotune.wheel.payload import write_package
 
     sites: dict[tuple[str, ...] | None, Path] = {}
 

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from hatch_autotune.build.lock import LockFile, LockFormatError
+from hatch_autotune.lock import LockFile, LockFormatError
 from hatch_autotune.runtime import IntegrityError, Library, as_compute_capability, parse_arch
-from hatch_autotune.spec.config import DEFAULT_MAX_CONFIGS, ConfigError, parse_project
+from hatch_autotune.declare.config import DEFAULT_MAX_CONFIGS, ConfigError, parse_project
 
 from conftest import hook_table, write_tiny_project
 
@@ -161,7 +161,7 @@ def test_a_lock_file_nested_100k_deep_is_a_warning_for_the_build_and_an_error_fo
     path.write_text("[" * 100_000 + "]" * 100_000)
     lock = LockFile.load(path)  # the build's reader
     assert lock.entries == {} and len(lock.warnings) == 1 and "nested deeper than" in lock.warnings[0]
-    from hatch_autotune.inspection.errors import CliError
+    from hatch_autotune.errors import CliError
     from hatch_autotune.inspection.readers import read_json
 
     with pytest.raises((CliError, LockFormatError)) as info:  # the command's reader

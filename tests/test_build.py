@@ -11,11 +11,12 @@ import sys
 
 import pytest
 
-from hatch_autotune.build.cache import CacheEntry, CompileCache
-from hatch_autotune.build.lock import LockEntry, LockFile
-from hatch_autotune.build.payload import write_package
+from hatch_autotune.compile.entry import CacheEntry
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.lock import LockEntry, LockFile
+from hatch_autotune.wheel.payload import write_package
 from hatch_autotune.errors import BuildError
-from hatch_autotune.build.render import TemplateError
+from hatch_autotune.compile.render import TemplateError
 from hatch_autotune.runtime import IntegrityError, Library
 from cuda_standin import cubin_sm
 
@@ -116,8 +117,8 @@ def test_an_offline_build_compiles_only_what_it_ships(tmp_path):
 def test_an_offline_build_gives_the_same_table_as_compiling_the_whole_space(tmp_path):
     """What ships does not depend on what else was compiled: the plan's choice equals the old
     rule (compile all, then lock winner, else default, else first that compiled)."""
-    from hatch_autotune.build.plan import make_plan
-    from hatch_autotune.build.table import build_table
+    from hatch_autotune.plan.planner import make_plan
+    from hatch_autotune.wheel.table import build_table
 
     root = write_tiny_project(tmp_path / "p", bad="[false, true]")
     first = build(root, tmp_path / "cache")
@@ -339,7 +340,7 @@ def test_tampered_binary_and_table_are_integrity_errors(generated):
 
 
 def test_resource_usage_is_recorded_from_ptxas(tmp_path):
-    from hatch_autotune.build.compile import CompileJob, compile_all
+    from hatch_autotune.compile.nvrtc import CompileJob, compile_all
 
     src = """
     extern "C" __global__ void k(float* y) {
@@ -425,7 +426,7 @@ def test_the_first_failure_log_is_shown(tmp_path):
 
 
 def test_an_unwritable_cache_is_a_warning_not_a_failed_build(tiny, tmp_path, monkeypatch):
-    import hatch_autotune.build.cache as cache_mod
+    import hatch_autotune.compile.cache as cache_mod
 
     def refuse(path, data):
         raise OSError(30, "Read-only file system")
@@ -440,7 +441,7 @@ def test_an_unwritable_cache_is_a_warning_not_a_failed_build(tiny, tmp_path, mon
 def test_jobs_from_the_environment(monkeypatch):
     import os
 
-    from hatch_autotune.build.compile import default_workers
+    from hatch_autotune.compile.nvrtc import default_workers
 
     monkeypatch.setenv("HATCH_AUTOTUNE_JOBS", "3")
     assert default_workers() == 3

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from hatch_autotune import cli
-from hatch_autotune.build.cache import CacheEntry, CompileCache
-from hatch_autotune.build.lock import LOCK_SCHEMA, EntryId, LockEntry, LockFile
+from hatch_autotune.compile.entry import CacheEntry
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.lock import LOCK_SCHEMA, EntryId, LockEntry, LockFile
 from hatch_autotune.inspection.fmt import fmt_bytes, fmt_ms
 
 from conftest import ROOT, build, write_tiny_project
@@ -604,7 +605,7 @@ def test_cache_clear_removes_entries_and_leftover_temp_files(tmp_path, monkeypat
 
 
 def _has_gpu() -> bool:
-    from hatch_autotune.build.devices import detect_gpu_arch
+    from hatch_autotune.plan.devices import detect_gpu_arch
 
     return detect_gpu_arch() is not None
 
@@ -668,8 +669,8 @@ def test_tune_on_a_ray_cluster_goes_to_the_ray_engine(tmp_path, monkeypatch, cap
 
 
 def test_ray_resources_prints_this_nodes_gpus_by_arch_as_json(monkeypatch, capsys):
-    from hatch_autotune.build import devices
-    from hatch_autotune.build.devices import Gpu
+    from hatch_autotune.plan import devices
+    from hatch_autotune.plan.devices import Gpu
 
     monkeypatch.setattr(devices, "detect_gpus", lambda: [Gpu(0, "sm_90", "H100"), Gpu(1, "sm_90", "H100"), Gpu(2, "sm_80", "A100")])
     code, out, err = run_cli(capsys, "ray-resources")

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from hatch_autotune.build.cache import CompileCache
-from hatch_autotune.build.devices import Gpu
-from hatch_autotune.build.lock import LockEntry, LockFile
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.plan.devices import Gpu
+from hatch_autotune.lock import LockEntry, LockFile
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.schedule import Job, SlotLost, run_schedule
 from hatch_autotune.tuning.worker import WorkerClient
@@ -204,7 +204,7 @@ def test_the_lock_is_saved_behind_the_run_and_complete_when_it_ends(tmp_path):
 
 def test_a_lock_that_cannot_be_saved_stops_the_run_with_the_reason(tmp_path, monkeypatch):
     """A full disk (simulated: root writes anywhere here) stops the run at its next bucket."""
-    import hatch_autotune.build.lock as lock_mod
+    import hatch_autotune.lock as lock_mod
 
     def full(path, data):
         raise OSError(28, "No space left on device")

@@ -17,8 +17,8 @@ import textwrap
 
 import pytest
 
-from hatch_autotune.build import compile as compile_mod
-from hatch_autotune.build import table as package
+from hatch_autotune.compile import nvrtc as compile_mod
+from hatch_autotune.wheel import table as package
 from hatch_autotune.errors import BuildError
 
 from conftest import ROOT, build, load_project, write_tiny_project
@@ -39,7 +39,7 @@ def run_python(script: str, tmp_path, *, stdin: bool = False, env: dict | None =
 
 ONE_BYTE_BUFFERS = """\
 import json
-from hatch_autotune.build.compile import CompileJob, compile_one
+from hatch_autotune.compile.nvrtc import CompileJob, compile_one
 
 SRC = 'extern "C" __global__ void k(float* y) { y[threadIdx.x] = 2.0f; }'
 ok_ptx, ptx, ptx_log = compile_one(CompileJob(SRC, "compute_90", "k"))  # PTX: an empty log, a 1-byte buffer
@@ -83,8 +83,8 @@ def test_start_method_forks_only_without_a_cuda_driver():
 PARALLEL_BATCH = """\
 import json, multiprocessing
 print("MAIN RAN")
-import hatch_autotune.build.compile as c
-from hatch_autotune.build.compile import CompileJob, PARALLEL_THRESHOLD, compile_all, compile_one
+import hatch_autotune.compile.nvrtc as c
+from hatch_autotune.compile.nvrtc import CompileJob, PARALLEL_THRESHOLD, compile_all, compile_one
 
 c.cuda_driver_loaded = lambda maps=None: True  # as on a GPU builder, after cuInit in this process
 methods = []

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-import hatch_autotune.build.compile as compile_mod
+import hatch_autotune.compile.nvrtc as compile_mod
 from hatch_autotune import cli
-from hatch_autotune.build.cache import CompileCache
-from hatch_autotune.spec.config import ConfigError
-from hatch_autotune.build.lock import LockFile, NvrtcPolicy
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.declare.config import ConfigError
+from hatch_autotune.lock import LockFile, NvrtcPolicy
 from hatch_autotune.tuning import tune
 from hatch_autotune.tuning.worker import WorkerClient
 

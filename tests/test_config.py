@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from hatch_autotune.spec.config import ConfigError, parse_project
+from hatch_autotune.declare.config import ConfigError, parse_project
 
 from conftest import EXAMPLE, hook_table, write_tiny_project
 

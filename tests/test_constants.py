@@ -17,12 +17,12 @@ import pytest
 
 import cuda_standin
 from cuda_standin import DeviceArray, install
-from hatch_autotune.build.cache import CompileCache
-from hatch_autotune.build.compile import CompileJob
-from hatch_autotune.build.plan import make_plan
-from hatch_autotune.build.render import TemplateError, render_kernel
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.compile.nvrtc import CompileJob
+from hatch_autotune.plan.planner import make_plan
+from hatch_autotune.compile.render import TemplateError, render_kernel
 from hatch_autotune.runtime import choose_arch
-from hatch_autotune.spec.config import ConfigError
+from hatch_autotune.declare.config import ConfigError
 from hatch_autotune.tuning.inputs import bucket_inputs, reference_outputs
 
 from conftest import load_project, tune_over_standin
@@ -38,8 +38,8 @@ def copy_consumer(dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def stencil_kit(session_cache, tmp_path_factory):
     """stencil_kit's generated package for sm_90, built by the real pipeline and imported."""
-    from hatch_autotune.build.payload import write_package
-    from hatch_autotune.build.pipeline import build_payload
+    from hatch_autotune.wheel.payload import write_package
+    from hatch_autotune.wheel.assemble import build_payload
 
     site = tmp_path_factory.mktemp("stencil-site")
     project = load_project(CONSUMER, {"HATCH_AUTOTUNE_ARCHS": "sm_90"})
@@ -335,7 +335,7 @@ block = ["BLOCK"]
 
 
 def test_each_constant_value_is_tuned_and_verified_through_the_real_worker(tmp_path):
-    from hatch_autotune.build.lock import LockFile
+    from hatch_autotune.lock import LockFile
 
     root = tmp_path / "halo"
     (root / "src" / "halopkg").mkdir(parents=True)
@@ -378,7 +378,7 @@ def test_names_a_call_or_select_cannot_take_by_keyword_are_refused(tmp_path):
 
 
 def test_header_bounds_and_unreadable_headers_are_named(tmp_path):
-    from hatch_autotune.build.render import MAX_HEADER_MIB, MAX_HEADERS
+    from hatch_autotune.compile.render import MAX_HEADER_MIB, MAX_HEADERS
 
     many = "".join(f'#include "h{i}.cuh"\n' for i in range(MAX_HEADERS + 1))
     cases = [
@@ -397,7 +397,7 @@ def test_header_bounds_and_unreadable_headers_are_named(tmp_path):
 
 
 def test_too_many_instances_are_refused_before_anything_is_rendered(tmp_path):
-    from hatch_autotune.spec.config import MAX_INSTANCES
+    from hatch_autotune.declare.config import MAX_INSTANCES
 
     root = copy_consumer(tmp_path / "kit")
     many = ", ".join(str(2 * i) for i in range(1, 41))

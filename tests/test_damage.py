@@ -21,8 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hatch_autotune.build.cache import CacheEntry, CompileCache
-from hatch_autotune.build.compile import CompileJob, Resources, compile_all
+from hatch_autotune.compile.entry import CacheEntry
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.compile.nvrtc import CompileJob, compile_all
+from hatch_autotune.compile.entry import Resources
 
 from conftest import build, copy_example, write_lock
 

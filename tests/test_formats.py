@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from hatch_autotune.build.lock import LOCK_SCHEMA, EntryId, LockEntry, LockFile, LockFormatError
+from hatch_autotune.lock import LOCK_SCHEMA, EntryId, LockEntry, LockFile, LockFormatError
 from hatch_autotune.runtime import TABLE_SCHEMA, IntegrityError, Library, TableError, parse_table, table_bytes
 
 ENTRY = {
@@ -157,7 +157,7 @@ def test_a_re_saved_lock_keeps_what_this_version_did_not_write(tmp_path):
 
 
 def test_merge_prefers_the_faster_winner_even_at_zero_ms():
-    from hatch_autotune.build.lock import merge
+    from hatch_autotune.lock import merge
 
     def lock(config, ms):
         entry = LockEntry("c" * 64, config, tuned=True, measurements=({"config": config, "status": "ok", "median_ms": ms},))

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from hatch_autotune.build.devices import detect_gpu_arch
+from hatch_autotune.plan.devices import detect_gpu_arch
 
 from conftest import device_sync
 

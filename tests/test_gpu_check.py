@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hatch_autotune.build.devices import detect_gpu_arch
+from hatch_autotune.plan.devices import detect_gpu_arch
 
 from conftest import load_benchmark
 

@@ -15,9 +15,9 @@ import pytest
 from cuda.bindings import driver
 from cuda.pathfinder import DynamicLibNotFoundError
 
-from hatch_autotune.build.cache import CompileCache
-from hatch_autotune.build.devices import Gpu, detect_gpu_arch, detect_gpus
-from hatch_autotune.build.plan import resolve_archs
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.plan.devices import Gpu, detect_gpu_arch, detect_gpus
+from hatch_autotune.plan.planner import resolve_archs
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.tuner import plan_tuning
 from hatch_autotune.tuning.worker import WorkerClient

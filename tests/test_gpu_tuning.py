@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from hatch_autotune.build.cache import CompileCache
-from hatch_autotune.build.devices import detect_gpu_arch
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.plan.devices import detect_gpu_arch
 from hatch_autotune.tuning import tune
 
 from conftest import EXAMPLE, build, load_project, write_tiny_project

@@ -14,7 +14,7 @@ from collections import defaultdict
 import pytest
 
 from hatch_autotune import cli
-from hatch_autotune.build.lock import EntryId
+from hatch_autotune.lock import EntryId
 from hatch_autotune.inspection.fmt import fmt_bucket
 
 from conftest import ROOT

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hatch_autotune.build.cache import CompileCache
+from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.errors import BuildError
 from hatch_autotune.tuning import tune
 from hatch_autotune.tuning.inputs import InputError, bucket_inputs, random_inputs, reference_outputs, resolved_dtype

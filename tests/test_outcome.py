@@ -14,10 +14,11 @@ import pytest
 from hatchling.builders.wheel import WheelBuilder
 
 from hatch_autotune import cli
-from hatch_autotune.build.cache import CompileCache
-from hatch_autotune.build.lock import EntryId
-from hatch_autotune.build.outcome import LOG_LINES, LOGS_PER_GROUP, OUTCOME_FILE, CompileFailure, EntryOutcome, Outcome, log_excerpt
-from hatch_autotune.build.payload import write_package
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.lock import EntryId
+from hatch_autotune.text import LOG_LINES, log_excerpt
+from hatch_autotune.wheel.outcome import LOGS_PER_GROUP, OUTCOME_FILE, CompileFailure, EntryOutcome, Outcome
+from hatch_autotune.wheel.payload import write_package
 from hatch_autotune.errors import BuildError
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.worker import WorkerClient

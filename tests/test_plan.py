@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from hatch_autotune.build import render
-from hatch_autotune.build.cache import CompileCache
-from hatch_autotune.build.lock import EntryId, LockEntry, LockFile, entry_checksum
-from hatch_autotune.build.pipeline import build_payload
-from hatch_autotune.build.plan import make_plan
+from hatch_autotune.compile import render
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.lock import EntryId, LockEntry, LockFile, entry_checksum
+from hatch_autotune.wheel.assemble import build_payload
+from hatch_autotune.plan.planner import make_plan
 from hatch_autotune.tuning import tune
 from hatch_autotune.tuning.worker import WorkerClient
 
@@ -133,7 +133,7 @@ def test_tuning_and_building_share_one_plan(project, tmp_path, monkeypatch):
         raise AssertionError("the build rendered again")
 
     monkeypatch.setattr(render, "render_kernel", no_rendering)
-    monkeypatch.setattr("hatch_autotune.build.plan.render_kernel", no_rendering)
+    monkeypatch.setattr("hatch_autotune.plan.planner.render_kernel", no_rendering)
     logs: list[str] = []
     result = build_payload(project, cache=cache, log=logs.append, plan=plan)
     choices = result.kernels[0].choices
@@ -164,7 +164,7 @@ def test_show_without_archs_or_a_gpu_shows_the_archs_of_the_lock(tmp_path, monke
     from hatch_autotune.inspection import readers
 
     monkeypatch.setenv("HATCH_AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr("hatch_autotune.build.devices.detect_gpus", lambda: [])
+    monkeypatch.setattr("hatch_autotune.plan.devices.detect_gpus", lambda: [])
     root = write_tiny_project(tmp_path / "p")
     text = (root / "pyproject.toml").read_text().replace('archs = ["sm_80", "sm_90"]\n', "")
     (root / "pyproject.toml").write_text(text)

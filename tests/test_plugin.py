@@ -166,7 +166,7 @@ def test_auto_mode_without_a_gpu_says_it_found_none(tmp_path, build_env, monkeyp
     import hatch_autotune.tuning.tuner as tuner
 
     root = small_project(tmp_path / "p", extra=f'mode = "{mode}"\n')
-    monkeypatch.setattr("hatch_autotune.build.devices.detect_gpus", lambda: [])
+    monkeypatch.setattr("hatch_autotune.plan.devices.detect_gpus", lambda: [])
     monkeypatch.setattr(tuner, "detect_gpus", lambda: [])
     builder = WheelBuilder(str(root))
     hook_of(builder, tmp_path / "dist").initialize("standard", fresh_build_data(builder))
@@ -190,7 +190,7 @@ def test_tune_mode_without_a_gpu_says_so_before_anything_else(tmp_path, build_en
     root = small_project(tmp_path / "p", extra=f'mode = "{mode}"\n')
     text = (root / "pyproject.toml").read_text().replace('archs = ["sm_90"]\n', "")
     (root / "pyproject.toml").write_text(text)
-    monkeypatch.setattr("hatch_autotune.build.devices.detect_gpus", lambda: [])
+    monkeypatch.setattr("hatch_autotune.plan.devices.detect_gpus", lambda: [])
     monkeypatch.setattr(tuner, "detect_gpus", lambda: [])
     builder = WheelBuilder(str(root))
     with pytest.raises(SystemExit, match=f"hatch-autotune: tuning \\(mode '{mode}'\\) needs a CUDA GPU on this machine and none was found"):
@@ -202,7 +202,7 @@ def test_with_hatch_autotune_ray_set_the_cluster_tunes_and_the_build_packs_its_p
     """HATCH_AUTOTUNE_RAY is the build hook's `tune --ray`: the Ray engine (tested on real local
     clusters in test_cluster) tunes, never this machine's GPUs; offline touches neither."""
     from hatch_autotune import tuning
-    from hatch_autotune.build.plan import make_plan
+    from hatch_autotune.plan.planner import make_plan
     from hatch_autotune.tuning import TuneSummary, ray_engine
 
     root = small_project(tmp_path / "p", extra=f'mode = "{mode}"\n')
@@ -215,7 +215,7 @@ def test_with_hatch_autotune_ray_set_the_cluster_tunes_and_the_build_packs_its_p
     monkeypatch.setenv("HATCH_AUTOTUNE_RAY", "127.0.0.1:6379")
     monkeypatch.setattr(ray_engine, "tune_on_ray", fake_ray)
     monkeypatch.setattr(tuning, "tune", lambda *a, **k: pytest.fail("this machine's GPUs were asked to tune"))
-    monkeypatch.setattr("hatch_autotune.build.devices.detect_gpus", lambda: [])
+    monkeypatch.setattr("hatch_autotune.plan.devices.detect_gpus", lambda: [])
     builder = WheelBuilder(str(root))
     build_data = fresh_build_data(builder)
     hook_of(builder, tmp_path / "dist").initialize("standard", build_data)

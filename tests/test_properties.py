@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from hatch_autotune.build.lock import LockFile, LockFormatError
+from hatch_autotune.lock import LockFile, LockFormatError
 from hatch_autotune.runtime import ExpressionError, compile_expr
-from hatch_autotune.spec.config import ConfigError, parse_project
-from hatch_autotune.spec.expr import ExprSyntaxError, parse
+from hatch_autotune.declare.config import ConfigError, parse_project
+from hatch_autotune.declare.expr import ExprSyntaxError, parse
 
 from conftest import hook_table, write_tiny_project
 from test_formats import ENTRY

@@ -20,10 +20,12 @@ from types import SimpleNamespace
 import pytest
 from hatchling.builders.wheel import WheelBuilder
 
-from hatch_autotune.build.cache import MAX_METADATA_BYTES, CacheEntry, CompileCache, open_compile_cache
-from hatch_autotune.build.compile import Resources
-from hatch_autotune.build.pipeline import build_payload
-from hatch_autotune.build.remote_cache import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, DEFAULT_TTL_S, RemoteCache, redact
+from hatch_autotune.compile.entry import MAX_METADATA_BYTES, CacheEntry
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.compile.tiers import open_compile_cache
+from hatch_autotune.compile.entry import Resources
+from hatch_autotune.wheel.assemble import build_payload
+from hatch_autotune.compile.remote_cache import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, DEFAULT_TTL_S, RemoteCache, redact
 from hatch_autotune.errors import BuildError
 
 from conftest import load_project, write_tiny_project
@@ -460,7 +462,7 @@ def test_a_bad_setting_is_an_error_naming_the_variable(tmp_path, setting, value,
 def test_show_project_notes_a_shared_cache_that_failed_and_refuses_a_bad_setting(tmp_path, monkeypatch):
     """`hatch-autotune show PROJECT` compiles what ships through the same cache as a build."""
     pytest.importorskip("redis")
-    from hatch_autotune.inspection.errors import CliError
+    from hatch_autotune.errors import CliError
     from hatch_autotune.inspection.readers import project_source
 
     src = write_tiny_project(tmp_path / "src", extra='mode = "offline"')

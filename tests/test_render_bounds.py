@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hatch_autotune.build.render import TemplateError, render_kernel
+from hatch_autotune.compile.render import TemplateError, render_kernel
 
 from conftest import ROOT, SCALE_TEMPLATE, load_project, write_tiny_project
 
@@ -27,7 +27,7 @@ RENDER = """
 import sys
 from pathlib import Path
 from conftest import load_project
-from hatch_autotune.build.render import TemplateError, render_kernel
+from hatch_autotune.compile.render import TemplateError, render_kernel
 try:
     variants = render_kernel(load_project(Path(sys.argv[1])).kernels["scale"])
 except TemplateError as exc:
@@ -78,7 +78,7 @@ def test_nested_ranges_that_print_nothing_still_end(tmp_path):
 
 
 def test_a_variant_of_more_than_the_source_bound_is_refused(tmp_path):
-    from hatch_autotune.build.render import MAX_SOURCE_MIB
+    from hatch_autotune.compile.render import MAX_SOURCE_MIB
 
     chunks = MAX_SOURCE_MIB + 4  # of 1 MiB each: just past the bound, so that an unbounded render still ends
     body = f'{{% for i in range({chunks}) %}}{{{{ "x" * 1048576 }}}}{{% endfor %}}'
@@ -90,7 +90,7 @@ def test_a_variant_of_more_than_the_source_bound_is_refused(tmp_path):
 
 def test_loops_within_the_bound_render_as_before(tmp_path):
     """range() is Python's up to the bound, which is inclusive and counted per variant."""
-    from hatch_autotune.build.render import MAX_RANGE_ITEMS
+    from hatch_autotune.compile.render import MAX_RANGE_ITEMS
 
     rest = MAX_RANGE_ITEMS - 3 - 3 - 5 - 3  # what the other range() calls take: all together, exactly the bound
     body = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hatch_autotune.spec import expr
+from hatch_autotune.declare import expr
 from hatch_autotune.runtime import (
     DTYPE_SIZES,
     CudaCallError,

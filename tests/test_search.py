@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from hatch_autotune.build.cache import CompileCache
-from hatch_autotune.build.lock import EntryId, LockEntry, LockFile
-from hatch_autotune.build.plan import Point
-from hatch_autotune.spec.config import ConfigError, SearchSpec, TuningSpec
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.lock import EntryId, LockEntry, LockFile
+from hatch_autotune.plan.planner import Point
+from hatch_autotune.declare.config import ConfigError, SearchSpec, TuningSpec
 from hatch_autotune.tuning import tune
 from hatch_autotune.tuning.replay import Record, ReplayData, ReplayDataError, ReplayDevice
 from hatch_autotune.tuning.search import STRATEGIES, Budget, SearchSpace, make_strategy, run_search
@@ -387,7 +387,7 @@ class _FakeInstance:
 def test_binaries_compile_what_is_asked_for_first_then_the_latest_guesses_each_once(monkeypatch):
     import threading
 
-    from hatch_autotune.build import compile as compile_mod
+    from hatch_autotune.compile import nvrtc as compile_mod
     from hatch_autotune.tuning import tuner
 
     chunks: list[list[int]] = []

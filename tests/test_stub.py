@@ -24,9 +24,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hatch_autotune.build.payload import RUNTIME_SOURCE, module_docstring
-from hatch_autotune.build.stub import _docstring, render_stub, stub_files
-from hatch_autotune.spec.config import parse_project
+from hatch_autotune.wheel.payload import RUNTIME_SOURCE
+from hatch_autotune.wheel.stub import module_docstring
+from hatch_autotune.wheel.stub import _docstring, render_stub, stub_files
+from hatch_autotune.declare.config import parse_project
 
 from conftest import EXAMPLE, copy_example, load_project
 
@@ -179,9 +180,9 @@ def test_edge_cases_give_a_valid_stub(edge_project):
 def test_the_stub_says_what_the_runtime_signature_says(session_cache, tmp_path):
     """write_package ships the stub next to the module, and each kernel's call in it has the
     names, kinds and defaults of inspect.signature() of the runtime's kernel."""
-    from hatch_autotune.build.cache import CompileCache
-    from hatch_autotune.build.payload import write_package
-    from hatch_autotune.build.pipeline import build_payload
+    from hatch_autotune.compile.cache import CompileCache
+    from hatch_autotune.wheel.payload import write_package
+    from hatch_autotune.wheel.assemble import build_payload
 
     project = load_project(STENCIL, {"HATCH_AUTOTUNE_ARCHS": "sm_90"})
     result = build_payload(project, cache=CompileCache(session_cache), log=lambda m: None)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from hatch_autotune.build.cache import CompileCache
-from hatch_autotune.build.compile import Resources
-from hatch_autotune.spec.config import TuningSpec
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.compile.entry import Resources
+from hatch_autotune.declare.config import TuningSpec
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.bench import median, next_step, spread
 from hatch_autotune.tuning.tuner import Measurement, choose_winner, prune_reason
@@ -294,7 +294,7 @@ def test_devices_of_another_arch_are_not_used(tmp_path):
 
 
 def test_the_real_worker_speaks_the_protocol_without_a_gpu():
-    from hatch_autotune.build.devices import detect_gpu_arch
+    from hatch_autotune.plan.devices import detect_gpu_arch
 
     real = WorkerClient()  # python -m hatch_autotune.tuning.worker
     try:

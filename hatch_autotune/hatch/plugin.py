@@ -38,12 +38,12 @@ class AutotuneBuildHook(BuildHookInterface):
             return
         import os
 
-        from ..build.cache import open_compile_cache
-        from ..build.devices import detect_gpus
-        from ..build.payload import module_relpath, write_package
-        from ..build.pipeline import build_payload
+        from ..compile.tiers import open_compile_cache
+        from ..plan.devices import detect_gpus
+        from ..wheel.payload import module_relpath, write_package
+        from ..wheel.assemble import build_payload
         from ..errors import BuildError
-        from ..spec.config import ConfigError, parse_project
+        from ..declare.config import ConfigError, parse_project
         from ..tuning.ray_engine import RAY_ADDRESS_ENV
 
         root = Path(self.root)
@@ -92,7 +92,7 @@ class AutotuneBuildHook(BuildHookInterface):
     def _write_in_tree(target: Path, project: Any, result: Any) -> None:
         """Write next to the old copy, then swap, so a failure never leaves a half-written,
         unmarked directory that the next `pip install -e` would refuse to replace."""
-        from ..build.payload import write_package
+        from ..wheel.payload import write_package
 
         fresh = target.with_name(f".{target.name}.hatch-autotune-new")
         write_package(fresh, project, result)  # empties `fresh` first

@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..build.lock import EntryId
+from ..lock import EntryId
 from .fmt import fmt_config
 
 # What a kind of input cannot know: a note of its Source, dropped by `combine` when another

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..runtime import load_json
-from ..build.lock import TIMED, EntryId, LockEntry, LockFile, LockFormatError
-from .errors import CliError
+from ..lock import TIMED, EntryId, LockEntry, LockFile, LockFormatError
+from ..declare.project import load_project
+from ..errors import CliError
 from .model import LOCK_NO_RESOURCES, PROJECT_NO_RESOURCES, TABLE_NO_TIMES, Row, Source
 
 
@@ -162,7 +163,7 @@ def generated_tables(names: Iterable[str]) -> list[str]:
 def with_outcome(src: Source, data: bytes | None, label: str) -> Source:
     """The source with the build's outcome record (outcome.json next to the table) read into
     it, leniently: rows learn which are fallbacks; a missing or damaged record is a note."""
-    from ..build.outcome import Outcome
+    from ..wheel.outcome import Outcome
 
     outcome = Outcome.read(data, label)
     if outcome is None:
@@ -178,7 +179,7 @@ def with_outcome(src: Source, data: bytes | None, label: str) -> Source:
 
 
 def wheel_source(path: Path) -> Source:
-    from ..build.outcome import OUTCOME_FILE
+    from ..wheel.outcome import OUTCOME_FILE
 
     try:
         with zipfile.ZipFile(path) as zf:
@@ -243,7 +244,7 @@ def _find_importable(name: str) -> Path | None:
 
 
 def package_source(d: Path, label: str) -> Source:
-    from ..build.outcome import OUTCOME_FILE
+    from ..wheel.outcome import OUTCOME_FILE
 
     dirs = generated_dirs(d)
     if not dirs:
@@ -261,52 +262,17 @@ def package_source(d: Path, label: str) -> Source:
 # Projects: what a build would ship now, as the build's planner decides it.
 
 
-def hook_table(pyproject: Path) -> tuple[Any, str]:
-    """The hook's TOML table in pyproject.toml and its key path."""
-    import tomllib
-
-    try:
-        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CliError(f"{pyproject}: cannot read it ({exc.strerror or exc})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise CliError(f"{pyproject}: not valid TOML ({exc})") from None
-    hatch = data.get("tool", {}).get("hatch", {}) if isinstance(data.get("tool"), dict) else {}
-    build = hatch.get("build", {}) if isinstance(hatch, dict) else {}
-    target = build.get("targets", {}).get("wheel", {}).get("hooks", {}) if isinstance(build, dict) else {}
-    if isinstance(target, dict) and "autotune" in target:
-        return target["autotune"], "tool.hatch.build.targets.wheel.hooks.autotune"
-    hooks = build.get("hooks", {}) if isinstance(build, dict) else {}
-    if isinstance(hooks, dict) and "autotune" in hooks:
-        return hooks["autotune"], "tool.hatch.build.hooks.autotune"
-    raise CliError(f"{pyproject}: no [tool.hatch.build.targets.wheel.hooks.autotune] table: not a hatch-autotune project")
-
-
-def load_project(root: Path) -> Any:
-    """The project's ProjectSpec; configuration errors become one line listing them all."""
-    from ..spec.config import ConfigError, parse_project
-
-    pyproject = root / "pyproject.toml"
-    if not pyproject.is_file():
-        raise CliError(f"{root}: no pyproject.toml: not a project directory")
-    table, path = hook_table(pyproject)
-    try:
-        return parse_project(table, root, path=path, env=os.environ)
-    except ConfigError as exc:
-        raise CliError(f"{pyproject}: {len(exc.errors)} configuration error(s): " + "; ".join(exc.errors)) from None
-
-
 def project_source(root: Path) -> Source:
     """What a build of the project would choose now, by the build's own planner: its target
     archs, checksums, lock validity and fallbacks; the shipped variants are compiled (through
     the compile cache), so a winner that no longer compiles shows as the build's fallback."""
     from collections import Counter
 
-    from ..build.cache import open_compile_cache
-    from ..build.devices import detect_gpus
-    from ..build.lock import tuned_with
-    from ..build.pipeline import compile_shipped, record_outcome
-    from ..build.plan import make_plan, resolve_archs
+    from ..compile.tiers import open_compile_cache
+    from ..plan.devices import detect_gpus
+    from ..lock import tuned_with
+    from ..wheel.assemble import compile_shipped, record_outcome
+    from ..plan.planner import make_plan, resolve_archs
     from ..errors import BuildError
     from ..runtime import parse_arch
 

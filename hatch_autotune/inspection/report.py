@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import __version__
-from ..build.lock import TIMED
+from ..lock import TIMED
 from .fmt import fmt_bucket, fmt_config, fmt_ms
 from .model import Row, Source, provenance_lines
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..runtime import check_cuda, cuda_api
-from ..spec.config import TuningSpec
+from ..declare.config import TuningSpec
 
 BATCH = 5  # repetitions between host synchronisations
 STABLE_REPS = 20  # with this many samples, a spread under STABLE_SPREAD ends timing early

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import BuildError
-from ..spec.config import KernelSpec
+from ..declare.config import KernelSpec
 
 
 class InputError(BuildError, ValueError):

@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import __version__
-from ..build.cache import CompileCache, open_compile_cache
-from ..build.devices import Gpu
-from ..build.lock import LockEntry
-from ..build.plan import make_plan
-from ..spec.config import ProjectSpec
+from ..compile.cache import CompileCache
+from ..compile.tiers import open_compile_cache
+from ..plan.devices import Gpu
+from ..lock import LockEntry
+from ..plan.planner import make_plan
+from ..declare.config import ProjectSpec
 from .schedule import Job, SlotLost
 from .search import WarmStart
 from .tuner import (
@@ -83,7 +84,7 @@ class TuneActor:
     `worker`: {"command": [...], "env": {...}} instead of the GPU worker (tests, benchmarks)."""
 
     def __init__(self, arch: str, worker: Mapping[str, Any] | None = None, root: str | None = None):
-        from ..inspection.readers import load_project
+        from ..declare.project import load_project
 
         self.arch = arch
         self.root = Path(root or os.getcwd())  # the shipped working_dir

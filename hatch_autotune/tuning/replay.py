@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..spec.config import TuningSpec
+from ..declare.config import TuningSpec
 from .bench import BATCH, median, next_step
 from .search import SearchSpace
 

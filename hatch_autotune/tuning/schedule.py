@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from ..build.lock import LockEntry
+from ..lock import LockEntry
 from .search import WarmStart
 
 Log = Callable[[str], None]

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ..spec.config import SEARCH_STRATEGIES as STRATEGIES  # the names a project may configure
+from ..declare.config import SEARCH_STRATEGIES as STRATEGIES  # the names a project may configure
 
 MAX_PRIORS = 3  # related results a model uses as its prior mean, at most
 

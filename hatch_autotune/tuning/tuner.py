@@ -20,15 +20,16 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import __version__
-from ..build import compile as compile_mod
-from ..build.cache import CompileCache, open_compile_cache
-from ..build.devices import Gpu, detect_gpus
-from ..build.lock import TIMED, EntryId, LockEntry, LockFile, LockFormatError
-from ..build.outcome import instance_text, log_excerpt
-from ..build.plan import Instance, Plan, Point, make_plan, resolve_archs
-from ..build.table import kernel_json
+from ..compile import nvrtc as compile_mod
+from ..compile.cache import CompileCache
+from ..compile.tiers import open_compile_cache
+from ..plan.devices import Gpu, detect_gpus
+from ..lock import TIMED, EntryId, LockEntry, LockFile, LockFormatError
+from ..text import instance_text, log_excerpt
+from ..plan.planner import Instance, Plan, Point, make_plan, resolve_archs
+from ..declare.kernel_json import kernel_json
 from ..errors import BuildError
-from ..spec.config import ProjectSpec, SearchSpec, TuningSpec
+from ..declare.config import ProjectSpec, SearchSpec, TuningSpec
 from .bench import median, spread
 from .inputs import bucket_inputs, input_bytes, reference_outputs
 from .schedule import Job, ScheduleResult, Slot, run_schedule, text_table

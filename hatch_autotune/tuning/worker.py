@@ -270,7 +270,7 @@ class _WorkerState:
     def setup(self, msg: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
 
-        from ..spec.config import TuningSpec
+        from ..declare.config import TuningSpec
 
         cuda = self._started()
         self._free()

@@ -10,41 +10,19 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .. import __version__
 from ..runtime import TABLE_FILE, sha256_hex, table_bytes
-from ..spec.config import ProjectSpec
+from ..declare.config import ProjectSpec
 from .outcome import OUTCOME_FILE
-from .stub import stub_files
+from .stub import module_docstring, stub_files
 from .table import build_table
 
 if TYPE_CHECKING:  # the pipeline's result type; the payload sits below the pipeline
-    from .pipeline import BuildResult
+    from .assemble import BuildResult
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 RUNTIME_SOURCE = Path(__file__).resolve().parent.parent / "runtime.py"
-
-
-def _signature(spec: Any) -> str:
-    user_args = [a.name for a in spec.args if a.value is None]
-    return ", ".join(user_args)
-
-
-def module_docstring(project: ProjectSpec) -> str:
-    """The generated module's docstring, as a Python literal (repr), whatever a `doc` contains."""
-    lines = [
-        f"{project.module}: GPU kernels pre-tuned at build time by hatch-autotune {__version__}.",
-        "",
-        "Generated file; do not edit. Importing it touches no GPU and needs neither hatch-autotune nor",
-        "a CUDA compiler: the binaries were compiled and chosen when the wheel was built.",
-        "",
-        "Kernels:",
-    ]
-    for s in project.kernels.values():
-        lines.append(f"- {s.name}({_signature(s)}): {s.doc or '(no description)'}")
-        lines.append("  key: " + ", ".join(f"{k.name} in {list(k.buckets)}" for k in s.key))
-    return repr("\n".join(lines) + "\n")
 
 
 def render_module(project: ProjectSpec, table_sha256: str) -> str:

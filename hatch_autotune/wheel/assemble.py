@@ -12,14 +12,15 @@ from typing import Any, Callable, Sequence
 
 from ..errors import BuildError
 from ..runtime import parse_arch
-from ..spec.config import ProjectSpec
-from . import compile as compile_mod
-from .cache import CompileCache
-from .devices import Gpu
-from .lock import tuned_with
-from .outcome import CompileFailure, EntryOutcome, Outcome, examples, indent, instance_text, log_excerpt
-from .plan import Choice, Instance, Plan, Point, make_plan, resolve_archs
-from .render import Variant
+from ..declare.config import ProjectSpec
+from ..compile import nvrtc as compile_mod
+from ..compile.cache import CompileCache
+from ..plan.devices import Gpu
+from ..lock import tuned_with
+from ..text import examples, indent, instance_text, log_excerpt
+from .outcome import CompileFailure, EntryOutcome, Outcome
+from ..plan.planner import Choice, Instance, Plan, Point, make_plan, resolve_archs
+from ..compile.render import Variant
 
 Log = Callable[[str], None]
 

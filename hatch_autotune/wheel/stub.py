@@ -19,8 +19,9 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from .. import __version__
 from ..runtime import INT_RANGES
-from ..spec.config import ArgSpec, KernelSpec, ProjectSpec
+from ..declare.config import ArgSpec, KernelSpec, ProjectSpec
 
 STUB_FILE = "__init__.pyi"
 TYPED_MARKER = "py.typed"  # empty: the stub is complete, not partial
@@ -94,6 +95,27 @@ _ARCH_DOC = "arch: 'sm_86', '8.6', 86 or (8, 6); None asks the current CUDA devi
 _STREAM_DOC = "stream: None (the device's default stream), a cuda.core/CuPy/PyTorch stream, or a raw handle (int)"
 
 
+def _signature(spec: Any) -> str:
+    user_args = [a.name for a in spec.args if a.value is None]
+    return ", ".join(user_args)
+
+
+def module_docstring(project: ProjectSpec) -> str:
+    """The generated module's docstring, as a Python literal (repr), whatever a `doc` contains."""
+    lines = [
+        f"{project.module}: GPU kernels pre-tuned at build time by hatch-autotune {__version__}.",
+        "",
+        "Generated file; do not edit. Importing it touches no GPU and needs neither hatch-autotune nor",
+        "a CUDA compiler: the binaries were compiled and chosen when the wheel was built.",
+        "",
+        "Kernels:",
+    ]
+    for s in project.kernels.values():
+        lines.append(f"- {s.name}({_signature(s)}): {s.doc or '(no description)'}")
+        lines.append("  key: " + ", ".join(f"{k.name} in {list(k.buckets)}" for k in s.key))
+    return repr("\n".join(lines) + "\n")
+
+
 def stub_files(project: ProjectSpec) -> dict[str, bytes]:
     """The files the generated package gets for type checkers, by path inside it."""
     return {STUB_FILE: render_stub(project).encode("utf-8"), TYPED_MARKER: b""}
@@ -101,7 +123,6 @@ def stub_files(project: ProjectSpec) -> dict[str, bytes]:
 
 def render_stub(project: ProjectSpec) -> str:
     """`__init__.pyi` for a project: the module's names and one class per kernel."""
-    from .payload import module_docstring
 
     docstring = _docstring(ast.literal_eval(module_docstring(project)), "")  # the module's own
     names = list(project.kernels)

@@ -1,6 +1,6 @@
 """The selection table's contents (runtime.py owns its schema, reader and byte layout): the
 kernels' declarations as the runtime reads them, and per type instance, arch and bucket the
-variant chosen, with the binaries it ships. `kernel_json` is also what the tuning worker reads.
+variant chosen, with the binaries it ships. `declare/kernel_json.py` gives the declarations.
 """
 
 from __future__ import annotations
@@ -11,39 +11,13 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..errors import BuildError
 from ..runtime import TABLE_SCHEMA, sha256_hex
-from ..spec.config import ArgSpec, KernelSpec, ProjectSpec
+from ..declare.config import ProjectSpec
+from ..declare.kernel_json import kernel_json
 
 if TYPE_CHECKING:  # the pipeline's result types; the table sits below the pipeline
-    from .pipeline import BuildResult, KernelBuild
+    from .assemble import BuildResult, KernelBuild
 
 BINARY_DIR = "bin"
-
-
-def _arg_json(a: ArgSpec) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": a.name, "dtype": a.dtype, "kind": "array" if a.is_array else "scalar"}
-    if a.is_array:
-        out.update(shape=[e.tree for e in a.shape], intent=a.intent)
-        if a.align:
-            out["align"] = a.align
-    if a.value is not None:
-        out["value"] = a.value.tree
-    return out
-
-
-def kernel_json(spec: KernelSpec) -> dict[str, Any]:
-    """A kernel's declaration as the runtime reads it: entry, arguments, key, types, constants, launch."""
-    return {
-        "entry": spec.entry,
-        "doc": spec.doc,
-        "args": [_arg_json(a) for a in spec.args],
-        "key": [
-            {"name": k.name, "from": k.source, "axis": k.axis, "buckets": list(k.buckets), "mapping": k.mapping}
-            for k in spec.key
-        ],
-        "type_params": {tp: list(values) for tp, values in spec.types.items()},
-        "constants": [{"name": c, "values": list(values)} for c, values in spec.constants.items()],  # a list: declared order
-        "launch": {"grid": [e.tree for e in spec.grid], "block": [e.tree for e in spec.block], "shared": spec.shared.tree},
-    }
 
 
 _PTX_VERSION = re.compile(rb"^[ \t]*\.version[ \t]+(\d+\.\d+)", re.MULTILINE)

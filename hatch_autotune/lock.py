@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..errors import BuildError
-from ..spec.config import KernelSpec
-from ..runtime import load_json
-from .cache import atomic_write
+from .errors import BuildError
+from .declare.config import KernelSpec
+from .runtime import load_json
+from .files import atomic_write
 
 LOCK_SCHEMA = 1
 
@@ -82,7 +82,7 @@ def entry_checksum(
     bucket mapping does not enter (it decides which bucket a call uses, not what was measured).
     Nor does the NVRTC version: the dependency allows any 13.x, and a builder that resolved
     another one must not lose every winner; NvrtcPolicy decides what a version change does."""
-    from .compile import CompileJob
+    from .compile.nvrtc import CompileJob
 
     blob = {
         "kernel": spec.name,
@@ -269,7 +269,7 @@ class LockFile:
         if not isinstance(schema, int) or isinstance(schema, bool):
             return _refuse(f"{label}: lock file has no valid schema version (got {schema!r})", strict)
         if schema > LOCK_SCHEMA:
-            from .. import __version__
+            from . import __version__
 
             raise LockFormatError(
                 f"{label}: lock file schema {schema} is newer than this hatch-autotune {__version__} reads "

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..spec.config import DTYPES, KernelSpec, builtin_templates_dir
+from ..declare.config import DTYPES, KernelSpec, builtin_templates_dir
 from ..errors import BuildError
 from ..runtime import types_key, value_text
 
@@ -94,7 +94,7 @@ class Variant:
 
     def compile_job(self, arch: str, entry: str, options: tuple[str, ...]) -> Any:
         """The NVRTC job for this variant on `arch` (a `compute_` arch gives PTX)."""
-        from .compile import CompileJob
+        from .nvrtc import CompileJob
 
         return CompileJob(self.source, arch, entry, options, self.label, self.headers)
 

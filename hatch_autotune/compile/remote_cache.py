@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from ..errors import BuildError
 from ..runtime import load_json
-from .cache import CACHE_SCHEMA, MAX_METADATA_BYTES, CacheEntry
+from .entry import CACHE_SCHEMA, MAX_METADATA_BYTES, CacheEntry
 
 URL_VAR = "HATCH_AUTOTUNE_CACHE_URL"
 TIMEOUT_VAR = "HATCH_AUTOTUNE_CACHE_TIMEOUT"

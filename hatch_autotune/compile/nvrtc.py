@@ -27,21 +27,10 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
 from ..runtime import check_cuda
-from .cache import CacheEntry, CompileCache
+from .cache import CompileCache
+from .entry import CacheEntry, Resources
 
 BASE_OPTIONS = ("--std=c++17",)
-
-
-@dataclass(frozen=True)
-class Resources:
-    """What ptxas reported for one kernel entry."""
-
-    registers: int = 0
-    shared_bytes: int = 0
-    spill_stores: int = 0
-    spill_loads: int = 0
-    stack_bytes: int = 0
-    barriers: int = 0
 
 
 @dataclass(frozen=True)

@@ -20,41 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..runtime import load_json
-from .lock import EntryId, LockFormatError
+from ..lock import EntryId, LockFormatError
+from ..text import log_excerpt
 
 OUTCOME_FILE = "outcome.json"
 OUTCOME_SCHEMA = 1
 STATUSES = ("tuned", "default", "fallback")  # fallback: the default did not compile (default-may-fail)
-LOG_LINES = 12  # of a failed compile's log, kept in the record
-LOG_CHARS = 1500
 LOGS_PER_GROUP = 5  # failures per kernel, type instance and arch whose log is kept; the rest by name
-EXAMPLES = 3  # entry ids a build log line names before "and N more"
-
-
-def log_excerpt(log: str, lines: int = LOG_LINES, chars: int = LOG_CHARS) -> str:
-    """The first `lines` lines of a compiler log, at most `chars` characters, saying what was cut."""
-    kept = log.strip().splitlines()
-    text = "\n".join(kept[:lines])
-    cut = len(kept) > lines
-    if len(text) > chars:
-        text, cut = text[:chars].rstrip(), True
-    return text + ("\n[...]" if cut else "")
-
-
-def indent(text: str, by: str = "  ") -> str:
-    """Each line of a log indented under the message that quotes it (blank lines left blank)."""
-    return "\n".join(by + line if line.strip() else "" for line in text.splitlines())
-
-
-def instance_text(types_key: str) -> str:
-    """A type instance in words: its types key ('T=float32'), or what '-' stands for."""
-    return "no type parameters or constants" if types_key == "-" else types_key
-
-
-def examples(items: Sequence[str], n: int = EXAMPLES) -> str:
-    """'a, b, c and 9 more': a few of a long list, for one log line."""
-    shown = ", ".join(items[:n])
-    return shown + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
 @dataclass(frozen=True)

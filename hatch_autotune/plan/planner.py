@@ -17,13 +17,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import BuildError
 from ..runtime import parse_arch
-from ..spec.config import KernelSpec, ProjectSpec
-from ..spec.space import bucket_points
-from .compile import CompileJob
+from ..declare.config import KernelSpec, ProjectSpec
+from ..declare.space import bucket_points
+from ..compile.nvrtc import CompileJob
 from .devices import Gpu
-from .lock import EntryId, LockEntry, LockFile, NvrtcPolicy, entry_checksum
-from .outcome import indent, instance_text, log_excerpt
-from .render import Variant, render_kernel
+from ..lock import EntryId, LockEntry, LockFile, NvrtcPolicy, entry_checksum
+from ..text import indent, instance_text, log_excerpt
+from ..compile.render import Variant, render_kernel
 
 Log = Callable[[str], None]
 
@@ -232,7 +232,7 @@ def make_plan(
     """Render every kernel (or only those named in `kernels`) once and find every point it
     serves on `archs`; read the lock file (its warnings are logged; a newer schema is a
     LockFormatError). `compiler`: NVRTC's major.minor, asked of NVRTC when not given."""
-    from . import compile as compile_mod
+    from ..compile import nvrtc as compile_mod
 
     archs = tuple(archs)
     compiler = compiler or compile_mod.nvrtc_version()
