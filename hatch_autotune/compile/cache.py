@@ -22,26 +22,19 @@ import re
 import shutil
 import stat
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from ..files import atomic_write
 from ..runtime import load_json
 from .entry import CACHE_SCHEMA, MAX_METADATA_BYTES, CacheEntry
 
+if TYPE_CHECKING:
+    from .remote_cache import RemoteCache
+
 # What `_paths` and `atomic_write` put in the store: <2 hex>/<64 hex>.json|.bin, and the temp
 # file `.<name>.<random>.tmp` of a write in progress (or one a killed process left behind).
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _STORE_FILE = re.compile(r"([0-9a-f]{64}\.(json|bin)|\.[0-9a-f]{64}\.(json|bin)\.[^/]*\.tmp)")
-
-
-class SharedTier(Protocol):
-    """What the store asks of a tier behind it (remote_cache.RemoteCache)."""
-
-    error: str | None
-
-    def get(self, key: str) -> CacheEntry | None: ...
-
-    def put(self, key: str, entry: CacheEntry) -> None: ...
 
 
 def _read_file(path: Path, limit: int, exact: bool = False) -> bytes:
@@ -67,7 +60,7 @@ class CompileCache:
     `remote`: a shared tier that a local miss consults (a hit there is written here too) and
     that every put fills as well."""
 
-    def __init__(self, root: Path, remote: SharedTier | None = None):
+    def __init__(self, root: Path, remote: RemoteCache | None = None):
         self.root = Path(root) / f"v{CACHE_SCHEMA}"
         self.remote = remote
         self.write_error: str | None = None  # set (and writing stops) when the store is not writable
