@@ -65,7 +65,15 @@ def _set(table, dotted, value):
         node[last] = value
 
 
-DELETE = object()
+class _Delete:
+    """The marker for a key to remove; its repr names it, so test ids are the same in every
+    process (pytest-xdist's workers must collect identical ids)."""
+
+    def __repr__(self) -> str:
+        return "DELETE"
+
+
+DELETE = _Delete()
 
 BAD_INPUTS = [
     # (key to set, value, expected error fragment)
