@@ -161,16 +161,16 @@ def test_stream_handles():
 
 
 def test_scalar_range_and_kind_checks():
-    from hatch_autotune.runtime import _scalar
+    from hatch_autotune.runtime.args import c_scalar
 
-    assert type(_scalar(3, "int32", "k", "n")) is np.int32
-    assert _scalar(2.0, "float16", "k", "h") == np.float16(2.0).view(np.uint16)  # raw half bits
+    assert type(c_scalar(3, "int32", "k", "n")) is np.int32
+    assert c_scalar(2.0, "float16", "k", "h") == np.float16(2.0).view(np.uint16)  # raw half bits
     with pytest.raises(ValueError, match=r"argument 'n'=4294967296 does not fit in int32"):
-        _scalar(2**32, "int32", "k", "n")
+        c_scalar(2**32, "int32", "k", "n")
     with pytest.raises(TypeError, match="must be an integer"):
-        _scalar(1.5, "int32", "k", "n")
+        c_scalar(1.5, "int32", "k", "n")
     with pytest.raises(ValueError, match="does not fit in uint8"):
-        _scalar(-1, "uint8", "k", "n")
+        c_scalar(-1, "uint8", "k", "n")
 
 
 def test_docstring_and_signature(kernels):

@@ -90,7 +90,7 @@ def test_initialize_stages_the_package_and_finalize_removes_it(tmp_path, build_e
     assert package.parent == staging
     table = json.loads((package / "table.json").read_text())
     assert table["archs"] == ["sm_90"] and list(table["kernels"]) == ["scale"]
-    assert (package / "__init__.py").is_file() and (package / "_runtime.py").is_file()
+    assert (package / "__init__.py").is_file() and (package / "_runtime" / "__init__.py").is_file()
     binaries = [v["binaries"] for v in table["kernels"]["scale"]["variants"].values()]
     assert binaries and all((package / info["file"]).is_file() for b in binaries for info in b.values())
     out = capsys.readouterr()
@@ -114,7 +114,7 @@ def test_a_whole_in_process_wheel_build(tmp_path, build_env):
         names = set(zf.namelist())
         table = json.loads(zf.read("tinypkg/kernels/table.json"))
         wheel_meta = zf.read("tinypkg-0.1.0.dist-info/WHEEL").decode()
-    assert {"tinypkg/__init__.py", "tinypkg/kernels/__init__.py", "tinypkg/kernels/_runtime.py"} <= names
+    assert {"tinypkg/__init__.py", "tinypkg/kernels/__init__.py", "tinypkg/kernels/_runtime/__init__.py"} <= names
     shipped = {n for n in names if n.startswith("tinypkg/kernels/bin/")}
     assert shipped == {f"tinypkg/kernels/{info['file']}" for v in table["kernels"]["scale"]["variants"].values() for info in v["binaries"].values()}
     assert "Tag: py3-none-manylinux_2_28_x86_64" in wheel_meta and "Root-Is-Purelib: true" in wheel_meta
@@ -208,7 +208,7 @@ def test_with_hatch_autotune_ray_set_the_cluster_tunes_and_the_build_packs_its_p
     root = small_project(tmp_path / "p", extra=f'mode = "{mode}"\n')
     calls = []
 
-    def fake_ray(project, address, *, mode, log, cache):
+    def fake_ray(project, address, *, kernels, mode, log, cache):
         calls.append((address, mode))
         return TuneSummary(plan=make_plan(project, ["sm_90"], log=lambda m: None))
 

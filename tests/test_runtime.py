@@ -1,7 +1,11 @@
 """Shared run-time logic: expression trees, key -> bucket mapping, arch fallback, dtype sizes,
-and the one funnel for CUDA results."""
+the table's entries, the one funnel for CUDA results; and the runtime package vendored whole."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -10,13 +14,16 @@ from hatch_autotune.runtime import (
     DTYPE_SIZES,
     CudaCallError,
     ExpressionError,
+    TableEntry,
     as_compute_capability,
     check_cuda,
     choose_arch,
     compile_expr,
-    map_to_bucket,
     instance_env,
+    map_to_bucket,
+    table_bytes,
 )
+from hatch_autotune.wheel.payload import runtime_files
 
 BUCKETS = [1024, 4096, 65536]
 
@@ -150,3 +157,57 @@ def test_check_cuda_is_one_funnel_for_driver_and_nvrtc_results():
     assert (err.value.call, err.value.error) == ("cuMemAlloc (L2 flush buffer)", "CUDA_ERROR_OUT_OF_MEMORY")
     with pytest.raises(CudaCallError, match=r"^nvrtcGetPTX failed: NVRTC_ERROR_INVALID_PROGRAM$"):
         check_cuda((nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_PROGRAM,), "nvrtcGetPTX")
+
+
+TUNED = {
+    "bucket": [256, 128],
+    "variant": "4af72858583e7a51",
+    "tuned": True,
+    "provenance": {"cc": "9.0", "gpu": "NVIDIA H200", "nvrtc": "13.0", "median_ms": 0.004416, "default_ms": 0.004752},
+}
+UNTUNED = {"bucket": [4096], "variant": "7a391a8a9ea75b26", "tuned": False, "provenance": {"reason": "no lock entry"}}
+
+
+def test_a_table_entry_keeps_times_and_reason_apart_and_writes_the_same_json():
+    tuned, untuned = TableEntry.from_json(TUNED), TableEntry.from_json(UNTUNED)
+    assert tuned.bucket == (256, 128) and tuned.tuned and tuned.reason == ""
+    assert (tuned.median_ms, tuned.default_ms) == (0.004416, 0.004752)
+    assert tuned.provenance == {"cc": "9.0", "gpu": "NVIDIA H200", "nvrtc": "13.0"}  # where, not how fast
+    assert not untuned.tuned and untuned.reason == "no lock entry" and untuned.provenance == {}
+    assert (untuned.median_ms, untuned.default_ms) == (None, None)
+    for raw, entry in ((TUNED, tuned), (UNTUNED, untuned)):
+        assert table_bytes(entry.to_json()) == table_bytes(raw)  # the table's bytes do not change
+        assert TableEntry.from_json(entry.to_json()) == entry
+    with pytest.raises(AttributeError, match="immutable"):
+        tuned.tuned = False  # type: ignore[misc]
+
+
+PROBE = """
+import json, sys
+import vendored_pkg._runtime as rt
+print(json.dumps({
+    "file": rt.__file__,
+    "modules": sorted(m for m in sys.modules if m.startswith(("hatch_autotune", "cuda", "numpy"))),
+    "selection": rt.Selection.__module__,
+    "arch": rt.choose_arch((8, 6), ["sm_80"], []),
+}))
+"""
+
+
+def test_the_runtime_is_vendored_whole_and_imports_under_any_name(tmp_path):
+    """What the wheel writer copies: every module, importing each other relatively, so that
+    the package works as `<module>/_runtime/` with neither hatch-autotune nor CUDA loaded."""
+    files = runtime_files()
+    assert list(files) == sorted(files) and "_runtime/__init__.py" in files and "_runtime/kernel.py" in files
+    assert all(name.endswith(".py") and "__pycache__" not in name for name in files)
+    (tmp_path / "vendored_pkg").mkdir()
+    (tmp_path / "vendored_pkg" / "__init__.py").write_text("")
+    for rel, data in files.items():
+        (tmp_path / "vendored_pkg" / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / "vendored_pkg" / rel).write_bytes(data)
+    proc = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found["file"] == str(tmp_path / "vendored_pkg" / "_runtime" / "__init__.py")
+    assert found["modules"] == [] and found["selection"] == "vendored_pkg._runtime.selection"
+    assert found["arch"] == ["sm_80", "cubin"]

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hatch_autotune.wheel.payload import RUNTIME_SOURCE
+from hatch_autotune.wheel.payload import runtime_files
 from hatch_autotune.wheel.stub import module_docstring
 from hatch_autotune.wheel.stub import _docstring, render_stub, stub_files
 from hatch_autotune.declare.config import parse_project
@@ -188,7 +188,7 @@ def test_the_stub_says_what_the_runtime_signature_says(session_cache, tmp_path):
     result = build_payload(project, cache=CompileCache(session_cache), log=lambda m: None)
     shutil.copytree(STENCIL / "src" / "stencil_kit", tmp_path / "stencil_kit")
     written = write_package(tmp_path / "stencil_kit" / "kernels", project, result)
-    assert {"__init__.pyi", "py.typed", "__init__.py", "_runtime.py"} <= set(written)
+    assert {"__init__.pyi", "py.typed", "__init__.py", "_runtime/__init__.py"} <= set(written)
     stub = (tmp_path / "stencil_kit" / "kernels" / "__init__.pyi").read_text()
     assert stub == render_stub(project) and (tmp_path / "stencil_kit" / "kernels" / "py.typed").read_bytes() == b""
     script = "import inspect, json; from stencil_kit import kernels; print(json.dumps({n: str(inspect.signature(getattr(kernels, n))) for n in kernels.__all__[:-1]}))"
@@ -276,13 +276,15 @@ EDGE_BAD = [
 
 def test_mypy_checks_calls_against_the_stub(edge_project, mypy_run, tmp_path):
     """The edge cases' package on MYPYPATH (its stub is checked as source, under --strict;
-    _runtime.py silently, as mypy treats an installed package)."""
+    _runtime/ silently, as mypy treats an installed package)."""
     pkg = tmp_path / "src" / "edgepkg" / "kernels"
     pkg.mkdir(parents=True)
     (pkg.parent / "__init__.py").write_text("")
     for rel, data in stub_files(edge_project).items():
         (pkg / rel).write_bytes(data)
-    shutil.copy(RUNTIME_SOURCE, pkg / "_runtime.py")
+    for rel, data in runtime_files().items():
+        (pkg / rel).parent.mkdir(exist_ok=True)
+        (pkg / rel).write_bytes(data)
     (tmp_path / "good.py").write_text(EDGE_GOOD)
     text, expected = bad_script(EDGE_BAD, "\n".join(EDGE_GOOD.splitlines()[:11]))
     (tmp_path / "bad.py").write_text(text)
@@ -405,7 +407,7 @@ def test_mypy_sees_the_kernels_of_the_installed_wheel(session_cache, mypy_run, t
     lines = GOOD.splitlines()
     reveal = {lines[line - 1]: " ".join(msgs).replace("builtins.", "") for (_, line), msgs in good.items()}
     assert reveal == {
-        "reveal_type(sel)": 'note: Revealed type is "example_pkg.kernels._runtime.Selection"',
+        "reveal_type(sel)": 'note: Revealed type is "example_pkg.kernels._runtime.selection.Selection"',
         "reveal_type(sel.bucket)": 'note: Revealed type is "typing.Mapping[str, int]"',
     }, good  # and no error
     check_bad(found, "bad.py", expected)

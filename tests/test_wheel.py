@@ -100,7 +100,7 @@ def test_wheel_ships_exactly_the_referenced_binaries_each_valid(example_wheels):
         table = json.loads(zf.read("example_pkg/kernels/table.json"))
         init = zf.read("example_pkg/kernels/__init__.py").decode()
         assert hashlib.sha256(zf.read("example_pkg/kernels/table.json")).hexdigest() in init
-        assert "example_pkg/kernels/_runtime.py" in names
+        assert "example_pkg/kernels/_runtime/__init__.py" in names and "example_pkg/kernels/_runtime/kernel.py" in names
         referenced = set()
         for kname, kernel in table["kernels"].items():
             used = {e["variant"] for per_arch in kernel["select"].values() for entries in per_arch.values() for e in entries}

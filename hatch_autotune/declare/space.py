@@ -1,6 +1,6 @@
 """The search space and the key space: configs (axes x constraints) and bucket points.
 
-Key -> bucket mapping itself lives in runtime.py (the wheel needs it); this module enumerates
+Key -> bucket mapping itself lives in the runtime (the wheel needs it); this module enumerates
 what the build tunes and packs. Canonical order is the product of the axes in declared order,
 so a config's index is stable while the space is unchanged (ties resolve to the lowest index).
 Both spaces are counted before anything enumerates them (`count_points`), so that

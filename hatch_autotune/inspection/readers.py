@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..runtime import load_json
-from ..lock import TIMED, EntryId, LockEntry, LockFile, LockFormatError
+from ..lock import Bucket, EntryId, LockEntry, LockFile, LockFormatError
 from ..declare.project import load_project
 from ..errors import CliError
 from .model import LOCK_NO_RESOURCES, PROJECT_NO_RESOURCES, TABLE_NO_TIMES, Row, Source
@@ -71,7 +71,7 @@ def row_from_lock(where: EntryId, entry: LockEntry) -> Row:
     ms = list(entry.measurements)
     default_config = dict(entry.default) if entry.default is not None else None
     if default_config is None and entry.default_ms is not None:  # older entries: the default's time identifies it
-        same = [m["config"] for m in ms if m.get("status") in TIMED and m.get("median_ms") == entry.default_ms]
+        same = [dict(m.config) for m in ms if m.timed and m.median_ms == entry.default_ms]
         if len(same) == 1:
             default_config = same[0]
     return Row(
@@ -105,7 +105,7 @@ def lock_source(path: Path, data: Any = None) -> Source:
 
 def table_source(table: Any, label: str, kind: str) -> Source:
     """The rows of a selection table (bytes or decoded JSON of a table.json)."""
-    from ..runtime import TableError, parse_table
+    from ..runtime import TableEntry, TableError, parse_table
 
     try:
         table = parse_table(table, label)
@@ -118,21 +118,21 @@ def table_source(table: Any, label: str, kind: str) -> Source:
             for tkey, per_arch in kernel["select"].items():
                 for arch, selected in per_arch.items():
                     for sel in selected:
-                        variant = kernel["variants"][sel["variant"]]
-                        prov = dict(sel.get("provenance") or {})
+                        e = TableEntry.from_json(sel)
+                        variant = kernel["variants"][e.variant]
                         r = Row(
                             kernel=name,
                             types=tkey,
                             arch=arch,
-                            bucket={n: int(b) for n, b in zip(names, sel["bucket"], strict=True)},
+                            bucket=Bucket.from_values(names, e.bucket),
                             config=dict(variant["config"]),
-                            tuned=bool(sel["tuned"]),
-                            note="" if sel["tuned"] else str(prov.pop("reason", "default config")),
-                            time_ms=_num(prov.get("median_ms")),
-                            default_ms=_num(prov.get("default_ms")),
+                            tuned=e.tuned,
+                            note="" if e.tuned else e.reason or "default config",
+                            time_ms=_num(e.median_ms),
+                            default_ms=_num(e.default_ms),
                             resources=(variant.get("resources") or {}).get(arch),
-                            variant=sel["variant"],
-                            provenance=prov,
+                            variant=e.variant,
+                            provenance=dict(e.provenance),
                         )
                         rows[r.eid] = r
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -140,12 +140,17 @@ def table_source(table: Any, label: str, kind: str) -> Source:
     return Source(label, kind, rows, list(table["kernels"]), [TABLE_NO_TIMES])
 
 
+# What marks a generated package next to its table.json: the vendored runtime, a package
+# (`_runtime/`) since the runtime was split by concept, one `_runtime.py` in older wheels.
+_RUNTIME_MARKERS = ("_runtime/__init__.py", "_runtime.py")
+
+
 def _is_generated_dir(d: Path) -> bool:
-    return (d / "table.json").is_file() and (d / "_runtime.py").is_file()
+    return (d / "table.json").is_file() and any((d / m).is_file() for m in _RUNTIME_MARKERS)
 
 
 def generated_dirs(root: Path) -> list[Path]:
-    """Generated packages (table.json next to _runtime.py) at or below root, nearest first."""
+    """Generated packages (table.json next to the vendored runtime) at or below root, nearest first."""
     if _is_generated_dir(root):
         return [root]
     return sorted({p.parent for p in root.rglob("table.json") if _is_generated_dir(p.parent)}, key=lambda p: (len(p.parts), p))
@@ -153,10 +158,12 @@ def generated_dirs(root: Path) -> list[Path]:
 
 def generated_tables(names: Iterable[str]) -> list[str]:
     """The selection tables among a file list (a wheel's, an installed distribution's: '/'
-    separated) that sit next to a _runtime.py, i.e. generated packages; shallowest first, as
+    separated) that sit next to a vendored runtime, i.e. generated packages; shallowest first, as
     generated_dirs orders them."""
     listed = set(names)
-    tables = [n for n in listed if n.rpartition("/")[2] == "table.json" and n[: -len("table.json")] + "_runtime.py" in listed]
+    tables = [
+        n for n in listed if n.rpartition("/")[2] == "table.json" and any(n[: -len("table.json")] + m in listed for m in _RUNTIME_MARKERS)
+    ]
     return sorted(tables, key=lambda n: (n.count("/"), n))
 
 
@@ -186,7 +193,7 @@ def wheel_source(path: Path) -> Source:
             names = set(zf.namelist())
             tables = generated_tables(names)
             if not tables:
-                raise CliError(f"{path}: no hatch-autotune selection table in this wheel (no */table.json next to _runtime.py)")
+                raise CliError(f"{path}: no hatch-autotune selection table in this wheel (no */table.json next to a vendored _runtime)")
             data = zf.read(tables[0])
             outcome_name = tables[0][: -len("table.json")] + OUTCOME_FILE
             outcome = zf.read(outcome_name) if outcome_name in names else None
@@ -206,7 +213,7 @@ def find_installed(name: str) -> Path | None:
 
 
 def _find_distribution(name: str) -> Path | None:
-    """The generated package (table.json next to _runtime.py) among an installed
+    """The generated package (table.json next to the vendored runtime) among an installed
     distribution's files; importlib.metadata normalises the name as PEP 503 does."""
     import importlib.metadata
 
@@ -248,7 +255,7 @@ def package_source(d: Path, label: str) -> Source:
 
     dirs = generated_dirs(d)
     if not dirs:
-        raise CliError(f"{label}: no generated hatch-autotune package in {d} (no table.json next to _runtime.py)")
+        raise CliError(f"{label}: no generated hatch-autotune package in {d} (no table.json next to a vendored _runtime)")
     src = table_source(read_json(dirs[0] / "table.json", "selection table"), str(dirs[0] / "table.json"), "package")
     outcome = dirs[0] / OUTCOME_FILE
     try:

@@ -1,6 +1,6 @@
-"""The wheel payload: a generated package holding the module, the vendored runtime, the
-selection table (build/table.py fills it), only the binaries the table refers to, and the
-build's outcome record (build/outcome.py).
+"""The wheel payload: a generated package holding the module, the vendored runtime (the whole
+`hatch_autotune.runtime` package, as `_runtime/`), the selection table (table.py fills it), only
+the binaries the table refers to, and the build's outcome record (outcome.py).
 
 Everything written here is a pure function of the build result (no dates, no absolute paths,
 sorted JSON), so two builds from the same lock file give byte-identical wheels.
@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..runtime import TABLE_FILE, sha256_hex, table_bytes
 from ..declare.config import ProjectSpec
+from ..runtime import TABLE_FILE, sha256_hex, table_bytes
 from .outcome import OUTCOME_FILE
 from .stub import module_docstring, stub_files
 from .table import build_table
@@ -22,7 +22,16 @@ if TYPE_CHECKING:  # the pipeline's result type; the payload sits below the pipe
     from .assemble import BuildResult
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-RUNTIME_SOURCE = Path(__file__).resolve().parent.parent / "runtime.py"
+RUNTIME_PACKAGE = Path(__file__).resolve().parent.parent / "runtime"
+RUNTIME_DIR = "_runtime"  # the vendored runtime's name inside the generated package
+
+
+def runtime_files() -> dict[str, bytes]:
+    """The vendored runtime, by path inside the generated package: every .py file of the
+    runtime package, sorted (no __pycache__, nothing else), so the wheel stays reproducible.
+    Its modules import each other relatively, so they work under any package name."""
+    sources = sorted(p for p in RUNTIME_PACKAGE.rglob("*.py") if "__pycache__" not in p.relative_to(RUNTIME_PACKAGE).parts)
+    return {f"{RUNTIME_DIR}/{p.relative_to(RUNTIME_PACKAGE).as_posix()}": p.read_bytes() for p in sources}
 
 
 def render_module(project: ProjectSpec, table_sha256: str) -> str:
@@ -47,7 +56,7 @@ def write_package(out_dir: Path, project: ProjectSpec, result: BuildResult) -> l
     out_dir.mkdir(parents=True)
     table, files = build_table(project, result)
     files[TABLE_FILE] = table_bytes(table)
-    files["_runtime.py"] = RUNTIME_SOURCE.read_bytes()
+    files.update(runtime_files())
     files["__init__.py"] = render_module(project, sha256_hex(files[TABLE_FILE])).encode()
     files.update(stub_files(project))
     files[OUTCOME_FILE] = result.outcome.to_bytes()  # for `hatch-autotune show`; the runtime never reads it

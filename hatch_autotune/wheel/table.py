@@ -1,6 +1,7 @@
-"""The selection table's contents (runtime.py owns its schema, reader and byte layout): the
-kernels' declarations as the runtime reads them, and per type instance, arch and bucket the
-variant chosen, with the binaries it ships. `declare/kernel_json.py` gives the declarations.
+"""The selection table's contents (the runtime's table module owns its schema, reader, byte
+layout and entry type): the kernels' declarations as the runtime reads them, and per type
+instance, arch and bucket the variant chosen (a `TableEntry`), with the binaries it ships.
+`declare/kernel_json.py` gives the declarations.
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..errors import BuildError
-from ..runtime import TABLE_SCHEMA, sha256_hex
 from ..declare.config import ProjectSpec
 from ..declare.kernel_json import kernel_json
+from ..errors import BuildError
+from ..runtime import TABLE_SCHEMA, TableEntry, sha256_hex
 
 if TYPE_CHECKING:  # the pipeline's result types; the table sits below the pipeline
+    from ..plan.planner import Choice
     from .assemble import BuildResult, KernelBuild
 
 BINARY_DIR = "bin"
@@ -53,10 +55,23 @@ def kernel_table(kb: KernelBuild, result: BuildResult, files: dict[str, bytes]) 
                 var["binaries"][bin_arch].update(ptx_isa=ptx_isa(r.binary, f"{rel} ({v.label})"), nvrtc=result.compiler)
             if r.resources is not None:
                 var["resources"][bin_arch] = r.resources.__dict__
-        entry = {"bucket": list(point), "variant": vid, "tuned": choice.tuned}
-        entry["provenance"] = dict(choice.provenance) if choice.tuned else {"reason": choice.reason}
-        select.setdefault(tkey, {}).setdefault(arch, []).append(entry)
+        select.setdefault(tkey, {}).setdefault(arch, []).append(table_entry(point, vid, choice).to_json())
     return {**kernel_json(spec), "variants": variants, "select": select}
+
+
+def table_entry(point: tuple[int, ...], variant: str, choice: Choice) -> TableEntry:
+    """A point's row: a tuned choice's provenance carries the winner's and the default's times
+    (the planner adds them from the lock), which the entry keeps in fields of their own."""
+    provenance = dict(choice.provenance) if choice.tuned else {}
+    return TableEntry(
+        bucket=tuple(point),
+        variant=variant,
+        tuned=choice.tuned,
+        median_ms=provenance.pop("median_ms", None),
+        default_ms=provenance.pop("default_ms", None),
+        provenance=provenance,
+        reason="" if choice.tuned else choice.reason,
+    )
 
 
 def build_table(project: ProjectSpec, result: BuildResult) -> tuple[dict[str, Any], dict[str, bytes]]:

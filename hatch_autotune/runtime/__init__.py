@@ -1,0 +1,88 @@
+"""The run-time loader, copied whole into every wheel that hatch-autotune builds.
+
+A built wheel carries this package as ``<module>/_runtime/``, so it must never import
+``hatch_autotune``, its modules import each other relatively, and at import time it needs the
+standard library alone (cuda-python and numpy are imported at the first launch or device query).
+Logic that the build side needs too (expression trees, key -> bucket mapping, arch fallback,
+dtype sizes, the table's format, the CUDA error funnel `check_cuda`) lives here, so there is one
+copy. One concept per module:
+
+  errors      what the runtime raises; `short_repr` for messages
+  record      the base of its immutable records
+  values      dtypes, sizes, integer ranges; how an instance's types and constants are named
+  expr        expression trees (shapes, grid, block), evaluated within bounds, never eval()
+  table       table.json: schema, the one reader and writer, `TableEntry`, the JSON decoder
+  selection   key -> bucket, arch fallback, the driver a PTX needs, `Selection`
+  cuda_seam   every CUDA call: `CudaApi`, `check_cuda`, `GpuState`, `use_gpu` (the tests' seam)
+  args        call arguments checked and converted before any GPU call; `PreparedCall`
+  kernel      `Kernel`: select() and the call path to a launch; `Binaries`
+  library     `Library`: the wheel's table and binaries, checked against their sha256
+
+This module re-exports their public names: the generated module uses `_runtime.Library`, its
+stub `_runtime.Selection` and `_runtime.PreparedCall`, and the build side imports from here.
+"""
+
+from .args import ArrayView, PreparedCall, array_view, stream_handle
+from .cuda_seam import MIN_CUDA_CORE, CudaApi, GpuState, check_cuda, check_cuda_core, cuda_api, current_device_cc, use_gpu
+from .errors import ArrayInterfaceError, CudaCallError, ExpressionError, IntegrityError, NoDriverError, TableError, short_repr
+from .expr import FUNCTIONS, MAX_EXPR_DEPTH, MAX_INT_BITS, cdiv, compile_expr, tree_names, tree_text
+from .kernel import Binaries, Kernel
+from .library import Library
+from .selection import MAPPINGS, MIN_SM, Selection, as_compute_capability, choose_arch, map_to_bucket, parse_arch, ptx_driver_needed
+from .table import MAX_JSON_DEPTH, TABLE_FILE, TABLE_SCHEMA, TableEntry, load_json, parse_table, sha256_hex, table_bytes
+from .values import DTYPE_SIZES, INT_RANGES, MAX_SIZE, TYPESTRS, instance_env, types_key, value_text
+
+__all__ = [
+    "DTYPE_SIZES",
+    "FUNCTIONS",
+    "INT_RANGES",
+    "MAPPINGS",
+    "MAX_EXPR_DEPTH",
+    "MAX_INT_BITS",
+    "MAX_JSON_DEPTH",
+    "MAX_SIZE",
+    "MIN_CUDA_CORE",
+    "MIN_SM",
+    "TABLE_FILE",
+    "TABLE_SCHEMA",
+    "TYPESTRS",
+    "ArrayInterfaceError",
+    "ArrayView",
+    "Binaries",
+    "CudaApi",
+    "CudaCallError",
+    "ExpressionError",
+    "GpuState",
+    "IntegrityError",
+    "Kernel",
+    "Library",
+    "NoDriverError",
+    "PreparedCall",
+    "Selection",
+    "TableEntry",
+    "TableError",
+    "array_view",
+    "as_compute_capability",
+    "cdiv",
+    "check_cuda",
+    "check_cuda_core",
+    "choose_arch",
+    "compile_expr",
+    "cuda_api",
+    "current_device_cc",
+    "instance_env",
+    "load_json",
+    "map_to_bucket",
+    "parse_arch",
+    "parse_table",
+    "ptx_driver_needed",
+    "sha256_hex",
+    "short_repr",
+    "stream_handle",
+    "table_bytes",
+    "tree_names",
+    "tree_text",
+    "types_key",
+    "use_gpu",
+    "value_text",
+]

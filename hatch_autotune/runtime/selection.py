@@ -1,0 +1,151 @@
+"""Selection: which bucket a run-time key falls into (`map_to_bucket`), which binary of a wheel
+serves a device (`choose_arch`, and the driver a PTX needs), and what a kernel's `select()`
+answers (`Selection`). The build side plans with the same functions, so there is one copy."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import short_repr
+from .record import Record
+
+TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
+    from typing import Any, Mapping, Sequence
+
+MAPPINGS = ("nearest", "floor", "ceil", "exact")
+
+
+def map_to_bucket(value: int, buckets: Sequence[int], mapping: str = "nearest", dim: str = "key") -> int:
+    """The bucket a run-time key value falls into; values outside the range clamp to the ends.
+
+    ``nearest`` is nearest in log2 (ties go to the smaller bucket), ``floor`` the largest bucket
+    not above the value, ``ceil`` the smallest not below it, ``exact`` only a declared bucket.
+    """
+    if mapping == "exact":
+        if value in buckets:
+            return value
+        raise ValueError(f"{dim}={value} is not one of the exact buckets {list(buckets)}")
+    if value <= buckets[0]:
+        return buckets[0]
+    if value >= buckets[-1]:
+        return buckets[-1]
+    lo = max(b for b in buckets if b <= value)
+    if lo == value:
+        return lo
+    hi = min(b for b in buckets if b > value)
+    if mapping == "floor":
+        return lo
+    if mapping == "ceil":
+        return hi
+    if mapping != "nearest":
+        raise ValueError(f"unknown bucket mapping {mapping!r} for {dim}; expected one of {MAPPINGS}")
+    from math import log2  # here, not at import: an extension module that importing needs not load
+
+    lv = log2(value)
+    return lo if (lv - log2(lo)) <= (log2(hi) - lv) else hi
+
+
+# fullmatch: no trailing newline. A pattern, not compiled here: re caches it at the first use,
+# and compiling costs a tenth of a millisecond of an import that needs no arch.
+_ARCH_PATTERN = r"(sm|compute)_([0-9]+)([0-9])([af]?)"
+
+
+MIN_SM = 75  # the oldest arch NVRTC 13 targets (sm_75): no build can serve an older GPU
+
+
+def parse_arch(arch: str) -> tuple[str, int, int, str]:
+    """'sm_90a' -> ('sm', 9, 0, 'a'); 'compute_80' -> ('compute', 8, 0, '')."""
+    m = re.fullmatch(_ARCH_PATTERN, arch) if isinstance(arch, str) else None
+    if not m:
+        raise ValueError(f"not a CUDA arch: {arch!r} (expected e.g. 'sm_90' or 'compute_90')")
+    return m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
+
+
+def as_compute_capability(arch: Any) -> tuple[int, int]:
+    """Accepts 'sm_86', '8.6', 86, (8, 6) and returns (8, 6); ValueError for what no GPU has
+    (a major below 1 or above 99, a minor above 9: -1 is not 'sm_-19')."""
+    if isinstance(arch, tuple) and len(arch) == 2 and all(type(v) is int for v in arch):
+        cc = arch
+    elif isinstance(arch, int) and not isinstance(arch, bool):
+        cc = (arch // 10, arch % 10) if arch >= 0 else (-1, 0)
+    elif isinstance(arch, str):
+        if re.fullmatch(r"[0-9]{1,2}\.[0-9]", arch):
+            major, minor = arch.split(".")
+            cc = (int(major), int(minor))
+        else:
+            _, major, minor, _ = parse_arch(arch)
+            cc = (major, minor)
+    else:
+        raise TypeError(f"arch: expected 'sm_XY', 'X.Y', an int XY or a (major, minor) tuple, got {short_repr(arch)}")
+    if not (1 <= cc[0] <= 99 and 0 <= cc[1] <= 9):
+        raise ValueError(f"arch: {short_repr(arch)} is not a compute capability (expected e.g. 'sm_90', '9.0', 90 or (9, 0))")
+    return cc
+
+
+def choose_arch(device_cc: tuple[int, int], cubin_archs: Sequence[str], ptx_archs: Sequence[str]) -> tuple[str, str]:
+    """Pick the binary for a device: (arch of the binary, 'cubin' or 'ptx').
+
+    Exact cubin (an 'a' arch only on exactly its own device, preferred there) -> a cubin of
+    the same major with a lower minor -> PTX of an arch not above the device (JIT) -> error.
+    """
+    major, minor = device_cc
+    best: tuple[int, int, str] | None = None
+    for arch in cubin_archs:
+        _, a_major, a_minor, suffix = parse_arch(arch)
+        if a_major != major or a_minor > minor:
+            continue
+        if suffix and a_minor != minor:
+            continue  # arch-specific cubins run only on their own compute capability
+        rank = (a_minor, 1 if suffix else 0)
+        if best is None or rank > best[:2]:
+            best = (rank[0], rank[1], arch)
+    if best is not None:
+        return best[2], "cubin"
+    usable = [a for a in ptx_archs if parse_arch(a)[1:3] <= (major, minor)]
+    if usable:
+        return max(usable, key=lambda a: parse_arch(a)[1:3]), "ptx"
+    fix = (
+        f"rebuild the wheel with sm_{major}{minor} in `archs`"
+        if major * 10 + minor >= MIN_SM
+        else f"no wheel can: NVRTC 13, which hatch-autotune builds with, targets sm_{MIN_SM} and newer, so kernels "
+        f"of such a wheel need a GPU of compute capability {MIN_SM // 10}.{MIN_SM % 10} or newer"
+    )
+    raise RuntimeError(
+        f"no binary in this wheel runs on a device of compute capability {major}.{minor} "
+        f"(sm_{major}{minor}): it has cubins for {', '.join(cubin_archs) or 'no arch'} and PTX for "
+        f"{', '.join(ptx_archs) or 'no arch'}; {fix}"
+    )
+
+
+def ptx_driver_needed(isa: str, nvrtc: str | None = None) -> tuple[int, int]:
+    """The oldest CUDA driver (major, minor) that JIT-compiles PTX of ISA `isa` ('9.5').
+
+    ISA 9.x came with CUDA 13.x, 8.0-8.5 with 12.0-12.5, 8.6-8.8 with 12.7-12.9, 7.x with
+    11.x. For an ISA newer than this table, the NVRTC that wrote it is the safe answer."""
+    major, minor = (int(p) for p in isa.split(".")[:2])
+    if major == 9:
+        return 13, minor
+    if major == 8:
+        return 12, minor if minor <= 5 else minor + 1
+    if major == 7:
+        return 11, minor
+    if nvrtc:
+        n_major, n_minor = (int(p) for p in nvrtc.split(".")[:2])
+        return n_major, n_minor
+    return major + 4, minor
+
+
+class Selection(Record):
+    """What `Kernel.select` answers: which variant runs, with which config, and why."""
+
+    __slots__ = ("kernel", "variant", "config", "types", "constants", "bucket", "tuned", "arch", "binary")
+    kernel: str
+    variant: str
+    config: Mapping[str, Any]
+    types: Mapping[str, str]  # type parameter -> dtype
+    constants: Mapping[str, Any]  # caller-chosen constant -> its value
+    bucket: Mapping[str, int]
+    tuned: bool
+    arch: str  # the table arch whose choice this is (e.g. 'sm_80' on an sm_86 device)
+    binary: str  # the binary that runs: 'sm_80' (cubin) or 'compute_90' (PTX, JIT-compiled)

@@ -1,0 +1,43 @@
+"""Dtypes and the values that name a kernel instance: sizes and integer ranges per dtype, the
+names an instance gives expressions, and how type parameters and constants are spelled in the
+selection table. The build side imports these, so the wheel and the build agree."""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
+    from typing import Any, Mapping
+
+MAX_SIZE = 2**63 - 1  # the largest array size or key value: what an int64 index can reach
+
+# dtype name -> the __cuda_array_interface__ typestr without its byte-order character
+TYPESTRS = {
+    "float16": "f2", "float32": "f4", "float64": "f8",
+    "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
+    "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8",
+}  # fmt: skip
+DTYPE_SIZES = {name: int(typestr[1:]) for name, typestr in TYPESTRS.items()}  # bytes
+# integer dtype -> (min, max): what a scalar of that type holds (the config check and the call agree)
+INT_RANGES = {
+    name: (-(1 << (8 * size - 1)), (1 << (8 * size - 1)) - 1) if name[0] == "i" else (0, (1 << (8 * size)) - 1)
+    for name, size in DTYPE_SIZES.items()
+    if name.startswith(("int", "uint"))
+}
+
+
+def instance_env(instance: Mapping[str, Any]) -> dict[str, Any]:
+    """The names an instance gives expressions: `<T>_size` in bytes per type parameter (whose
+    value is a dtype name) and each constant by name (an int or bool). The build side's spec
+    imports this, so the wheel and the build evaluate the same shapes and geometry."""
+    return {(f"{name}_size" if type(v) is str else name): (DTYPE_SIZES[v] if type(v) is str else v) for name, v in instance.items()}
+
+
+def types_key(types: Mapping[str, Any]) -> str:
+    """'T=float32' or 'CAUSAL=true,RADIUS=2,T=float16': an instance's type parameters and
+    constants (sorted, comma-joined), or '-' for a kernel with neither."""
+    return ",".join(f"{k}={value_text(types[k])}" for k in sorted(types)) or "-"
+
+
+def value_text(value: Any) -> str:
+    """A dtype name or a constant's value as TOML and C++ write it: `true`, not `True`."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
