@@ -23,7 +23,7 @@ import pytest
 from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.lock import EntryId, LockEntry, LockFile
 from hatch_autotune.plan.planner import Point
-from hatch_autotune.declare.config import ConfigError, SearchSpec, TuningSpec
+from hatch_autotune.declare.config import ConfigError, SearchSpec, Share, TuningSpec
 from hatch_autotune.tuning import tune
 from hatch_autotune.tuning.replay import Record, ReplayData, ReplayDataError, ReplayDevice
 from hatch_autotune.tuning.search import STRATEGIES, Budget, SearchSpace, make_strategy, run_search
@@ -433,7 +433,7 @@ def _search_table(tmp_path: Path, search: str) -> str:
 
 
 def test_search_settings_parse_and_bad_ones_name_the_key(tmp_path):
-    assert "strategy='auto', budget='5%'" in _search_table(tmp_path, '{ budget = "5%" }')
+    assert "strategy='auto', budget=Share(percent=5.0, text='5%')" in _search_table(tmp_path, '{ budget = "5%" }')
     assert "strategy='tpe', budget=None, seed=3, seconds=60.0, warm_start=False" in _search_table(
         tmp_path, '{ strategy = "tpe", seconds = 60, seed = 3, warm-start = false }'
     )
@@ -451,12 +451,12 @@ def test_search_settings_parse_and_bad_ones_name_the_key(tmp_path):
 
 
 def test_budget_shares_round_up_and_old_lock_checksums_stay_valid():
-    assert SearchSpec(budget="2%").configs_budget(4362) == 88
-    assert SearchSpec(budget="0.1%").configs_budget(10) == 1
+    assert SearchSpec(budget=Share.parse("2%")).configs_budget(4362) == 88
+    assert SearchSpec(budget=Share.parse("0.1%")).configs_budget(10) == 1
     assert SearchSpec(budget=50).configs_budget(10) == 50
     assert SearchSpec().checksum_fields() == ["exhaustive", None, 0]  # what every existing lock entry hashed
     assert SearchSpec("random", 40, 1).checksum_fields() == ["random", 40, 1]
-    assert SearchSpec("auto", "5%", seconds=30.0, warm_start=False).checksum_fields() == ["auto", "5%", 0, ["seconds", 30.0], ["warm_start", False]]
+    assert SearchSpec("auto", Share.parse("5%"), seconds=30.0, warm_start=False).checksum_fields() == ["auto", "5%", 0, ["seconds", 30.0], ["warm_start", False]]
 
 
 # ---- warm starts ---------------------------------------------------------------------------

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import ArgSpec, KernelSpec
+from .args import ArgSpec
+from .kernel import KernelSpec
 
 
 def _arg_json(a: ArgSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"name": a.name, "dtype": a.dtype, "kind": "array" if a.is_array else "scalar"}
-    if a.is_array:
+    if a.shape is not None:
         out.update(shape=[e.tree for e in a.shape], intent=a.intent)
         if a.align:
             out["align"] = a.align

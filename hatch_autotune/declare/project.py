@@ -1,13 +1,150 @@
-"""A project read from its pyproject.toml outside a build (the command, the Ray actors): the
-hook's table found where hatchling looks for it, then parsed as the build parses it."""
+"""The project: the hook's pyproject.toml table -> a ProjectSpec with its kernels and the
+environment's settings, validated with every problem reported at once. Read the same way in a
+build (the hook hands over its table) and outside one (the command, the Ray actors: the table
+found in pyproject.toml where hatchling looks for it)."""
 
 from __future__ import annotations
 
-import os
+import keyword
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import CliError
+from .kernel import KernelSpec
+from .kernel_table import parse_kernel
+from .search import TuningSpec, parse_tuning
+from .settings import MODES, Settings, SettingsError, read_settings
+from .validate import BAD, IDENT, ConfigError, Table, fail, v_arch, v_bool, v_choice, v_ident, v_list, v_str
+
+# hatchling's own keys in every build-hook table.
+HATCHLING_HOOK_KEYS = frozenset({"dependencies", "require-runtime-dependencies", "require-runtime-features", "enable-by-default"})
+DEFAULT_LOCK_FILE = "autotune.lock.json"
+DEFAULT_TABLE_PATH = "tool.hatch.build.targets.wheel.hooks.autotune"
+_WHEEL_TAG = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+")  # python-abi-platform
+
+
+@dataclass(frozen=True)
+class ProjectSpec:
+    root: Path
+    module: str
+    archs: tuple[str, ...] | None  # the table's, or HATCH_AUTOTUNE_ARCHS; None: the build machine's GPU
+    lock_file: Path
+    strict: bool
+    ptx: bool
+    mode: str  # the table's, or HATCH_AUTOTUNE_MODE
+    wheel_tag: str | None
+    kernels: Mapping[str, KernelSpec]
+    tuning: TuningSpec = TuningSpec()
+    exact_nvrtc: bool = False  # lock entries tuned with another NVRTC major.minor are stale
+    default_may_fail: bool = False  # a default config that does not compile: the first that does, not an error
+    settings: Settings = field(default_factory=Settings)  # the environment's, as the project was read
+
+
+def parse_project(
+    table: Any,
+    root: Path,
+    path: str = DEFAULT_TABLE_PATH,
+    env: Mapping[str, str] | None = None,
+    settings: Settings | None = None,
+) -> ProjectSpec:
+    """Validate the whole hook table; raise ConfigError listing every problem. `settings`: the
+    environment's, read already; else read from `env` (default: none set), whose problems are
+    listed with the table's."""
+    errors: list[str] = []
+    t = Table(table, path, errors)
+    module = t.get("module", _module_path, required=True)
+    archs = t.get("archs", v_list(v_arch), default=None)
+    lock = t.get("lock-file", v_str, default=DEFAULT_LOCK_FILE)
+    strict = t.get("strict", v_bool, default=False)
+    ptx = t.get("ptx", v_bool, default=True)
+    mode = t.get("mode", v_choice(MODES), default="auto")
+    wheel_tag = t.get("wheel-tag", v_wheel_tag, default=None)
+    lock_outside = t.get("lock-file-outside-project", v_bool, default=False)
+    exact_nvrtc = t.get("exact-nvrtc", v_bool, default=False)
+    default_may_fail = t.get("default-may-fail", v_bool, default=False)
+    tuning_t = t.table("tuning")
+    tuning = parse_tuning(tuning_t) if tuning_t is not None else TuningSpec()
+    kernels_t = t.table("kernels", required=True)
+    t.finish(HATCHLING_HOOK_KEYS)
+
+    if settings is None:
+        settings = read_settings(env or {}, errors)
+    mode = settings.mode or mode
+    archs = settings.archs or archs
+    lock_path = _lock_path(lock, root, lock_outside, f"{path}.lock-file", errors) if lock is not BAD and lock_outside is not BAD else BAD
+    if archs not in (None, BAD) and len(set(archs)) != len(archs):
+        errors.append(f"{path}.archs: expected distinct archs, got {list(archs)!r}")
+    kernels = _parse_kernels(kernels_t, root) if kernels_t is not None and kernels_t.ok else {}
+    if errors:
+        raise ConfigError(errors)
+    return ProjectSpec(
+        root=root,
+        module=module,
+        archs=tuple(archs) if archs else None,
+        lock_file=lock_path,
+        strict=strict,
+        ptx=ptx,
+        mode=mode,
+        wheel_tag=wheel_tag,
+        kernels=kernels,
+        tuning=tuning,
+        exact_nvrtc=exact_nvrtc,
+        default_may_fail=default_may_fail,
+        settings=settings,
+    )
+
+
+def _parse_kernels(kernels_t: Table, root: Path) -> dict[str, KernelSpec]:
+    """The `kernels` table: one KernelSpec per valid kernel table, each named by an identifier."""
+    errors = kernels_t.errors
+    kernels: dict[str, KernelSpec] = {}
+    if not kernels_t.data:
+        errors.append(f"{kernels_t.path}: expected at least one kernel table")
+    for name in kernels_t.data:
+        kernels_t.seen.add(name)
+        if v_ident(name, kernels_t.sub(name), errors) is BAD:
+            continue
+        if name.startswith("_") or name == "provenance":
+            errors.append(f"{kernels_t.sub(name)}: a kernel may not be named 'provenance' or start with '_' (the generated module uses those names)")
+            continue
+        spec = parse_kernel(name, Table(kernels_t.data[name], kernels_t.sub(name), errors), root)
+        if spec is not None:
+            kernels[name] = spec
+    return kernels
+
+
+def _lock_path(lock: str, root: Path, outside_allowed: bool, path: str, errors: list) -> Any:
+    """The lock file's path: inside the project (a tune replaces the file, so a mistyped
+    `/etc/...` or `../..` must not point it elsewhere) unless `lock-file-outside-project`."""
+    candidate = (root / lock).resolve()
+    if not outside_allowed and not candidate.is_relative_to(root.resolve()):
+        errors.append(
+            f"{path}: {lock!r} is outside the project ({candidate}); tuning replaces this file, so it must be "
+            "inside the project, unless `lock-file-outside-project = true` says otherwise"
+        )
+        return BAD
+    if candidate.is_dir():
+        errors.append(f"{path}: {lock!r} is a directory; expected the lock file's path (e.g. 'autotune.lock.json')")
+        return BAD
+    return root / lock
+
+
+def _module_path(value: Any, path: str, errors: list) -> Any:
+    parts = value.split(".") if isinstance(value, str) else []
+    if len(parts) >= 2 and all(IDENT.fullmatch(p) and not keyword.iskeyword(p) for p in parts):
+        return value
+    return fail(errors, path, "a dotted module path inside your package, e.g. 'mypkg.kernels'", value)
+
+
+def v_wheel_tag(value: Any, path: str, errors: list) -> Any:
+    if isinstance(value, str) and _WHEEL_TAG.fullmatch(value):
+        return value
+    return fail(errors, path, "a wheel tag 'python-abi-platform' of letters, digits, '_' and '.' (e.g. 'py3-none-manylinux_2_28_x86_64')", value)
+
+
+# ---- outside a build ---------------------------------------------------------------------------
 
 
 def hook_table(pyproject: Path) -> tuple[Any, str]:
@@ -31,15 +168,18 @@ def hook_table(pyproject: Path) -> tuple[Any, str]:
     raise CliError(f"{pyproject}: no [tool.hatch.build.targets.wheel.hooks.autotune] table: not a hatch-autotune project")
 
 
-def load_project(root: Path) -> Any:
-    """The project's ProjectSpec; configuration errors become one line listing them all."""
-    from ..declare.config import ConfigError, parse_project
-
+def load_project(root: Path, settings: Settings | None = None) -> ProjectSpec:
+    """The project's ProjectSpec, with `settings` (default: this process's environment's); bad
+    settings, then configuration errors, become one line listing them all."""
     pyproject = root / "pyproject.toml"
     if not pyproject.is_file():
         raise CliError(f"{root}: no pyproject.toml: not a project directory")
     table, path = hook_table(pyproject)
     try:
-        return parse_project(table, root, path=path, env=os.environ)
+        settings = read_settings() if settings is None else settings
+    except SettingsError as exc:
+        raise CliError(str(exc).removeprefix("hatch-autotune: ")) from None
+    try:
+        return parse_project(table, root, path=path, settings=settings)
     except ConfigError as exc:
         raise CliError(f"{pyproject}: {len(exc.errors)} configuration error(s): " + "; ".join(exc.errors)) from None

@@ -17,7 +17,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ..declare.config import SEARCH_STRATEGIES as STRATEGIES  # the names a project may configure
+from ..declare.search import SEARCH_STRATEGIES as STRATEGIES  # the names a project may configure
+from ..declare.search import Budget  # what a search may spend: the kernel's SearchSpec.budget_for
 
 MAX_PRIORS = 3  # related results a model uses as its prior mean, at most
 
@@ -648,18 +649,6 @@ class WarmStart:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> "WarmStart":
         return cls(tuple(raw["first"]), tuple(tuple(p) for p in raw["prior"]))
-
-
-@dataclass(frozen=True)
-class Budget:
-    """How much a search may spend: configs tried (each proposed config counts, a failed one
-    too) and/or seconds on its clock (compiling and measuring). None: no limit."""
-
-    configs: int | None = None
-    seconds: float | None = None
-
-    def spent(self, tried: int, seconds: float) -> bool:
-        return (self.configs is not None and tried >= self.configs) or (self.seconds is not None and seconds >= self.seconds)
 
 
 def run_search(

@@ -1,0 +1,90 @@
+"""A kernel's arguments (`args`, an array of tables) and the dtypes they may have."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..runtime import DTYPE_SIZES
+from .expr import Expr
+from .validate import BAD, Table, v_choice, v_expr, v_ident, v_int, v_list
+
+# dtype name -> C type used in templates. float16 maps to `at_half`, a two-byte struct defined
+# in templates/_dtypes.cuh (NVRTC ships no cuda_fp16.h).
+_CTYPES = {
+    "float16": "at_half",
+    "float32": "float",
+    "float64": "double",
+    "int8": "signed char",
+    "int16": "short",
+    "int32": "int",
+    "int64": "long long",
+    "uint8": "unsigned char",
+    "uint16": "unsigned short",
+    "uint32": "unsigned int",
+    "uint64": "unsigned long long",
+}
+# dtype name -> (C type, size in bytes); the sizes are the runtime's, which the wheel uses too.
+DTYPES: dict[str, tuple[str, int]] = {name: (ctype, DTYPE_SIZES[name]) for name, ctype in _CTYPES.items()}
+INTENTS = ("in", "out", "inout")
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """A kernel argument: an array (shape over key dims, intent) or a scalar."""
+
+    name: str
+    dtype: str  # a dtype name, or the name of one of the kernel's type parameters
+    shape: tuple[Expr, ...] | None = None  # None for scalars
+    intent: str | None = None  # arrays only
+    value: Expr | None = None  # scalars computed from key dims (the caller does not pass them)
+    align: int | None = None  # arrays: required byte alignment of the pointer (vector loads)
+
+    @property
+    def is_array(self) -> bool:
+        return self.shape is not None
+
+
+def parse_args(t: Table, raw_args: list, key_names: set[str], constant_names: set[str], types: Mapping[str, tuple[str, ...]]) -> list[ArgSpec]:
+    """Every argument of `args` (already checked to be a non-empty array), then their names distinct."""
+    args: list[ArgSpec] = []
+    for i, raw in enumerate(raw_args):
+        arg = parse_arg(Table(raw, f"{t.sub('args')}[{i}]", t.errors), key_names, constant_names, types)
+        if arg is not None:
+            args.append(arg)
+    seen_names: set[str] = set()
+    for i, a in enumerate(args):
+        if a.name in seen_names:
+            t.errors.append(f"{t.sub('args')}[{i}].name: duplicate argument name {a.name!r}")
+        seen_names.add(a.name)
+    return args
+
+
+def parse_arg(t: Table, key_names: set[str], constant_names: set[str], types: Mapping[str, tuple[str, ...]]) -> ArgSpec | None:
+    if not t.ok:  # not a table: reported when the Table was made
+        return None
+    errors = t.errors
+    n = len(errors)
+    names = key_names | constant_names
+    name = t.get("name", v_ident, required=True)
+    dtype = t.get("dtype", v_choice(tuple(DTYPES) + tuple(types)), required=True)
+    shape = t.get("shape", v_list(v_expr(names, "shapes may use the key dims and constants"), nonempty=True), default=None)
+    intent = t.get("intent", v_choice(INTENTS), default=None)
+    value = t.get("value", v_expr(names, "a scalar's value may use the key dims and constants"), default=None)
+    align = t.get("align", v_int(1), default=None)
+    t.finish()
+    if align not in (None, BAD) and (align & (align - 1)):
+        errors.append(f"{t.sub('align')}: expected a power of two (bytes), got {align}")
+    if align not in (None, BAD) and shape is None:
+        errors.append(f"{t.sub('align')}: only arrays have an alignment")
+    if shape is None:
+        if intent is not None:
+            errors.append(f"{t.sub('intent')}: only arrays (with a shape) have an intent")
+    else:
+        if intent is None and t.ok and "intent" not in t.data:
+            errors.append(f"{t.sub('intent')}: required for arrays; expected one of 'in', 'out', 'inout'")
+        if value is not None:
+            errors.append(f"{t.sub('value')}: only scalars may be computed from the key")
+    if len(errors) > n:
+        return None
+    return ArgSpec(name=name, dtype=dtype, shape=shape, intent=intent, value=value, align=align)

@@ -1,0 +1,223 @@
+"""Checks that need a whole kernel, made once its table has parsed: names that would shadow one
+another, compile options the cache key cannot see, bounds on what is enumerated (configs, bucket
+points, instances), and for every instance the constraints, the default config, the argument
+sizes and the launch geometry at every bucket. Each problem is one line naming its key."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Mapping
+
+from ..runtime import INT_RANGES, MAX_SIZE, ExpressionError, short_repr, value_text
+from .expr import Expr
+from .kernel import KernelSpec
+from .space import ConstraintError, bucket_points, corner_points, count_points
+from .validate import Table
+
+# Bounds that keep the config check (and what follows it) finite; see the README's table.
+MAX_BUCKET_POINTS = 10_000  # points of a kernel's key grid (tuning runs at every one)
+MAX_INSTANCES = 1_000  # combinations of a kernel's type parameters and constants
+GEOMETRY_CHECKS = 200_000  # (config, point) pairs whose launch geometry is checked in full
+# What a launch can take at most, whatever the GPU: a grid dim up to 2**31 - 1 blocks, a block of at most
+# 1024 threads, and no GPU has 4 GiB of shared memory per block.
+_GEOMETRY_MAX = {"grid": 2**31 - 1, "block": 1024, "shared": 2**32 - 1}
+_INCLUDE_OPTIONS = ("-I", "--include-path", "--pre-include", "-include")
+
+
+def check_kernel(spec: KernelSpec, t: Table) -> bool:
+    """Whether the kernel passes every check; each problem found is added to t.errors. The
+    checks of the declaration stop at the first problem; the per-instance ones report each
+    problem once, naming the instances it holds for."""
+    problem = _declaration_problem(spec, t)
+    if problem:
+        t.errors.append(problem)
+        return False
+    return _check_instances(spec, t)
+
+
+def _declaration_problem(spec: KernelSpec, t: Table) -> str | None:
+    """The first problem of the kernel as declared, before any instance is enumerated (both
+    spaces are counted before anything walks them)."""
+    clash = name_clashes(spec)
+    if clash:
+        return f"{t.path}: {clash}"
+    bad_option = next((o for o in spec.nvrtc_options if o.startswith(_INCLUDE_OPTIONS)), None)
+    if bad_option:
+        return (
+            f"{t.sub('nvrtc-options')}: {bad_option!r} is not supported: included files would not be part of the cache key "
+            "or the lock checksum; `#include \"file\"` a header by its path relative to the template (or the including "
+            "header) instead, or `{% include \"file\" %}` it through Jinja"
+        )
+    n_configs = count_points(spec.space.values())
+    if n_configs > spec.max_configs:
+        sizes = " x ".join(f"{len(v)} {a}" for a, v in spec.space.items())
+        return (
+            f"{t.sub('space')}: {n_configs:,} configs ({sizes}) before constraints, more than `max-configs` "
+            f"({spec.max_configs:,}) allows; each would be rendered and compiled, and checked here first. "
+            "Shrink the axes, or raise `max-configs` for this kernel if you mean it"
+        )
+    n_points = count_points(k.buckets for k in spec.key)
+    if n_points > MAX_BUCKET_POINTS:
+        return f"{t.sub('key')}: the buckets make {n_points:,} tuning points; at most {MAX_BUCKET_POINTS:,} are allowed"
+    n_instances = count_points([*spec.types.values(), *spec.constants.values()])
+    if n_instances > MAX_INSTANCES:
+        return (
+            f"{t.path}: the type parameters and constants make {n_instances:,} instances, each rendered, compiled and tuned "
+            f"apart; at most {MAX_INSTANCES:,} are allowed"
+        )
+    size_error = check_sizes(spec)
+    if size_error:
+        return f"{t.path}: {size_error}"
+    return None
+
+
+def _check_instances(spec: KernelSpec, t: Table) -> bool:
+    """Every instance's space: the constraints evaluate and leave a config, the default is one
+    of them, and the launch geometry holds."""
+    errors = t.errors
+    instances = spec.type_instances()
+    grouped: dict[tuple[str, str], list[str]] = {}  # (key path, problem) -> the instances it holds for
+    for types_ in instances:
+        label = ", ".join(f"{k}={value_text(v)}" for k, v in types_.items())
+        try:
+            configs = spec.configs(types_)
+        except ConstraintError as exc:  # e.g. division by zero for some config, or a bound exceeded
+            errors.append(
+                f"{t.sub('constraints')}[{exc.index}]: {spec.constraints[exc.index].text!r} cannot be evaluated for "
+                f"{exc.config}{f' (for {label})' if label else ''}: {exc.cause}"
+            )
+            return False
+        if not configs:
+            grouped.setdefault((t.sub("constraints"), "the constraints exclude every config of the space"), []).append(label)
+        elif dict(spec.default) not in configs:
+            broken = violated(spec, types_)
+            grouped.setdefault((t.sub("default"), f"the default {dict(spec.default)!r} violates {broken}"), []).append(label)
+        geometry_error = check_geometry(spec, types_, configs)
+        if geometry_error:
+            grouped.setdefault((t.path, geometry_error), []).append(label)
+    for (where_, problem), labels in grouped.items():  # once per problem, naming the instances it holds for
+        holds_for = "" if len(labels) == len(instances) else f" (for {'; '.join(labels)})"
+        errors.append(f"{where_}: {problem}{holds_for}")
+    return not grouped
+
+
+def violated(spec: KernelSpec, types: Mapping[str, Any]) -> str:
+    """Which constraints the default config breaks for an instance, each by index and text."""
+    env = {**spec.default, **spec.type_env(types)}
+    broken = []
+    for i, c in enumerate(spec.constraints):
+        try:
+            holds = c(env)
+        except ExpressionError:
+            holds = False
+        if not holds:
+            broken.append(f"constraints[{i}] {c.text!r}")
+    return " and ".join(broken) or "the constraints"
+
+
+def name_clashes(spec: KernelSpec) -> str | None:
+    """Axes, type parameters (and their _size/_dtype), constants, key dims and `entry` share one
+    namespace in templates and launch expressions; a clash would silently shadow one of them.
+    Constants are also keywords of a call, next to its arguments."""
+    owners: dict[str, str] = {"entry": "the template variable `entry`"}
+    for tp in spec.types:
+        for name in (tp, f"{tp}_size", f"{tp}_dtype"):
+            owners.setdefault(name, f"type parameter {tp}")
+    # A call takes the arguments, the constants and `stream=` by keyword; select() the key dims,
+    # type parameters, constants and `arch=`; both are methods (`self`).
+    reserved = {"self": "the kernel object's `self`", "stream": "the call's `stream=`", "arch": "select()'s `arch=`"}
+    call_words = ("self", "stream")
+    select_words = ("self", "arch")
+    keywords: list[tuple[str, Any, tuple[str, ...]]] = [
+        ("argument", [a.name for a in spec.args if a.value is None], call_words),
+        ("constant", spec.constants, call_words + select_words),
+    ]
+    keywords += [("key dim", [k.name for k in spec.key], select_words), ("type parameter", spec.types, select_words)]
+    for kind, names, words in keywords:
+        for name in names:
+            if name in words:
+                return f"{kind} {name!r} has the same name as {reserved[name]}; rename it"
+    arguments = {a.name for a in spec.args}
+    for name in spec.constants:
+        if name in arguments:
+            return f"constant {name!r} has the same name as argument {name}; rename one"
+    for kind, names in (("constant", spec.constants), ("axis", spec.space), ("key dim", [k.name for k in spec.key])):
+        for name in names:
+            if name in owners:
+                return f"{kind} {name!r} has the same name as {owners[name]}; rename one"
+            owners[name] = f"{kind} {name}"
+    return None
+
+
+def check_geometry(spec: KernelSpec, types: Mapping[str, str], configs: list[dict[str, Any]]) -> str | None:
+    """grid/block/shared must give positive integers for every config at every bucket. Above
+    GEOMETRY_CHECKS pairs, every config is checked at the grid's corners (each dim's smallest
+    and largest bucket) and every point with the default config: bounded time, and what the
+    geometry usually depends on monotonically is still covered."""
+    points = bucket_points([k.buckets for k in spec.key])
+    pairs: Any = ((p, c) for p in points for c in configs)
+    if len(points) * len(configs) > GEOMETRY_CHECKS:
+        corners = corner_points([k.buckets for k in spec.key])
+        pairs = itertools.chain(((p, c) for p in corners for c in configs), ((p, dict(spec.default)) for p in points))
+    type_env = spec.type_env(types)
+    names = [k.name for k in spec.key]
+    for point, config in pairs:
+        key = dict(zip(names, point))
+        env = {**key, **config, **type_env}
+        for what, exprs, minimum in (("grid", spec.grid, 1), ("block", spec.block, 1), ("shared", (spec.shared,), 0)):
+            for e in exprs:
+                try:
+                    value = e(env)
+                except ExpressionError as exc:  # e.g. division by zero for some config, or a bound exceeded
+                    return f"{what} expression {e.text!r} fails for {config} at {key}: {exc}"
+                if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= _GEOMETRY_MAX[what]:
+                    return (
+                        f"{what} expression {e.text!r} gives {short_repr(value)} for {config} at {key}; expected an integer "
+                        f"from {minimum} to {_GEOMETRY_MAX[what]} (use // or cdiv for division)"
+                    )
+    return None
+
+
+def check_sizes(spec: KernelSpec) -> str | None:
+    """Every bucket point gives array shapes that are sizes and scalars that fit their declared
+    type: a bucket of 2**62 feeding an int32 is an error here, not an overflow at call time."""
+    by_name = {a.name: a for a in spec.args}
+    for k in spec.key:
+        arg = by_name[k.source]
+        if not arg.is_array and arg.dtype in INT_RANGES:
+            lo, hi = INT_RANGES[arg.dtype]
+            if k.buckets[-1] > hi:
+                return f"key dim {k.name!r} has bucket {k.buckets[-1]}, which does not fit in argument {arg.name!r} ({arg.dtype}, at most {hi})"
+    names = [k.name for k in spec.key]
+    constant_sets: list[dict[str, Any]] = [{}]
+    for cname, values in spec.constants.items():
+        constant_sets = [{**c, cname: v} for c in constant_sets for v in values]
+    points = bucket_points([k.buckets for k in spec.key])  # at most MAX_BUCKET_POINTS
+    if len(points) * len(constant_sets) > GEOMETRY_CHECKS:  # bounded, as in check_geometry
+        points = corner_points([k.buckets for k in spec.key])
+    for point, consts in itertools.product(points, constant_sets):
+        key = {**dict(zip(names, point)), **consts}
+        for a in spec.args:
+            for i, e in enumerate(a.shape or ()):
+                what = f"shape[{i}] of argument {a.name!r}"
+                problem = evaluate_int(e, key, 0, MAX_SIZE)
+                if problem:
+                    return f"{what}: {e.text!r} {problem} at {key}"
+            if a.value is not None and a.dtype in INT_RANGES:
+                problem = evaluate_int(a.value, key, *INT_RANGES[a.dtype])
+                if problem:
+                    return f"value of argument {a.name!r} ({a.dtype}): {a.value.text!r} {problem} at {key}"
+    return None
+
+
+def evaluate_int(e: Expr, env: Mapping[str, Any], lo: int, hi: int) -> str | None:
+    """What is wrong with an expression's value as an integer in [lo, hi], or None."""
+    try:
+        value = e(env)
+    except ExpressionError as exc:  # e.g. division by zero at some bucket, or a bound exceeded
+        return f"fails ({exc})"
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"gives {short_repr(value)}, not an integer"
+    if not lo <= value <= hi:
+        return f"gives {value}, outside [{lo}, {hi}]"
+    return None

@@ -1,0 +1,63 @@
+"""A declared kernel: what one `kernels.<name>` table of the hook says, validated (kernel_table.py
+reads it, checks.py checks it whole)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..runtime import instance_env
+from .args import ArgSpec
+from .expr import Expr
+from .keys import KeyDim
+from .search import SearchSpec
+from .space import enumerate_configs
+
+DEFAULT_MAX_CONFIGS = 100_000  # axis combinations before constraints, per kernel (`max-configs`)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    template: Path
+    template_ref: str
+    entry: str
+    doc: str
+    args: tuple[ArgSpec, ...]
+    key: tuple[KeyDim, ...]
+    types: Mapping[str, tuple[str, ...]]
+    space: Mapping[str, tuple[Any, ...]]
+    constraints: tuple[Expr, ...]
+    default: Mapping[str, Any]
+    grid: tuple[Expr, ...]
+    block: tuple[Expr, ...]
+    shared: Expr
+    nvrtc_options: tuple[str, ...]
+    reference: str | None = None  # "module:function" computing expected outputs with NumPy
+    inputs: str | None = None  # "module:function" generating a bucket's inputs
+    tolerance: tuple[float, float] | None = None  # (rtol, atol); None: by dtype
+    search: SearchSpec = SearchSpec()
+    max_configs: int = DEFAULT_MAX_CONFIGS  # a larger space is refused before it is enumerated
+    # Caller-chosen constants: name -> the values a caller may pass (integers or booleans). Each
+    # value is a specialisation like a type parameter's dtype: rendered, compiled, tuned and
+    # selected exactly, never tuned over.
+    constants: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    root: Path | None = None  # the project folder: `#include "..."` may reach headers inside it
+
+    def type_instances(self) -> list[dict[str, Any]]:
+        """Every assignment of the type parameters (dtype names) and the constants (their
+        values), in declaration order: the instances that are rendered, tuned and selected."""
+        out: list[dict[str, Any]] = [{}]
+        for name, values in [*self.types.items(), *self.constants.items()]:
+            out = [{**o, name: v} for o in out for v in values]
+        return out
+
+    def type_env(self, types: Mapping[str, Any]) -> dict[str, Any]:
+        """Names that expressions may use for an instance: `<T>_size` in bytes and each
+        constant's value (the runtime's own rule, so the build and the wheel agree)."""
+        return instance_env(types)
+
+    def configs(self, types: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The search space of one type instance, in canonical order."""
+        return enumerate_configs(self.space, self.constraints, self.type_env(types))

@@ -1,0 +1,239 @@
+"""One `kernels.<name>` table -> a KernelSpec: each sub-table read by its own function, in the
+order the problems are reported, then the whole kernel checked (checks.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..runtime import INT_RANGES
+from . import expr as expr_mod
+from .args import DTYPES, ArgSpec, parse_args
+from .checks import check_kernel
+from .kernel import DEFAULT_MAX_CONFIGS, KernelSpec
+from .keys import KeyDim, parse_keys
+from .search import SearchSpec, parse_search
+from .validate import (
+    BAD,
+    Table,
+    Validator,
+    fail,
+    v_choice,
+    v_entry_point,
+    v_expr,
+    v_ident,
+    v_int,
+    v_list,
+    v_number,
+    v_str,
+)
+
+BUILTIN_PREFIX = "builtin:"
+
+
+def builtin_templates_dir() -> Path:
+    """templates/ as shipped in the wheel (hatch_autotune/templates) or in a source checkout."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "templates", package.parent / "templates"):
+        if candidate.is_dir():
+            return candidate
+    return package / "templates"
+
+
+def v_constant(value: Any, path: str, errors: list) -> Any:
+    lo, hi = INT_RANGES["int64"]
+    if isinstance(value, bool) or (isinstance(value, int) and lo <= value <= hi):
+        return value
+    return fail(errors, path, f"an integer from {lo} to {hi}, or a boolean", value)
+
+
+def v_space_value(value: Any, path: str, errors: list) -> Any:
+    if isinstance(value, (bool, int, str)):
+        return value
+    return fail(errors, path, "an integer, boolean or string", value)
+
+
+def parse_kernel(name: str, t: Table, root: Path) -> KernelSpec | None:
+    """The kernel, or None when its table has a problem (each one added to t.errors)."""
+    if not t.ok:  # not a table: reported when the Table was made
+        return None
+    errors = t.errors
+    n_errors = len(errors)
+    template_ref = t.get("template", v_str, required=True)
+    template = resolve_template(template_ref, t.sub("template"), root, errors) if template_ref is not BAD else BAD
+    entry = t.get("entry", v_ident, default=name)
+    doc = t.get("doc", v_str, default="")
+    nvrtc_options = t.get("nvrtc-options", v_list(v_str, nonempty=False), default=())
+    max_configs = t.get("max-configs", v_int(1), default=DEFAULT_MAX_CONFIGS)
+    reference = t.get("reference", v_entry_point, default=None)
+    inputs = t.get("inputs", v_entry_point, default=None)
+    tolerance = _tolerance(t)
+    search_t = t.table("search")
+    search = parse_search(search_t) if search_t is not None else SearchSpec()
+    types = value_lists(t, "types", "type parameter", v_choice(tuple(DTYPES)), "dtypes")
+    constants = value_lists(t, "constants", "constant", v_constant, "values", what=" of integers or booleans")
+    space = _space(t)
+    args, key, key_names = _args_and_key(t, set(constants), types)
+    grid, block, shared, constraints = _launch(t, set(space), key_names, {f"{tp}_size" for tp in types}, set(constants))
+    default = _default(t, space)
+    t.finish()
+    if len(errors) > n_errors:
+        return None
+    spec = KernelSpec(
+        name=name,
+        template=template,
+        template_ref=template_ref,
+        entry=entry,
+        doc=doc,
+        args=tuple(args),
+        key=tuple(key),
+        types=types,
+        space=space,
+        constraints=tuple(constraints),
+        default=default,
+        grid=tuple(grid),
+        block=tuple(block),
+        shared=shared,
+        nvrtc_options=tuple(nvrtc_options),
+        reference=reference,
+        inputs=inputs,
+        tolerance=tolerance,
+        search=search,
+        max_configs=max_configs,
+        constants=constants,
+        root=root,
+    )
+    return spec if check_kernel(spec, t) else None
+
+
+def _tolerance(t: Table) -> tuple[Any, Any] | None:
+    """`tolerance`: (rtol, atol), both required; None: by dtype."""
+    tol_t = t.table("tolerance")
+    if tol_t is None:
+        return None
+    rtol = tol_t.get("rtol", v_number(0.0), required=True)
+    atol = tol_t.get("atol", v_number(0.0), required=True)
+    tol_t.finish()
+    return (rtol, atol)
+
+
+def _space(t: Table) -> dict[str, tuple[Any, ...]]:
+    """`space`: axis -> non-empty array of distinct values."""
+    space: dict[str, tuple[Any, ...]] = {}
+    space_t = t.table("space", required=True)
+    if space_t is None or not space_t.ok:
+        return space
+    errors = t.errors
+    if not space_t.data:
+        errors.append(f"{space_t.path}: expected at least one axis, got an empty table")
+    for axis in space_t.data:
+        space_t.seen.add(axis)
+        p = space_t.sub(axis)
+        if v_ident(axis, p, errors) is BAD:
+            continue
+        values = v_list(v_space_value, what=" of values")(space_t.data[axis], p, errors)
+        if values is not BAD:
+            if len(set(values)) != len(values):
+                errors.append(f"{p}: expected distinct values, got {list(values)!r}")
+            space[axis] = values
+    return space
+
+
+def _args_and_key(t: Table, constant_names: set[str], types: Mapping[str, tuple[str, ...]]) -> tuple[list[ArgSpec], list[KeyDim], set[str]]:
+    """`args` and `key`, and the key dims' names: those are read first so that shapes can be
+    checked against them, and each key dim then against the arguments."""
+    raw_args = t.get("args", lambda v, p, e: v if isinstance(v, list) and v else fail(e, p, "a non-empty array of tables", v), required=True)
+    key_t = t.table("key", required=True)
+    key_names = [k for k in key_t.data] if key_t is not None and key_t.ok else []
+    args = parse_args(t, raw_args, set(key_names), constant_names, types) if raw_args is not BAD else []
+    key = parse_keys(key_t, key_names, {a.name: a for a in args}, raw_args is not BAD) if key_t is not None and key_t.ok else []
+    return args, key, set(key_names)
+
+
+def _launch(t: Table, config_names: set[str], key_names: set[str], type_size_names: set[str], constant_names: set[str]) -> tuple[Any, Any, Any, Any]:
+    """`constraints` (over the space), then the launch geometry `grid`, `block` and `shared`
+    (over the key, the space, <T>_size and the constants)."""
+    constraints = t.get(
+        "constraints",
+        v_list(v_expr(config_names | type_size_names | constant_names, "constraints may use the space axes, <T>_size and constants"), nonempty=False),
+        default=(),
+    )
+    geometry_names = config_names | key_names | type_size_names | constant_names
+    where = "launch geometry may use key dims, space axes, <T>_size and constants"
+    grid = t.get("grid", v_list(v_expr(geometry_names, where)), required=True)
+    block = t.get("block", v_list(v_expr(geometry_names, where)), required=True)
+    shared = t.get("shared", v_expr(geometry_names, where), default=expr_mod.parse(0))
+    for geo, p in ((grid, "grid"), (block, "block")):
+        if geo is not BAD and len(geo) > 3:
+            t.errors.append(f"{t.sub(p)}: expected 1 to 3 expressions (x, y, z), got {len(geo)}")
+    return grid, block, shared, constraints
+
+
+def _default(t: Table, space: Mapping[str, tuple[Any, ...]]) -> dict[str, Any]:
+    """`default`: a value of the space for every axis."""
+    default: dict[str, Any] = {}
+    default_t = t.table("default", required=True)
+    if default_t is None or not default_t.ok:
+        return default
+    errors = t.errors
+    for axis in default_t.data:
+        default_t.seen.add(axis)
+        value = v_space_value(default_t.data[axis], default_t.sub(axis), errors)
+        if value is BAD:
+            continue
+        if axis not in space:
+            errors.append(f"{default_t.sub(axis)}: {axis!r} is not an axis of the space (axes: {', '.join(space) or 'none'})")
+        elif not any(type(v) is type(value) and v == value for v in space[axis]):  # True is not 1
+            errors.append(f"{default_t.sub(axis)}: default {value!r} is not in the space {list(space[axis])!r}")
+        else:
+            default[axis] = value
+    missing = [a for a in space if a not in default_t.data]
+    if missing:
+        errors.append(f"{default_t.path}: expected a value for every axis; missing {', '.join(missing)}")
+    default_t.finish()
+    return default
+
+
+def value_lists(t: Table, key: str, kind: str, item: Validator, noun: str, what: str = "") -> dict[str, tuple[Any, ...]]:
+    """A table of name -> non-empty array of distinct values of one kind: the type parameters
+    (dtype names) and the constants (integers or booleans), each named by an identifier that
+    is not a dtype's name."""
+    errors: list = t.errors
+    out: dict[str, tuple[Any, ...]] = {}
+    table = t.table(key)
+    if table is None or not table.ok:
+        return out
+    for name in table.data:
+        table.seen.add(name)
+        p = table.sub(name)
+        if v_ident(name, p, errors) is BAD:
+            continue
+        if name in DTYPES:
+            errors.append(f"{p}: a {kind} may not be named like a dtype")
+            continue
+        values = v_list(item, what=what)(table.data[name], p, errors)
+        if values is BAD:
+            continue
+        if len({type(v) for v in values}) > 1:
+            errors.append(f"{p}: expected values of one kind, all integers or all booleans, got {list(values)!r}")
+        elif len(set(values)) != len(values):
+            errors.append(f"{p}: expected distinct {noun}, got {list(values)!r}")
+        else:
+            out[name] = values
+    return out
+
+
+def resolve_template(ref: str, path: str, root: Path, errors: list) -> Any:
+    if ref.startswith(BUILTIN_PREFIX):
+        base = builtin_templates_dir()
+        candidate = base / ref[len(BUILTIN_PREFIX) :]
+        if candidate.is_file():
+            return candidate
+        available = sorted(p.name for p in base.glob("*.j2")) if base.is_dir() else []
+        errors.append(f"{path}: no built-in template {ref!r}; built-ins: {', '.join(available) or 'none'}")
+        return BAD
+    candidate = (root / ref).resolve()
+    if not candidate.is_file():
+        errors.append(f"{path}: template file {ref!r} not found (looked for {candidate})")
+        return BAD
+    return candidate

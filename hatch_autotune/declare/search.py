@@ -1,0 +1,140 @@
+"""How a kernel's space is searched (its `search` table) and how each config is measured (the
+project's `tuning` table). The search budget is parsed here, once, into a typed value: a count
+of configs or a share of each instance's space, which `SearchSpec.budget_for` turns into the
+`Budget` a search spends (tuning/search.py)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .validate import BAD, Table, fail, v_bool, v_choice, v_int, v_number
+
+SEARCH_STRATEGIES = ("exhaustive", "random", "local", "tpe", "auto")  # tuning/search.py implements each
+_PERCENT = re.compile(r"(\d+(\.\d+)?)%")
+
+
+@dataclass(frozen=True)
+class Share:
+    """A budget of configs as a share of each instance's space (`budget = "5%"`). `text` is the
+    value as written: the lock checksum hashes it, so "5%" and "5.0%" stay what they were."""
+
+    percent: float
+    text: str
+
+    @classmethod
+    def parse(cls, text: str) -> Share:
+        """The share "N%" names (0 < N <= 100); ValueError otherwise."""
+        m = _PERCENT.fullmatch(text)
+        if not m or not 0 < float(m.group(1)) <= 100:
+            raise ValueError(f"not a share of the space from '0.1%' to '100%': {text!r}")
+        return cls(float(m.group(1)), text)
+
+    def configs(self, space_size: int) -> int:
+        """The share of a space of this size in configs, at least 1."""
+        return max(1, math.ceil(self.percent / 100 * space_size))
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much a search may spend: configs tried (each proposed config counts, a failed one
+    too) and/or seconds on its clock (compiling and measuring). None: no limit."""
+
+    configs: int | None = None
+    seconds: float | None = None
+
+    def spent(self, tried: int, seconds: float) -> bool:
+        return (self.configs is not None and tried >= self.configs) or (self.seconds is not None and seconds >= self.seconds)
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """How much of a space to measure, and in what order (tuning/search.py): every config, or
+    what a strategy picks within a budget of configs (a count, or a share of the space) and/or
+    seconds. The previous winner and the neighbouring buckets' winners go first (warm start)."""
+
+    strategy: str = "exhaustive"
+    budget: int | Share | None = None  # configs: a count, or a share of the instance's space
+    seed: int = 0
+    seconds: float | None = None  # compile and measuring time per bucket
+    warm_start: bool = True
+
+    def configs_budget(self, space_size: int) -> int | None:
+        """The budget in configs for a space of this size (at least 1); None: no count limit."""
+        if isinstance(self.budget, Share):
+            return self.budget.configs(space_size)
+        return self.budget
+
+    def budget_for(self, space_size: int) -> Budget:
+        """What a search of a space of this size may spend."""
+        return Budget(self.configs_budget(space_size), self.seconds)
+
+    def checksum_fields(self) -> list[Any]:
+        """What enters a lock entry's checksum: the three fields the first format had (the budget
+        as written), then only the settings that differ from their defaults, so that old entries
+        stay valid."""
+        first = ("strategy", "budget", "seed")
+        extra = ([f.name, getattr(self, f.name)] for f in fields(self) if f.name not in first and getattr(self, f.name) != f.default)
+        budget = self.budget.text if isinstance(self.budget, Share) else self.budget
+        return [self.strategy, budget, self.seed, *extra]
+
+
+@dataclass(frozen=True)
+class TuningSpec:
+    """Measurement settings (see tuning/bench.py for what each bounds)."""
+
+    budget_ms: float = 100.0  # GPU time spent timing one variant, at most
+    warmup: int = 2
+    min_reps: int = 5
+    max_reps: int = 100
+    timeout_s: float = 30.0  # a variant taking longer than this is killed and marked failed
+    eliminate: float = 0.25  # stop timing a variant whose fastest sample is this much slower than the leader
+    flush_l2: bool = True
+    prune_spills: bool = False
+
+
+def v_search_budget(value: Any, path: str, errors: list) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    if isinstance(value, str):
+        try:
+            return Share.parse(value)
+        except ValueError:
+            pass
+    return fail(errors, path, "a number of configs (an integer >= 1) or a share of the space as a string from '0.1%' to '100%'", value)
+
+
+def parse_search(t: Table) -> SearchSpec:
+    budget = t.get("budget", v_search_budget, default=None)
+    seconds = t.get("seconds", v_number(0.001), default=None)
+    limited = budget is not None or seconds is not None
+    strategy = t.get("strategy", v_choice(SEARCH_STRATEGIES), default="auto" if limited else "exhaustive")
+    seed = t.get("seed", v_int(0), default=0)
+    warm_start = t.get("warm-start", v_bool, default=True)
+    t.finish()
+    if strategy not in ("exhaustive", BAD) and not limited and t.ok:
+        t.errors.append(f"{t.sub('budget')}: strategy {strategy!r} needs a budget (configs, e.g. 200 or '5%') or `seconds`; without one it would measure every config")
+    return SearchSpec(strategy=strategy, budget=budget, seed=seed, seconds=seconds, warm_start=warm_start)
+
+
+def parse_tuning(t: Table) -> TuningSpec:
+    d = TuningSpec()
+    spec = TuningSpec(
+        budget_ms=t.get("budget-ms", v_number(0.001), default=d.budget_ms),
+        warmup=t.get("warmup", v_int(0), default=d.warmup),
+        min_reps=t.get("min-reps", v_int(1), default=d.min_reps),
+        max_reps=t.get("max-reps", v_int(1), default=d.max_reps),
+        timeout_s=t.get("timeout-s", v_number(0.1), default=d.timeout_s),
+        eliminate=t.get("eliminate", v_number(0.0), default=d.eliminate),
+        flush_l2=t.get("flush-l2", v_bool, default=d.flush_l2),
+        prune_spills=t.get("prune-spills", v_bool, default=d.prune_spills),
+    )
+    t.finish()
+    if all(v is not BAD for v in (spec.min_reps, spec.max_reps)) and spec.min_reps > spec.max_reps:
+        t.errors.append(f"{t.sub('min-reps')}: expected at most max-reps ({spec.max_reps}), got {spec.min_reps}")
+    return spec

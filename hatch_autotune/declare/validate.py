@@ -1,0 +1,174 @@
+"""The generic validators the configuration is checked with, and how problems are collected.
+
+Every problem in the hook table is collected and reported at once, each with its full TOML key
+path and what was expected (the experience of hatch-fancy-pypi-readme). One small set of
+validators does the checking, rather than a hand-written property per key: each takes
+(value, path, errors) and returns the parsed value, or BAD after adding one line to `errors`.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from typing import Any, Callable
+
+from ..runtime import MIN_SM, parse_arch, short_repr
+from . import expr as expr_mod
+
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # always fullmatch: `$` would accept a trailing newline
+BAD = object()  # a validator's "already reported" result
+
+Validator = Callable[[Any, str, list], Any]
+
+
+class ConfigError(ValueError):
+    """All problems found in the table; ``errors`` holds one line per problem."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = list(errors)
+        lines = "\n".join(f"  - {e}" for e in self.errors)
+        super().__init__(f"hatch-autotune: {len(self.errors)} error(s) in the configuration:\n{lines}")
+
+
+def type_name(value: Any) -> str:
+    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer", float: "a float"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def fail(errors: list, path: str, expected: str, value: Any) -> Any:
+    errors.append(f"{path}: expected {expected}, got {type_name(value)} {short_repr(value)}")
+    return BAD
+
+
+def v_str(value: Any, path: str, errors: list) -> Any:
+    return value if isinstance(value, str) and value else fail(errors, path, "a non-empty string", value)
+
+
+def v_bool(value: Any, path: str, errors: list) -> Any:
+    return value if isinstance(value, bool) else fail(errors, path, "a boolean (true or false)", value)
+
+
+def v_ident(value: Any, path: str, errors: list) -> Any:
+    if isinstance(value, str) and IDENT.fullmatch(value) and not keyword.iskeyword(value):
+        return value
+    return fail(errors, path, "an identifier (letters, digits, _; not starting with a digit)", value)
+
+
+def v_int(minimum: int | None = None, maximum: int | None = None) -> Validator:
+    def check(value: Any, path: str, errors: list) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return fail(errors, path, "an integer", value)
+        if minimum is not None and value < minimum:
+            return fail(errors, path, f"an integer >= {minimum}", value)
+        if maximum is not None and value > maximum:
+            return fail(errors, path, f"an integer <= {maximum}", value)
+        return value
+
+    return check
+
+
+def v_choice(choices: tuple[str, ...]) -> Validator:
+    def check(value: Any, path: str, errors: list) -> Any:
+        if value in choices:
+            return value
+        return fail(errors, path, "one of " + ", ".join(repr(c) for c in choices), value)
+
+    return check
+
+
+def v_list(item: Validator, nonempty: bool = True, what: str = "") -> Validator:
+    def check(value: Any, path: str, errors: list) -> Any:
+        if not isinstance(value, list):
+            return fail(errors, path, f"an array{what}", value)
+        if nonempty and not value:
+            return fail(errors, path, f"a non-empty array{what}", value)
+        items = [item(v, f"{path}[{i}]", errors) for i, v in enumerate(value)]
+        return BAD if any(i is BAD for i in items) else tuple(items)
+
+    return check
+
+
+def v_expr(allowed: set[str] | None = None, where: str = "") -> Validator:
+    def check(value: Any, path: str, errors: list) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            return fail(errors, path, "an expression string or an integer", value)
+        try:
+            e = expr_mod.parse(value)
+        except expr_mod.ExprSyntaxError as exc:
+            errors.append(f"{path}: {exc}")
+            return BAD
+        unknown = sorted(e.names - allowed) if allowed is not None else []
+        if unknown:
+            errors.append(
+                f"{path}: unknown name(s) {', '.join(unknown)} in {value!r}; "
+                f"{where or 'allowed names'}: {', '.join(sorted(allowed or ())) or 'none'}"
+            )
+            return BAD
+        return e
+
+    return check
+
+
+def v_number(minimum: float = 0.0) -> Validator:
+    def check(value: Any, path: str, errors: list) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+            return fail(errors, path, f"a number >= {minimum}", value)
+        return float(value)
+
+    return check
+
+
+def v_entry_point(value: Any, path: str, errors: list) -> Any:
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
+        return value
+    return fail(errors, path, "'module:function' (e.g. 'mypkg.reference:saxpy')", value)
+
+
+def v_arch(value: Any, path: str, errors: list) -> Any:
+    try:
+        kind, major, minor, _ = parse_arch(value) if isinstance(value, str) else ("", 0, 0, "")
+    except ValueError:
+        kind = ""
+    if kind != "sm":
+        return fail(errors, path, "a CUDA arch such as 'sm_80', 'sm_90' or 'sm_90a'", value)
+    if major * 10 + minor < MIN_SM:
+        return fail(errors, path, f"an arch NVRTC 13 can target (sm_{MIN_SM} or newer)", value)
+    return value
+
+
+class Table:
+    """A TOML table under validation: typed getters that record errors, then unknown keys."""
+
+    def __init__(self, value: Any, path: str, errors: list):
+        self.path, self.errors = path, errors
+        self.ok = isinstance(value, dict)
+        self.data: dict[str, Any] = value if self.ok else {}
+        if not self.ok:
+            fail(errors, path, "a table", value)
+        self.seen: set[str] = set()
+
+    def sub(self, key: str) -> str:
+        return f"{self.path}.{key}" if IDENT.fullmatch(key.replace("-", "_")) else f'{self.path}."{key}"'
+
+    def get(self, key: str, validator: Validator, default: Any = BAD, required: bool = False) -> Any:
+        self.seen.add(key)
+        if key not in self.data:
+            if required and self.ok:
+                self.errors.append(f"{self.sub(key)}: required key is missing")
+            return default
+        return validator(self.data[key], self.sub(key), self.errors)
+
+    def table(self, key: str, required: bool = False) -> "Table | None":
+        self.seen.add(key)
+        if key not in self.data:
+            if required and self.ok:
+                self.errors.append(f"{self.sub(key)}: required table is missing")
+            return None
+        return Table(self.data[key], self.sub(key), self.errors)
+
+    def finish(self, ignored: frozenset[str] = frozenset()) -> None:
+        for key in self.data:
+            if key not in self.seen and key not in ignored:
+                known = ", ".join(sorted(self.seen)) or "none"
+                self.errors.append(f"{self.sub(key)}: unknown key (known keys here: {known})")
