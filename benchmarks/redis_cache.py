@@ -89,10 +89,11 @@ def timed(workload: Callable[[Any, Any], dict[str, int]], project: Any, cache_di
     """(seconds, the workload's counts, the cache's warnings) of one run, the cache opened as
     the build hook opens it."""
     from hatch_autotune.compile.tiers import open_compile_cache
+    from hatch_autotune.declare.settings import read_cache_settings
 
     env = {"HATCH_AUTOTUNE_CACHE_DIR": str(cache_dir)} | ({"HATCH_AUTOTUNE_CACHE_URL": url} if url else {})
     t0 = time.perf_counter()
-    cache = open_compile_cache(env)
+    cache = open_compile_cache(read_cache_settings(env))
     counts = workload(project, cache)
     return time.perf_counter() - t0, counts, cache.warnings()
 

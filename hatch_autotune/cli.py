@@ -21,13 +21,14 @@ from typing import Any, Callable, Iterator, Sequence
 
 from . import __version__
 from .compile.tiers import default_cache_dir, open_compile_cache
-from .files import atomic_write
-from .lock import MERGE_PREFERENCES, LockFormatError, merge
-from .inspection.diff import KINDS, diff_sources
+from .declare.settings import read_cache_settings, read_settings
 from .errors import CliError
+from .files import atomic_write
+from .inspection.diff import KINDS, diff_sources
 from .inspection.fmt import fmt_bucket, fmt_bytes, fmt_config, fmt_delta, fmt_ms, fmt_speedup
 from .inspection.model import combine, provenance_lines
 from .inspection.readers import load_project, load_source, read_lock
+from .lock import MERGE_PREFERENCES, LockFormatError, merge
 
 PROG = "hatch-autotune"
 EXIT_OK, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2
@@ -148,8 +149,8 @@ class UI:
 
 
 def cmd_tune(args: argparse.Namespace, ui: UI) -> int:
-    from . import tuning  # here, not at the top: the other subcommands need no tuning engine
     from .errors import BuildError
+    from .tuning.engine import cluster_address, run_engine  # here, not at the top: the other subcommands need no tuning engine
 
     root = Path(args.project)
     project = load_project(root)
@@ -157,18 +158,11 @@ def cmd_tune(args: argparse.Namespace, ui: UI) -> int:
     if unknown:
         raise CliError(f"no kernel named {', '.join(unknown)} in {root}; its kernels: {', '.join(project.kernels)}")
     mode = args.mode or {"auto": "tune"}.get(project.mode, project.mode)
-    from .tuning.ray_engine import RAY_ADDRESS_ENV
-
-    address = args.ray or os.environ.get(RAY_ADDRESS_ENV)
+    address = cluster_address(project, args.ray)
     with ui.progress(None, f"tuning {root}" + (f" on the Ray cluster at {address}" if address else "")) as log:
         try:
-            cache = open_compile_cache()
-            if address:
-                from .tuning.ray_engine import tune_on_ray
-
-                result = tune_on_ray(project, address, kernels=args.kernel or None, mode=mode, log=log, cache=cache)
-            else:
-                result = tuning.tune(project, kernels=args.kernel or None, mode=mode, log=log, cache=cache)
+            cache = open_compile_cache(project.settings.cache)
+            result = run_engine(project, kernels=args.kernel or None, mode=mode, log=log, cache=cache, ray_address=address)
             for w in cache.warnings():
                 log(f"warning: {w}")
         except BuildError as exc:
@@ -379,11 +373,12 @@ def cmd_report(args: argparse.Namespace, ui: UI) -> int:
 def cmd_cache(args: argparse.Namespace, ui: UI) -> int:
     from .errors import BuildError
 
-    root = default_cache_dir()
     try:
-        cache = open_compile_cache()
+        settings = read_cache_settings()
+        cache = open_compile_cache(settings)
     except BuildError as exc:  # a bad HATCH_AUTOTUNE_CACHE_* setting
         raise CliError(str(exc).removeprefix(f"{PROG}: ")) from None
+    root = default_cache_dir(settings)
     store = cache.root  # <root>/v1: the only thing `clear` may delete
     entries, size = cache.info()
     if args.action == "info":
@@ -392,7 +387,7 @@ def cmd_cache(args: argparse.Namespace, ui: UI) -> int:
         t.add_row("store", f"{store}" + ("" if store.is_dir() else " (absent)"))
         t.add_row("entries", str(entries))
         t.add_row("size", fmt_bytes(size))
-        t.add_row("set with", "HATCH_AUTOTUNE_CACHE_DIR" + (" (set)" if os.environ.get("HATCH_AUTOTUNE_CACHE_DIR") else ""))
+        t.add_row("set with", "HATCH_AUTOTUNE_CACHE_DIR" + (" (set)" if settings.dir is not None else ""))
         remote = cache.remote
         if remote is None:
             t.add_row("shared", "none (HATCH_AUTOTUNE_CACHE_URL unset)")
@@ -487,7 +482,7 @@ def make_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("tune", help="tune a project on this machine's GPU and write its lock file (no wheel)")
     s.add_argument("project", nargs="?", default=".", help="project directory (default: .)")
     s.add_argument("--kernel", "-k", action="append", metavar="K", help="tune only this kernel (repeatable)")
-    from .declare.config import MODES
+    from .declare.settings import MODES
 
     s.add_argument("--mode", choices=MODES, help="tune: missing and stale entries; retune: all (default: the project's mode, else tune)")
     s.add_argument("--ray", metavar="ADDRESS", help="tune on the GPUs of the Ray cluster at ADDRESS (host:port), every arch it has, in one run (default: $HATCH_AUTOTUNE_RAY)")
@@ -576,7 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"{PROG}: error: {where}{exc.strerror or exc}\n")
         return EXIT_ERROR
     except Exception as exc:  # a bug, not bad input: still one line, the traceback on request
-        if os.environ.get("HATCH_AUTOTUNE_DEBUG"):
+        if read_settings(problems=[]).debug:  # the other variables' problems are not this error's
             raise
         sys.stderr.write(f"{PROG}: error: internal error: {type(exc).__name__}: {exc} (HATCH_AUTOTUNE_DEBUG=1 shows the traceback)\n")
         return EXIT_ERROR

@@ -442,10 +442,13 @@ def test_jobs_from_the_environment(monkeypatch):
     import os
 
     from hatch_autotune.compile.nvrtc import default_workers
+    from hatch_autotune.declare.settings import SettingsError
 
     monkeypatch.setenv("HATCH_AUTOTUNE_JOBS", "3")
     assert default_workers() == 3
-    monkeypatch.setenv("HATCH_AUTOTUNE_JOBS", "0")
-    assert default_workers() == 1
-    monkeypatch.setenv("HATCH_AUTOTUNE_JOBS", "many")
+    monkeypatch.setenv("HATCH_AUTOTUNE_JOBS", " ")
     assert default_workers() == (os.cpu_count() or 1)
+    for bad in ("0", "many"):
+        monkeypatch.setenv("HATCH_AUTOTUNE_JOBS", bad)
+        with pytest.raises(SettingsError, match=f"HATCH_AUTOTUNE_JOBS='{bad}': expected a whole number"):
+            default_workers()

@@ -630,7 +630,7 @@ def test_tune_prints_what_the_engine_did(tmp_path, monkeypatch, capsys):
     root = write_tiny_project(tmp_path / "p")
     calls = []
 
-    def fake_tune(project, *, kernels, mode, log, cache):
+    def fake_tune(project, *, kernels, mode, log, cache, gpus):
         calls.append((project.root, kernels, mode, type(cache).__name__))
         log("tuning: fake engine")
         return TuneSummary(tuned=[("scale|-|sm_90|n=1024", None)], skipped=2)

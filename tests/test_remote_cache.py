@@ -23,6 +23,7 @@ from hatchling.builders.wheel import WheelBuilder
 from hatch_autotune.compile.entry import MAX_METADATA_BYTES, CacheEntry
 from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.compile.tiers import open_compile_cache
+from hatch_autotune.declare.settings import read_cache_settings
 from hatch_autotune.compile.entry import Resources
 from hatch_autotune.wheel.assemble import build_payload
 from hatch_autotune.compile.remote_cache import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, DEFAULT_TTL_S, RemoteCache, redact
@@ -151,10 +152,10 @@ def cache_warnings(printed: str) -> list[str]:
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
 def test_a_put_is_a_hit_through_another_cache_with_an_empty_local_store(server, tmp_path, transport):
     url = server.url if transport == "tcp" else server.unix_url
-    writer = open_compile_cache(env_for(tmp_path / "a", url))
+    writer = open_compile_cache(read_cache_settings(env_for(tmp_path / "a", url)))
     writer.put(KEY, COMPILED)
     writer.put(OTHER_KEY, FAILED)
-    reader = open_compile_cache(env_for(tmp_path / "b", url))
+    reader = open_compile_cache(read_cache_settings(env_for(tmp_path / "b", url)))
     assert not reader.root.exists()
     got = reader.get(KEY)
     assert got == COMPILED and (got.binary, got.log, got.resources) == (COMPILED.binary, COMPILED.log, RESOURCES)
@@ -169,7 +170,7 @@ def test_a_put_is_a_hit_through_another_cache_with_an_empty_local_store(server, 
 
 
 def test_the_local_store_is_consulted_first(server, tmp_path):
-    cache = open_compile_cache(env_for(tmp_path, server.url))
+    cache = open_compile_cache(read_cache_settings(env_for(tmp_path, server.url)))
     CompileCache(tmp_path).put(KEY, COMPILED)  # in the local store only
     assert cache.get(KEY) == COMPILED
     assert server.raw.dbsize() == 0  # a local hit is not copied to the server
@@ -193,16 +194,16 @@ def test_a_warm_redis_builds_without_compiling(server, tmp_path, capsys):
 
 def test_a_build_from_an_empty_local_store_counts_remote_hits_as_cached(server, tmp_path):
     project = load_project(write_tiny_project(tmp_path / "src"))
-    cold = build_payload(project, cache=open_compile_cache(env_for(tmp_path / "c1", server.url)), log=lambda m: None)
+    cold = build_payload(project, cache=open_compile_cache(read_cache_settings(env_for(tmp_path / "c1", server.url))), log=lambda m: None)
     logs: list[str] = []
-    warm = build_payload(project, cache=open_compile_cache(env_for(tmp_path / "c2", server.url)), log=logs.append)
+    warm = build_payload(project, cache=open_compile_cache(read_cache_settings(env_for(tmp_path / "c2", server.url))), log=logs.append)
     assert cold.counts["compiled"] > 0 and warm.counts == {"compiled": 0, "cached": cold.counts["compiled"], "failed": 0}
     assert not [m for m in logs if m.startswith("warning:") and "compile cache" in m]
 
 
 def test_each_process_opens_its_own_connection(server, tmp_path):
     """A forked child (a process pool's worker) must not talk over its parent's socket."""
-    cache = open_compile_cache(env_for(tmp_path / "parent", server.url))
+    cache = open_compile_cache(read_cache_settings(env_for(tmp_path / "parent", server.url)))
     cache.put(KEY, COMPILED)
     parent_client = cache.remote._redis()
     ctx = multiprocessing.get_context("fork")
@@ -307,7 +308,7 @@ def test_a_stopped_server_is_one_warning_without_the_password_and_the_build_goes
     with its password hidden), and does not wait."""
     pytest.importorskip("redis")
     url = f"redis://ci:s3cret-pw@127.0.0.1:{free_port()}/0"
-    cache = open_compile_cache(env_for(tmp_path / "direct", url))
+    cache = open_compile_cache(read_cache_settings(env_for(tmp_path / "direct", url)))
     t0 = time.monotonic()
     assert cache.get(KEY) is None
     cache.put(KEY, COMPILED)
@@ -334,10 +335,10 @@ def test_probe_says_whether_the_server_answers(server, tmp_path):
 def test_a_hung_server_costs_one_timeout_then_nothing(server, tmp_path):
     """A server that accepts but never answers (SIGSTOP): the first get waits the timeout once,
     the tier switches off, and everything after returns at once; one warning says why."""
-    connected = open_compile_cache(env_for(tmp_path / "a", server.url, timeout="0.5"))
+    connected = open_compile_cache(read_cache_settings(env_for(tmp_path / "a", server.url, timeout="0.5")))
     connected.put(KEY, COMPILED)  # a pooled connection, opened while the server ran
     RemoteCache(server.url).put(THIRD_KEY, COMPILED)
-    fresh = open_compile_cache(env_for(tmp_path / "b", server.url, timeout="0.5"))  # connects while it is stopped
+    fresh = open_compile_cache(read_cache_settings(env_for(tmp_path / "b", server.url, timeout="0.5")))  # connects while it is stopped
     server.proc.send_signal(signal.SIGSTOP)
     try:
         for cache in (connected, fresh):
@@ -358,7 +359,7 @@ def test_a_hung_server_costs_one_timeout_then_nothing(server, tmp_path):
 
 def test_a_server_error_switches_the_tier_off_with_one_warning(server, tmp_path):
     """A server that refuses writes (out of memory, a read-only replica) is not retried per entry."""
-    cache = open_compile_cache(env_for(tmp_path, server.url))
+    cache = open_compile_cache(read_cache_settings(env_for(tmp_path, server.url)))
     server.raw.config_set("maxmemory", "1")
     server.raw.config_set("maxmemory-policy", "noeviction")
     try:
@@ -372,7 +373,7 @@ def test_a_server_error_switches_the_tier_off_with_one_warning(server, tmp_path)
 
 
 def test_a_wrong_password_is_one_warning_that_does_not_show_it(server, tmp_path):
-    cache = open_compile_cache(env_for(tmp_path, server.url.replace("redis://", "redis://ci:n0t-the-pw@")))
+    cache = open_compile_cache(read_cache_settings(env_for(tmp_path, server.url.replace("redis://", "redis://ci:n0t-the-pw@"))))
     assert cache.get(KEY) is None
     cache.put(KEY, COMPILED)
     (warning,) = cache.warnings()
@@ -381,7 +382,7 @@ def test_a_wrong_password_is_one_warning_that_does_not_show_it(server, tmp_path)
 
 def test_without_redis_py_a_url_is_one_warning_naming_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "redis", None)  # `import redis` raises ImportError
-    cache = open_compile_cache(env_for(tmp_path, "redis://127.0.0.1:6379/0"))
+    cache = open_compile_cache(read_cache_settings(env_for(tmp_path, "redis://127.0.0.1:6379/0")))
     cache.put(KEY, COMPILED)
     assert cache.get(KEY) == COMPILED
     (warning,) = cache.warnings()
@@ -395,29 +396,29 @@ def test_without_redis_py_a_url_is_one_warning_naming_the_extra(tmp_path, monkey
 
 
 def test_entries_expire_and_a_hit_refreshes_the_expiry(server, tmp_path):
-    cache = open_compile_cache(env_for(tmp_path / "a", server.url, ttl="1000"))
+    cache = open_compile_cache(read_cache_settings(env_for(tmp_path / "a", server.url, ttl="1000")))
     cache.put(KEY, COMPILED)
     for name in remote_keys(KEY):
         assert 990 < server.raw.ttl(name) <= 1000
         server.raw.expire(name, 5)
-    assert open_compile_cache(env_for(tmp_path / "b", server.url, ttl="1000")).get(KEY) == COMPILED
+    assert open_compile_cache(read_cache_settings(env_for(tmp_path / "b", server.url, ttl="1000"))).get(KEY) == COMPILED
     assert all(990 < server.raw.ttl(name) <= 1000 for name in remote_keys(KEY))
-    open_compile_cache(env_for(tmp_path / "c", server.url, ttl="0")).put(OTHER_KEY, COMPILED)
+    open_compile_cache(read_cache_settings(env_for(tmp_path / "c", server.url, ttl="0"))).put(OTHER_KEY, COMPILED)
     assert all(server.raw.ttl(name) == -1 for name in remote_keys(OTHER_KEY))  # 0: no expiry
-    open_compile_cache(env_for(tmp_path / "d", server.url)).put(KEY, COMPILED)
+    open_compile_cache(read_cache_settings(env_for(tmp_path / "d", server.url))).put(KEY, COMPILED)
     assert DEFAULT_TTL_S - 10 < server.raw.ttl(remote_keys(KEY)[0]) <= DEFAULT_TTL_S
 
 
 def test_the_size_limit_refuses_to_store_a_larger_binary(server, tmp_path):
     size = len(COMPILED.binary)
-    cache = open_compile_cache(env_for(tmp_path / "a", server.url, max_bytes=str(size - 1)))
+    cache = open_compile_cache(read_cache_settings(env_for(tmp_path / "a", server.url, max_bytes=str(size - 1))))
     cache.put(KEY, COMPILED)
     assert server.raw.dbsize() == 0 and cache.warnings() == []
     assert cache.get(KEY) == COMPILED  # kept locally all the same
-    exact = open_compile_cache(env_for(tmp_path / "b", server.url, max_bytes=str(size)))
+    exact = open_compile_cache(read_cache_settings(env_for(tmp_path / "b", server.url, max_bytes=str(size))))
     exact.put(KEY, COMPILED)
     assert server.raw.strlen(remote_keys(KEY)[1]) == size
-    assert open_compile_cache(env_for(tmp_path / "c", server.url, max_bytes=str(size - 1))).get(KEY) is None  # nor read
+    assert open_compile_cache(read_cache_settings(env_for(tmp_path / "c", server.url, max_bytes=str(size - 1)))).get(KEY) is None  # nor read
 
 
 # ---- settings ----------------------------------------------------------------------------------
@@ -425,11 +426,11 @@ def test_the_size_limit_refuses_to_store_a_larger_binary(server, tmp_path):
 
 def test_the_settings_and_their_defaults(tmp_path):
     pytest.importorskip("redis")
-    assert open_compile_cache({"HATCH_AUTOTUNE_CACHE_DIR": str(tmp_path)}).remote is None
-    assert open_compile_cache({"HATCH_AUTOTUNE_CACHE_DIR": str(tmp_path), "HATCH_AUTOTUNE_CACHE_URL": " "}).remote is None
-    remote = open_compile_cache(env_for(tmp_path, "rediss://cache.internal:6380/2")).remote
+    assert open_compile_cache(read_cache_settings({"HATCH_AUTOTUNE_CACHE_DIR": str(tmp_path)})).remote is None
+    assert open_compile_cache(read_cache_settings({"HATCH_AUTOTUNE_CACHE_DIR": str(tmp_path), "HATCH_AUTOTUNE_CACHE_URL": " "})).remote is None
+    remote = open_compile_cache(read_cache_settings(env_for(tmp_path, "rediss://cache.internal:6380/2"))).remote
     assert (remote.timeout, remote.max_bytes, remote.ttl) == (DEFAULT_TIMEOUT_S, DEFAULT_MAX_BYTES, DEFAULT_TTL_S) == (2.0, 64 << 20, 30 * 24 * 3600)
-    remote = open_compile_cache(env_for(tmp_path, "redis://h", timeout="0.25", max_bytes="1000", ttl="60")).remote
+    remote = open_compile_cache(read_cache_settings(env_for(tmp_path, "redis://h", timeout="0.25", max_bytes="1000", ttl="60"))).remote
     assert (remote.timeout, remote.max_bytes, remote.ttl) == (0.25, 1000, 60)
 
 
@@ -453,7 +454,7 @@ def test_the_settings_and_their_defaults(tmp_path):
 def test_a_bad_setting_is_an_error_naming_the_variable(tmp_path, setting, value, expected):
     env = env_for(tmp_path, "redis://127.0.0.1:6379/0") | {f"HATCH_AUTOTUNE_CACHE_{setting}": value}
     with pytest.raises(BuildError) as info:
-        open_compile_cache(env)
+        open_compile_cache(read_cache_settings(env))
     message = str(info.value)
     assert message.startswith(f"hatch-autotune: HATCH_AUTOTUNE_CACHE_{setting}=") and expected in message, message
     assert "hunter2" not in message

@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
+from ..declare.settings import read_jobs
 from ..runtime import check_cuda
 from .cache import CompileCache
 from .entry import CacheEntry, Resources
@@ -245,9 +246,9 @@ def compile_all(
 
 
 def default_workers() -> int:
-    """HATCH_AUTOTUNE_JOBS, else one per core."""
-    value = os.environ.get("HATCH_AUTOTUNE_JOBS", "")
-    return max(1, int(value)) if value.isdigit() else (os.cpu_count() or 1)
+    """How many compiles run at once for a caller that passes no count: the environment's
+    HATCH_AUTOTUNE_JOBS, else one per core (declare/settings.py)."""
+    return read_jobs()
 
 
 def cuda_driver_loaded(maps: str | None = None) -> bool:

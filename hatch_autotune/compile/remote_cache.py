@@ -16,58 +16,18 @@ without its password.
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import threading
-from typing import Any, Mapping
-from urllib.parse import unquote, urlsplit, urlunsplit
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
+from ..declare.settings import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, DEFAULT_TTL_S, CacheSettings, redact
 from ..errors import BuildError
 from ..runtime import load_json
 from .entry import CACHE_SCHEMA, MAX_METADATA_BYTES, CacheEntry
 
-URL_VAR = "HATCH_AUTOTUNE_CACHE_URL"
-TIMEOUT_VAR = "HATCH_AUTOTUNE_CACHE_TIMEOUT"
-MAX_BYTES_VAR = "HATCH_AUTOTUNE_CACHE_MAX_BYTES"
-TTL_VAR = "HATCH_AUTOTUNE_CACHE_TTL"
-
-DEFAULT_TIMEOUT_S = 2.0
-DEFAULT_MAX_BYTES = 64 << 20  # a cubin is kilobytes to a few megabytes
-DEFAULT_TTL_S = 30 * 24 * 3600
-SCHEMES = ("redis", "rediss", "unix")
+URL_VAR = "HATCH_AUTOTUNE_CACHE_URL"  # named in messages; declare/settings.py reads it
 EXTRA_HINT = "pip install 'hatch-autotune[redis]'"
-
-
-def redact(url: str) -> str:
-    """`url` with its password (in the user part or a `password=` query option) shown as ***;
-    a user part without a colon may be a password alone, so it is hidden whole."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<a URL that cannot be parsed>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        user, colon, _ = userinfo.partition(":")
-        netloc = f"{user}:***@{host}" if colon else f"***@{host}"
-    query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", parts.query)
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
-
-
-def _setting(env: Mapping[str, str], name: str, default: float, expected: str, convert: type, ok: Any) -> Any:
-    """The number in `name`, or `default` when it is unset or empty; BuildError naming the
-    variable and what it takes otherwise."""
-    text = env.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = convert(text)
-    except ValueError:
-        value = None
-    if value is None or not ok(value):
-        raise BuildError(f"hatch-autotune: {name}={text!r}: expected {expected}")
-    return value
 
 
 class RemoteCache:
@@ -94,28 +54,12 @@ class RemoteCache:
             raise BuildError(f"hatch-autotune: {URL_VAR}={self.url}: {exc}") from None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> RemoteCache | None:
-        """The tier HATCH_AUTOTUNE_CACHE_URL names (None when it is unset or empty), with the
-        timeout, size limit and expiry of their variables; BuildError for a bad setting."""
-        url = env.get(URL_VAR, "").strip()
-        if not url:
+    def from_settings(cls, settings: CacheSettings) -> RemoteCache | None:
+        """The tier the settings' URL names (None without one), with their timeout, size limit
+        and expiry; BuildError for a URL redis-py cannot read."""
+        if settings.url is None:
             return None
-        scheme = url.partition("://")[0] if "://" in url else ""
-        if scheme not in SCHEMES:
-            raise BuildError(
-                f"hatch-autotune: {URL_VAR}={redact(url)}: expected a URL of scheme {', '.join(s + '://' for s in SCHEMES)} "
-                "(for example redis://cache.internal:6379/0)"
-            )
-        try:
-            urlsplit(url).port
-        except ValueError as exc:
-            raise BuildError(f"hatch-autotune: {URL_VAR}={redact(url)}: {exc}") from None
-        return cls(
-            url,
-            timeout=_setting(env, TIMEOUT_VAR, DEFAULT_TIMEOUT_S, "a number of seconds > 0 (default 2)", float, lambda v: math.isfinite(v) and v > 0),
-            max_bytes=_setting(env, MAX_BYTES_VAR, DEFAULT_MAX_BYTES, f"a whole number of bytes > 0 (default {DEFAULT_MAX_BYTES})", int, lambda v: v > 0),
-            ttl=_setting(env, TTL_VAR, DEFAULT_TTL_S, f"a whole number of seconds, 0 for no expiry (default {DEFAULT_TTL_S}, 30 days)", int, lambda v: v >= 0),
-        )
+        return cls(settings.url, timeout=settings.timeout_s, max_bytes=settings.max_bytes, ttl=settings.ttl_s)
 
     def _keys(self, key: str) -> tuple[str, str]:
         base = f"hatch-autotune:v{CACHE_SCHEMA}:{key}"

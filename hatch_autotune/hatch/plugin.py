@@ -20,6 +20,7 @@ EDITABLE_MARKER = ".hatch-autotune-generated"
 
 class AutotuneBuildHook(BuildHookInterface):
     PLUGIN_NAME = "autotune"
+    _staging: Path | None = None  # the generated package's folder until finalize()
 
     def _table_path(self) -> str:
         target_hooks = self.build_config.target_config.get("hooks", {})
@@ -36,34 +37,29 @@ class AutotuneBuildHook(BuildHookInterface):
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         if self.target_name != "wheel":
             return
-        import os
-
         from ..compile.tiers import open_compile_cache
-        from ..plan.devices import detect_gpus
-        from ..wheel.payload import module_relpath, write_package
-        from ..wheel.assemble import build_payload
-        from ..errors import BuildError
         from ..declare.config import ConfigError, parse_project
-        from ..tuning.ray_engine import RAY_ADDRESS_ENV
+        from ..declare.settings import SettingsError, read_settings
+        from ..errors import BuildError
+        from ..plan.devices import detect_gpus
+        from ..wheel.assemble import build_payload
+        from ..wheel.payload import module_relpath, write_package
 
         root = Path(self.root)
         try:
-            project = parse_project(self.config, root, path=self._table_path(), env=os.environ)
-        except ConfigError as exc:
+            settings = read_settings()  # every HATCH_AUTOTUNE_* variable, once
+            project = parse_project(self.config, root, path=self._table_path(), settings=settings)
+        except (SettingsError, ConfigError) as exc:
             raise SystemExit(str(exc)) from None
         gpus = [] if project.mode == "offline" else detect_gpus()
         try:
-            cache = open_compile_cache()  # BuildError for a bad HATCH_AUTOTUNE_CACHE_* setting
+            cache = open_compile_cache(settings.cache)
             plan = None
-            if project.mode != "offline" and os.environ.get(RAY_ADDRESS_ENV):  # the cluster's GPUs tune, every arch it has
-                from ..tuning.ray_engine import tune_on_ray
+            if project.mode != "offline":  # the Ray cluster HATCH_AUTOTUNE_RAY names, else this machine's GPUs (run_engine)
+                from ..tuning.engine import run_engine
 
-                plan = tune_on_ray(project, os.environ[RAY_ADDRESS_ENV], mode=project.mode, log=self._say, cache=cache).plan
-            elif project.mode != "offline":  # tuning.plan_tuning decides what this machine tunes
-                from ..tuning import tune
-
-                plan = tune(project, mode=project.mode, log=self._say, cache=cache, gpus=gpus).plan
-            result = build_payload(project, cache=cache, log=self._say, gpus=gpus, plan=plan)  # one pass: the tuner's plan
+                plan = run_engine(project, mode=project.mode, log=self._say, cache=cache, gpus=gpus).plan
+            result = build_payload(project, cache=cache, log=self._say, gpus=gpus, workers=settings.jobs, plan=plan)  # one pass: the tuner's plan
         except BuildError as exc:  # the tuner's errors come without the prefix the build's have
             raise SystemExit(f"hatch-autotune: {str(exc).removeprefix('hatch-autotune: ')}") from None
 
@@ -74,13 +70,13 @@ class AutotuneBuildHook(BuildHookInterface):
             self._say(f"hatch-autotune: editable install: generated package written to {target}; `hatch-autotune show {target}` lists what it runs, and why")
             return
         self._refuse_in_tree_copy(root, relpath)
-        self._staging = Path(tempfile.mkdtemp(prefix="hatch-autotune-"))
-        atexit.register(shutil.rmtree, self._staging, True)  # finalize() is skipped if hatchling fails later
-        staged = self._staging / "pkg"
+        staging = self._staging = Path(tempfile.mkdtemp(prefix="hatch-autotune-"))
+        atexit.register(shutil.rmtree, staging, True)  # finalize() is skipped if hatchling fails later
+        staged = staging / "pkg"
         try:
             write_package(staged, project, result)
         except BaseException:
-            shutil.rmtree(self._staging, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
             raise
         build_data["force_include"][str(staged)] = relpath
         # Explicit, so a project without requires-python does not get py2.py3; never inferred
@@ -135,7 +131,7 @@ class AutotuneBuildHook(BuildHookInterface):
         )
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
-        staging = getattr(self, "_staging", None)
+        staging = self._staging
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
             self._staging = None

@@ -13,7 +13,7 @@ What each mode compiles:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..errors import BuildError
 from ..runtime import parse_arch
@@ -28,12 +28,20 @@ from ..compile.render import Variant, render_kernel
 Log = Callable[[str], None]
 
 
-def resolve_archs(project: ProjectSpec, gpus: Sequence[Gpu]) -> tuple[str, ...]:
-    """Declared archs, else those of every GPU here; without either the build cannot know its targets."""
+def target_archs(project: ProjectSpec, available: Iterable[str]) -> tuple[str, ...]:
+    """The one rule for the target archs: those declared (the table's `archs`, or
+    HATCH_AUTOTUNE_ARCHS), else every arch available (this machine's GPUs, a Ray cluster's),
+    oldest first; empty when neither names one."""
     if project.archs:
         return project.archs
-    if gpus:
-        return tuple(sorted({g.arch for g in gpus}, key=lambda a: parse_arch(a)[1:]))  # sm_89 < sm_90 < sm_100
+    return tuple(sorted(set(available), key=lambda a: parse_arch(a)[1:]))  # sm_89 < sm_90 < sm_100
+
+
+def resolve_archs(project: ProjectSpec, gpus: Sequence[Gpu]) -> tuple[str, ...]:
+    """The target archs of a build here (target_archs); without any the build cannot know its targets."""
+    archs = target_archs(project, (g.arch for g in gpus))
+    if archs:
+        return archs
     why = "mode 'offline' does not look for a GPU" if project.mode == "offline" else "no GPU found on this machine"
     raise BuildError(
         f"hatch-autotune: {why} and no `archs` declared; add e.g. "

@@ -29,7 +29,7 @@ from ..compile.cache import CompileCache
 from ..compile.tiers import open_compile_cache
 from ..plan.devices import Gpu
 from ..lock import LockEntry
-from ..plan.planner import make_plan
+from ..plan.planner import make_plan, target_archs
 from ..declare.config import ProjectSpec
 from .schedule import Job, SlotLost
 from .search import WarmStart
@@ -48,7 +48,6 @@ from .tuner import (
 )
 from .worker import WorkerClient
 
-RAY_ADDRESS_ENV = "HATCH_AUTOTUNE_RAY"  # tune on this Ray cluster (the build hook; `tune --ray` overrides)
 RESOURCE_PREFIX = "hatch-autotune:"  # + arch: a node's number of GPUs of that arch
 READY_TIMEOUT_S = 120.0  # an actor that has no GPU after this long is given up
 SHIPPED_EXCLUDES = [".git", ".venv", "venv", "dist", "build", "*.whl", "__pycache__", ".pytest_cache"]
@@ -91,7 +90,7 @@ class TuneActor:
         self.project = load_project(self.root)
         self.plan = make_plan(self.project, [arch], log=lambda _: None)
         self.jobs = {p.eid: BucketJob(inst, p) for inst in self.plan.instances for p in inst.points[arch]}
-        self.cache = open_compile_cache()  # the node's disk, and the shared Redis if its HATCH_AUTOTUNE_CACHE_URL names one
+        self.cache = open_compile_cache(self.project.settings.cache)  # the node's disk, and the shared Redis if its settings name one
         self.binaries: dict[int, _Binaries] = {}
         worker = worker or {}
         env = {**os.environ, **worker["env"]} if worker.get("env") else None
@@ -219,7 +218,7 @@ def tune_on_ray(
                 f"the Ray cluster at {address} advertises no GPU arch: start each GPU node with "
                 f'`ray start --address=... --resources="$(hatch-autotune ray-resources)"`'
             )
-        targets = project.archs or tuple(sorted(have))
+        targets = target_archs(project, have)
         archs = [a for a in targets if a in have]
         missing = [a for a in targets if a not in have]
         if missing:

@@ -26,7 +26,7 @@ from ..compile.tiers import open_compile_cache
 from ..plan.devices import Gpu, detect_gpus
 from ..lock import TIMED, EntryId, LockEntry, LockFile, LockFormatError
 from ..text import instance_text, log_excerpt
-from ..plan.planner import Instance, Plan, Point, make_plan, resolve_archs
+from ..plan.planner import Instance, Plan, Point, make_plan, resolve_archs, target_archs
 from ..declare.kernel_json import kernel_json
 from ..errors import BuildError
 from ..declare.config import ProjectSpec, SearchSpec, TuningSpec
@@ -611,7 +611,7 @@ def tune(
             log(f"warning: {w}")
         targets = tuning.targets
     else:
-        targets = project.archs or (gpu_arch,)
+        targets = target_archs(project, (gpu_arch,))
         if gpu_arch not in targets:
             raise TuningError(f"the GPU here is {gpu_arch} but the project's archs are {', '.join(targets)}; add {gpu_arch} to `archs`")
         tuning = TuningPlan((gpu_arch,), targets)
