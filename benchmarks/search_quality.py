@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from _common import ROOT, machine, options, write_result
+from replay import ReplayData, ReplayDevice
 
-from hatch_autotune.lock import EntryId, LockEntry, LockFile
+from hatch_autotune.lock import EntryId, LockEntry, LockFile, Measurement
 from hatch_autotune.plan.planner import Point
 from hatch_autotune.declare.config import TuningSpec
-from hatch_autotune.tuning.replay import ReplayData, ReplayDevice
 from hatch_autotune.tuning.search import Budget, WarmStart, make_strategy, run_search
-from hatch_autotune.tuning.tuner import Measurement, choose_winner, warm_start
+from hatch_autotune.tuning.bucket import choose_winner, measured as measurement
+from hatch_autotune.tuning.warm import warm_start
 
 DATASET = ROOT.parent / "shared" / "datasets" / "benchmark_hub"
 BUDGETS = (0.01, 0.02, 0.05, 0.10, 0.20)
@@ -73,12 +74,12 @@ def _warm(path: Path, data: ReplayData, searched: int | None = None) -> WarmStar
                 search = make_strategy("auto", theirs.space(), searched)
                 tried = run_search(search, lambda i: theirs.records[i].mean_ms, Budget(math.ceil(WARM_SEARCH * len(theirs.configs))), clock=lambda: 0.0)
             records = [(theirs.configs[i], theirs.records[i].mean_ms) for i in tried]
-            measurements = tuple({"config": c, "status": "ok", "median_ms": ms} if ms is not None else {"config": c, "status": "failed"} for c, ms in records)
+            measurements = tuple(Measurement(None, c, "ok", median_ms=ms) if ms is not None else Measurement(None, c, "failed") for c, ms in records)
             winner = min((ms, n) for n, (_, ms) in enumerate(records) if ms is not None)[1]
             eid = EntryId.of(path.parent.name, "-", _label(other)[1], {"n": 1})
             lock.entries[str(eid)] = LockEntry(checksum="-", config=records[winner][0], tuned=True, measurements=measurements)
     me = EntryId.of(path.parent.name, "-", _label(path)[1], {"n": 1})
-    return warm_start(lock, Point(me, (1,), "-"), data.configs)
+    return warm_start(lock, Point(me, "-"), data.configs)
 
 
 def run_ours(path: Path, strategy: str, seed: int) -> dict[str, Any]:
@@ -94,7 +95,7 @@ def run_ours(path: Path, strategy: str, seed: int) -> dict[str, Any]:
 
     def measure(i: int) -> float | None:
         status, samples, reason = device.measure(i, min(leader) if leader else None)
-        m = Measurement(i, data.configs[i], status, samples, reason)
+        m = measurement(i, data.configs[i], status, samples, reason)
         measured.append(m)
         if status == "ok":
             leader.append(m.median_ms)

@@ -9,6 +9,7 @@ a warning and a miss, never a crash, never silently trusted.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -33,6 +34,53 @@ _BUCKET_ITEM = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(-?[0-9]+)")  # fullmatch: 
 
 
 @dataclass(frozen=True)
+class Bucket:
+    """A point of a kernel's key space where tuning happens: each key dim's value, in the
+    kernel's key order. The one type of a bucket in the lock, the plan, the tuner and the
+    worker; its other forms are conversions: `as_dict` (what expressions and inputs read),
+    `values` (the selection table's row and the plan's key), `str` ('m=1024,n=64', the entry
+    id's part, read back by `parse`)."""
+
+    dims: tuple[tuple[str, int], ...]  # ((name, value), ...), in key order
+
+    @classmethod
+    def of(cls, values: "Bucket | Mapping[str, int]") -> "Bucket":
+        """The bucket of a {dim: value} mapping (in its order), or the bucket itself."""
+        if isinstance(values, Bucket):
+            return values
+        return cls(tuple((k, int(v)) for k, v in values.items()))
+
+    @classmethod
+    def from_values(cls, names: Sequence[str], values: Sequence[int]) -> "Bucket":
+        """The bucket of the key dims `names` at `values` (the table's and the planner's form)."""
+        if len(names) != len(values):
+            raise ValueError(f"{len(values)} bucket values for {len(names)} key dims ({', '.join(names)})")
+        return cls(tuple((k, int(v)) for k, v in zip(names, values)))
+
+    @classmethod
+    def parse(cls, text: str) -> "Bucket":
+        """'m=1024,n=64' back to its bucket; LockFormatError if it is not that form."""
+        items = [_BUCKET_ITEM.fullmatch(item) for item in text.split(",")]
+        if not all(items):
+            raise LockFormatError(f"bucket {text!r} is not 'dim=value,...'")
+        return cls(tuple((m.group(1), int(m.group(2))) for m in items if m))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.dims)
+
+    @property
+    def values(self) -> tuple[int, ...]:
+        return tuple(v for _, v in self.dims)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.dims)
+
+    def __str__(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.dims)
+
+
+@dataclass(frozen=True)
 class EntryId:
     """Where an entry sits in the lock: kernel, type instance, arch and bucket. Written as
     'saxpy|T=float32|sm_90|n=4096' (readable, and sorts by kernel); `parse` is its one reader."""
@@ -40,15 +88,11 @@ class EntryId:
     kernel: str
     types: str  # types key: 'T=float32', or '-' for a kernel without type parameters
     arch: str
-    point: tuple[tuple[str, int], ...]  # the bucket, in key order: (('n', 4096),)
+    bucket: Bucket
 
     @classmethod
-    def of(cls, kernel: str, types: str, arch: str, bucket: Mapping[str, int]) -> "EntryId":
-        return cls(kernel, types, arch, tuple((k, int(v)) for k, v in bucket.items()))
-
-    @property
-    def bucket(self) -> dict[str, int]:
-        return dict(self.point)
+    def of(cls, kernel: str, types: str, arch: str, bucket: Bucket | Mapping[str, int]) -> "EntryId":
+        return cls(kernel, types, arch, Bucket.of(bucket))
 
     @property
     def instance(self) -> str:
@@ -56,15 +100,16 @@ class EntryId:
         return f"{self.kernel}|{self.types}|{self.arch}"
 
     def __str__(self) -> str:
-        return f"{self.instance}|" + ",".join(f"{k}={v}" for k, v in self.point)
+        return f"{self.instance}|{self.bucket}"
 
     @classmethod
     def parse(cls, text: Any) -> "EntryId":
         parts = text.split("|") if isinstance(text, str) else []
         if len(parts) == 4 and all(parts[:3]):
-            items = [_BUCKET_ITEM.fullmatch(item) for item in parts[3].split(",")]
-            if all(items):
-                return cls(parts[0], parts[1], parts[2], tuple((m.group(1), int(m.group(2))) for m in items if m))
+            try:
+                return cls(parts[0], parts[1], parts[2], Bucket.parse(parts[3]))
+            except LockFormatError:
+                pass
         raise LockFormatError(f"entry id {text!r} is not 'kernel|types|arch|dim=value,...'")
 
 
@@ -73,7 +118,7 @@ def entry_checksum(
     types_key: str,
     source_hashes: Sequence[str],
     arch: str,
-    bucket: Mapping[str, int],
+    bucket: Bucket | Mapping[str, int],
 ) -> str:
     """Hash of what a measurement and its winner depend on: the variant sources (so the template
     and the space), the compile options, the arguments, how key dims are read, the launch
@@ -96,17 +141,70 @@ def entry_checksum(
         "verification": [spec.reference, spec.inputs, list(spec.tolerance) if spec.tolerance else None],
         "search": spec.search.checksum_fields(),
         "arch": arch,
-        "bucket": dict(bucket),
+        "bucket": Bucket.of(bucket).as_dict(),
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
 TIMED = ("ok", "eliminated")  # measurement statuses that carry a median time
+RECORDED_DIGITS = 6  # times are kept to 1 ns (in ms)
 
 
 def _number(value: Any) -> float | None:
     """The number as written (an int stays an int, so a re-written file keeps its bytes)."""
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What happened to one config in one bucket, as the lock records it: the tuner makes it,
+    the lock keeps it, the planner, the warm starts and the inspection read it. `from_json`
+    and `to_json` are its one reader and writer; the reader takes what a lenient lock reader
+    accepted (a field that is absent or of the wrong type reads as not recorded)."""
+
+    index: int | None  # the config's position in the instance's canonical config list
+    config: Mapping[str, Any]
+    status: str  # ok | eliminated | rejected | failed | pruned | skipped ("" if not recorded)
+    samples: int | None = 0  # how many timings the median is of (None: not recorded)
+    median_ms: float | None = None
+    spread_ms: float | None = None  # half the interquartile range of the timings
+    reason: str = ""  # why it was not timed, or a note (the reference)
+
+    @property
+    def timed(self) -> bool:
+        """Whether it carries a median time (ok, or eliminated early)."""
+        return self.status in TIMED and self.median_ms is not None
+
+    def as_recorded(self) -> "Measurement":
+        """The record as the lock file keeps it: its times rounded to 1 ns."""
+        rounded = lambda t: None if t is None else round(t, RECORDED_DIGITS)  # noqa: E731
+        return dataclasses.replace(self, median_ms=rounded(self.median_ms), spread_ms=rounded(self.spread_ms))
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "Measurement":
+        index, samples, status, reason = raw.get("index"), raw.get("samples"), raw.get("status"), raw.get("reason")
+        return cls(
+            index=index if isinstance(index, int) and not isinstance(index, bool) else None,
+            config=dict(raw["config"]),
+            status=status if isinstance(status, str) else "",
+            samples=samples if isinstance(samples, int) and not isinstance(samples, bool) else None,
+            median_ms=_number(raw.get("median_ms")),
+            spread_ms=_number(raw.get("spread_ms")),
+            reason=reason if isinstance(reason, str) else "",
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {} if self.index is None else {"index": self.index}
+        out.update(config=dict(self.config), status=self.status)
+        if self.samples is not None:
+            out["samples"] = self.samples
+        if self.median_ms is not None:
+            out["median_ms"] = self.median_ms
+        if self.spread_ms is not None:
+            out["spread_ms"] = self.spread_ms
+        if self.reason:
+            out["reason"] = self.reason
+        return out
 
 
 @dataclass(frozen=True)
@@ -120,7 +218,7 @@ class LockEntry:
     index: int | None = None  # the winner's position in the canonical config list
     default: Mapping[str, Any] | None = None  # the kernel's default config when it was tuned
     default_ms: float | None = None  # the default's median time
-    measurements: tuple[Mapping[str, Any], ...] = ()  # one per config: index, config, status, samples, median_ms, ...
+    measurements: tuple[Measurement, ...] = ()  # one per config, in canonical order
     provenance: Mapping[str, Any] = field(default_factory=dict)
     read_from: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)  # the JSON it was read from
 
@@ -137,7 +235,7 @@ class LockEntry:
             index=raw.get("index"),
             default=dict(raw["default"]) if isinstance(raw.get("default"), dict) else None,
             default_ms=_number(raw.get("default_ms")),
-            measurements=tuple(dict(m) for m in raw.get("measurements", [])),
+            measurements=tuple(Measurement.from_json(m) for m in raw.get("measurements", [])),
             provenance=dict(raw.get("provenance", {})),
             read_from=raw,
         )
@@ -155,18 +253,14 @@ class LockEntry:
         if self.default is not None or self.default_ms is not None:
             out["default_ms"] = self.default_ms
         if self.measurements:
-            out["measurements"] = [dict(m) for m in self.measurements]
+            out["measurements"] = [m.to_json() for m in self.measurements]
         if self.provenance:
             out["provenance"] = dict(self.provenance)
         return out
 
     def time_of(self, config: Mapping[str, Any]) -> float | None:
         """The median time measured for `config` (a fully timed run before an eliminated one)."""
-        times = [
-            (m.get("status") != "ok", t)
-            for m in self.measurements
-            if m.get("config") == dict(config) and m.get("status") in TIMED and (t := _number(m.get("median_ms"))) is not None
-        ]
+        times = [(m.status != "ok", m.median_ms) for m in self.measurements if m.timed and m.median_ms is not None and m.config == dict(config)]
         return min(times)[1] if times else None
 
     @property

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from hatch_autotune.compile.cache import CompileCache
-from hatch_autotune.lock import LockEntry, LockFile
+from hatch_autotune.lock import LockEntry, LockFile, Measurement
 from hatch_autotune.declare.config import ProjectSpec, parse_project
 from hatch_autotune.wheel.assemble import BuildResult, build_payload
 
@@ -33,7 +33,8 @@ EXAMPLE = ROOT / "example_pkg"
 def load_benchmark(name: str):
     """benchmarks/<name>.py as a module, for testing its functions. The benchmarks put their
     folder on sys.path and (through _common) the checkout on PYTHONPATH for their subprocesses:
-    both undone here, or later tests' fresh venvs would see this checkout."""
+    both undone here, or later tests' fresh venvs would see this checkout; the sibling modules
+    it imported by their bare names (_common, replay) are forgotten again."""
     path = ROOT / "benchmarks" / f"{name}.py"
     saved_env, saved_path = dict(os.environ), list(sys.path)
     sys.path.insert(0, str(path.parent))
@@ -45,7 +46,8 @@ def load_benchmark(name: str):
         os.environ.clear()
         os.environ.update(saved_env)
         sys.path[:] = saved_path
-        sys.modules.pop("_common", None)
+        for sibling in [n for n, m in sys.modules.items() if Path(getattr(m, "__file__", None) or "/").parent == path.parent]:
+            sys.modules.pop(sibling)
     return module
 
 # A tiny kernel whose template can be broken on purpose with the BAD axis.
@@ -123,7 +125,7 @@ def write_lock(root: Path, result: BuildResult, winner: dict) -> LockFile:
             checksum=checksum,
             config=winner,
             tuned=True,
-            measurements=({"config": winner, "median_ms": 0.01, "status": "ok"},),
+            measurements=(Measurement.from_json({"config": winner, "median_ms": 0.01, "status": "ok"}),),
             provenance={"gpu": "recorded-for-test", "arch": key[1]},
         )
     lock.save(root / "autotune.lock.json")

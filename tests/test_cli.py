@@ -387,10 +387,11 @@ def test_diff_names_what_changed_beyond_the_config():
     and the threshold deciding faster, slower and regression."""
     from hatch_autotune.inspection.diff import diff_sources
     from hatch_autotune.inspection.model import Row, Source
+    from hatch_autotune.lock import Bucket
 
     def row(n: int, ms: float | None, **kw) -> Row:
         fields = dict(config={"B": 1}, tuned=True, time_ms=ms, checksum="c", provenance={"gpu": "G1", "nvrtc": "13.0"})
-        return Row("k", "-", "sm_90", {"n": n}, **{**fields, **kw})
+        return Row("k", "-", "sm_90", Bucket.of({"n": n}), **{**fields, **kw})
 
     old = [row(1, 1.0), row(2, 1.0), row(3, 1.0), row(4, 1.0), row(5, 1.0)]
     new = [

@@ -16,15 +16,14 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import load_project, write_tiny_project
 
 from hatch_autotune.compile.cache import CompileCache
-from hatch_autotune.plan.devices import Gpu
 from hatch_autotune.lock import LockEntry, LockFile
+from hatch_autotune.plan.devices import Gpu
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.schedule import Job, SlotLost, run_schedule
 from hatch_autotune.tuning.worker import WorkerClient
-
-from conftest import load_project, write_tiny_project
 
 # One pytest-xdist worker runs every test here: local Ray clusters share default ports.
 pytestmark = pytest.mark.xdist_group("ray")
@@ -185,14 +184,14 @@ def test_several_local_gpus_give_the_lock_one_gpu_gives(tmp_path):
     four = local_tune(project(tmp_path / "four"), tmp_path / "cache", {0: "sm_90", 1: "sm_80", 2: "sm_90", 3: "sm_80"})
     assert len(one.entries) == 6 and comparable(one) == comparable(four)
     entry = one.entries["scale|-|sm_90|n=1024"]
-    statuses = {json.dumps(m["config"], sort_keys=True): m for m in entry.measurements}
-    assert statuses['{"BAD": false, "BLOCK": 256, "FACTOR": 3}']["status"] == "failed"  # the crash
-    assert "timed out" in statuses['{"BAD": false, "BLOCK": 64, "FACTOR": 3}']["reason"]  # the hang
+    statuses = {json.dumps(m.config, sort_keys=True): m for m in entry.measurements}
+    assert statuses['{"BAD": false, "BLOCK": 256, "FACTOR": 3}'].status == "failed"  # the crash
+    assert "timed out" in statuses['{"BAD": false, "BLOCK": 64, "FACTOR": 3}'].reason  # the hang
     assert entry.config == {"BLOCK": 64, "FACTOR": 2, "BAD": False}
 
 
 def test_the_lock_is_saved_behind_the_run_and_complete_when_it_ends(tmp_path):
-    from hatch_autotune.tuning.tuner import LockSaver
+    from hatch_autotune.tuning.lock_writer import LockSaver
 
     path = tmp_path / "autotune.lock.json"
     lock = LockFile()

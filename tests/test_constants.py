@@ -347,7 +347,7 @@ def test_each_constant_value_is_tuned_and_verified_through_the_real_worker(tmp_p
     assert sorted(eid for eid, _ in summary.tuned) == ["halo|RADIUS=1|sm_90|n=5000", "halo|RADIUS=2|sm_90|n=5000"]
     lock = LockFile.load(root / "autotune.lock.json")
     for eid, entry in lock.entries.items():
-        status = {(m["config"]["BLOCK"], m["config"]["SKEW"]): m["status"] for m in entry.measurements}
+        status = {(m.config["BLOCK"], m.config["SKEW"]): m.status for m in entry.measurements}
         assert status[(128, True)] == status[(256, True)] == "rejected", (eid, status)  # SKEW is wrong for every RADIUS
         assert entry.config == {"BLOCK": 256, "SKEW": False}  # the verified, (synthetically) fastest
 

@@ -1,5 +1,5 @@
 """Each on-disk format has one definition: the lock entry and its id (build/lock.py) and the
-selection table (runtime.py). Round trips, and the readers' refusals, newer schemas included."""
+selection table (runtime/table.py). Round trips, and the readers' refusals, newer schemas included."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from hatch_autotune.lock import LOCK_SCHEMA, EntryId, LockEntry, LockFile, LockFormatError
+from hatch_autotune.lock import LOCK_SCHEMA, Bucket, EntryId, LockEntry, LockFile, LockFormatError, Measurement
 from hatch_autotune.runtime import TABLE_SCHEMA, IntegrityError, Library, TableError, parse_table, table_bytes
 
 ENTRY = {
@@ -31,9 +31,21 @@ ENTRY = {
 def test_entry_id_round_trips_and_sorts_by_kernel():
     eid = EntryId.of("gemm", "T=float32", "sm_90", {"m": 1024, "n": 64, "k": 4096})
     assert str(eid) == "gemm|T=float32|sm_90|m=1024,n=64,k=4096"
-    assert EntryId.parse(str(eid)) == eid and eid.bucket == {"m": 1024, "n": 64, "k": 4096}
+    assert EntryId.parse(str(eid)) == eid and eid.bucket.as_dict() == {"m": 1024, "n": 64, "k": 4096}
     assert eid.instance == "gemm|T=float32|sm_90"
-    assert EntryId.parse("saxpy|-|sm_80|n=-1").point == (("n", -1),)
+    assert EntryId.parse("saxpy|-|sm_80|n=-1").bucket.dims == (("n", -1),)
+
+
+def test_a_bucket_has_one_type_and_converts_to_each_form():
+    b = Bucket.from_values(["m", "n", "k"], [1024, 64, 4096])
+    assert b == Bucket.of({"m": 1024, "n": 64, "k": 4096}) == Bucket.parse("m=1024,n=64,k=4096") == Bucket.of(b)
+    assert str(b) == "m=1024,n=64,k=4096" and b.values == (1024, 64, 4096) and b.names == ("m", "n", "k")
+    assert list(b.as_dict().items()) == [("m", 1024), ("n", 64), ("k", 4096)]  # in key order
+    assert Bucket.of({"n": 1, "m": 2}) != Bucket.of({"m": 2, "n": 1})  # the order is the kernel's key order: part of the bucket
+    with pytest.raises(ValueError):
+        Bucket.from_values(["m", "n"], [1])
+    with pytest.raises(LockFormatError, match="is not 'dim=value,...'"):
+        Bucket.parse("m=1,n")
 
 
 @pytest.mark.parametrize("bad", ["saxpy|-|sm_80", "saxpy|-|sm_80|n=x", "|-|sm_80|n=1", "saxpy|-|sm_80|n=1,", "a|b|c|d|e", 42, None])
@@ -48,6 +60,8 @@ def test_lock_entry_round_trips_through_json():
     assert entry.winner_ms == 0.01  # the chosen config's fully timed median
     assert entry.time_of({"BLOCK": 64, "VEC": 4}) == 0.009  # only an eliminated run: its median
     assert entry.time_of({"BLOCK": 32, "VEC": 1}) is None  # failed: no time
+    assert dataclasses.replace(entry, read_from=None).to_json() == ENTRY  # the typed records write what they read
+    assert [m.status for m in entry.measurements] == ["ok", "ok", "eliminated", "failed"] and entry.measurements[2].spread_ms is None
     bare = LockEntry("c" * 64, {"B": 1}, tuned=False)
     assert LockEntry.from_json(bare.to_json()) == bare and bare.to_json() == {"checksum": "c" * 64, "config": {"B": 1}, "tuned": False}
 
@@ -160,10 +174,20 @@ def test_merge_prefers_the_faster_winner_even_at_zero_ms():
     from hatch_autotune.lock import merge
 
     def lock(config, ms):
-        entry = LockEntry("c" * 64, config, tuned=True, measurements=({"config": config, "status": "ok", "median_ms": ms},))
+        entry = LockEntry("c" * 64, config, tuned=True, measurements=(Measurement(0, config, "ok", 5, ms),))
         return LockFile(entries={"k|-|sm_90|n=1": entry})
 
     merged, resolved = merge([("a", lock({"B": 1}, 0.0)), ("b", lock({"B": 2}, 0.5))], prefer="faster")
     assert resolved == 1 and merged.entries["k|-|sm_90|n=1"].config == {"B": 1}
     merged, _ = merge([("a", lock({"B": 1}, 0.7)), ("b", lock({"B": 2}, 0.0))], prefer="faster")
     assert merged.entries["k|-|sm_90|n=1"].config == {"B": 2}
+
+
+def test_a_measurement_reads_what_a_lenient_reader_accepted_as_not_recorded():
+    """A lock entry's measurement needs only a config; what is absent or of the wrong type reads
+    as not recorded (no time, no index), never as a crash."""
+    m = Measurement.from_json({"config": {"B": 1}, "status": "ok", "median_ms": "fast", "index": True, "samples": "5"})
+    assert (m.index, m.samples, m.median_ms, m.timed) == (None, None, None, False)
+    assert Measurement.from_json({"config": {"B": 1}}).status == ""
+    exact = Measurement(3, {"B": 1}, "ok", 5, 0.0123456789, 0.00012345678)
+    assert exact.as_recorded().to_json() == {"index": 3, "config": {"B": 1}, "status": "ok", "samples": 5, "median_ms": 0.012346, "spread_ms": 0.000123}

@@ -46,12 +46,12 @@ def test_out_of_bounds_and_wrong_variants_are_rejected_and_the_rest_tuned(tmp_pa
     for eid, entry in summary.tuned:
         assert entry.config["MODE"] == "ok"
         for m in entry.measurements:
-            if m["config"]["MODE"] == "oob":
-                assert m["status"] == "failed" and "ILLEGAL_ADDRESS" in m["reason"].upper().replace(" ", "_"), m
-            elif m["config"]["MODE"] == "wrong":
-                assert m["status"] == "rejected" and "wrong result" in m["reason"], m
+            if m.config["MODE"] == "oob":
+                assert m.status == "failed" and "ILLEGAL_ADDRESS" in m.reason.upper().replace(" ", "_"), m
+            elif m.config["MODE"] == "wrong":
+                assert m.status == "rejected" and "wrong result" in m.reason, m
             else:
-                assert m["status"] in ("ok", "eliminated"), m
+                assert m.status in ("ok", "eliminated"), m
     print("\n".join(logs))
 
 

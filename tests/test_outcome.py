@@ -235,7 +235,7 @@ def test_the_tuner_measures_the_others_with_default_may_fail(tmp_path):
     assert "warning: the default config of scale (no type parameters or constants) does not compile for sm_90; measuring the others (default-may-fail = true)" in logs
     assert len(summary.tuned) == 2
     for _, entry in summary.tuned:
-        statuses = {m["config"]["BLOCK"]: m["status"] for m in entry.measurements}
+        statuses = {m.config["BLOCK"]: m.status for m in entry.measurements}
         assert statuses[256] == "pruned" and entry.default_ms is None and entry.config["BLOCK"] != 256
     # and the build then ships the tuned winners: no entry needs the default
     result = build(root, tmp_path / "c")

@@ -49,7 +49,7 @@ def test_the_plan_renders_once_and_names_every_point(project):
     assert len(inst.variants) == 12 and inst.configs[inst.default_index] == {"BLOCK": 128, "FACTOR": 2, "BAD": False}
     assert [str(p.id) for p in inst.points["sm_80"]] == ["scale|-|sm_80|n=1024", "scale|-|sm_80|n=65536", "scale|-|sm_80|n=1048576"]
     p = inst.points["sm_90"][1]
-    assert p.key == (65536,) and p.id == EntryId("scale", "-", "sm_90", (("n", 65536),))
+    assert p.key == (65536,) and p.id == EntryId.of("scale", "-", "sm_90", {"n": 65536})
     assert p.checksum == entry_checksum(inst.spec, "-", [v.source_hash for v in inst.variants], "sm_90", {"n": 65536})
     assert plan.ptx == {"sm_90": "compute_90"}
 

@@ -1,6 +1,6 @@
 """Search strategies, warm starts and the replay backend.
 
-The engine runs end to end against `python -m hatch_autotune.tuning.replay`, a tuning worker
+The engine runs end to end against `python benchmarks/replay.py`, a tuning worker
 that answers from brute-forced measurements of a real GPU (tests/data: a 432-config slice of
 benchmark_hub's convolution on an A100, with every runtime it recorded, two configs that
 failed at run time, and the true optimum). No GPU is involved: compiles are real NVRTC, the
@@ -21,17 +21,19 @@ from pathlib import Path
 import pytest
 
 from hatch_autotune.compile.cache import CompileCache
-from hatch_autotune.lock import EntryId, LockEntry, LockFile
+from hatch_autotune.lock import EntryId, LockEntry, LockFile, Measurement
 from hatch_autotune.plan.planner import Point
 from hatch_autotune.declare.config import ConfigError, SearchSpec, Share, TuningSpec
 from hatch_autotune.tuning import tune
-from hatch_autotune.tuning.replay import Record, ReplayData, ReplayDataError, ReplayDevice
 from hatch_autotune.tuning.search import STRATEGIES, Budget, SearchSpace, make_strategy, run_search
-from hatch_autotune.tuning.tuner import warm_start
+from hatch_autotune.tuning.warm import warm_start
 from hatch_autotune.tuning.worker import WorkerClient
 
-from conftest import load_benchmark, load_project
+from conftest import ROOT, load_benchmark, load_project
 
+REPLAY = ROOT / "benchmarks" / "replay.py"  # research tooling: outside the package
+replay = load_benchmark("replay")
+Record, ReplayData, ReplayDataError, ReplayDevice = replay.Record, replay.ReplayData, replay.ReplayDataError, replay.ReplayDevice
 DATA = Path(__file__).with_name("data") / "convolution_A100_subset.json.gz"
 AXES = {"A": [1, 2, 4, 8], "B": [0, 1], "C": ["x", "y", "z"]}
 
@@ -388,7 +390,7 @@ def test_binaries_compile_what_is_asked_for_first_then_the_latest_guesses_each_o
     import threading
 
     from hatch_autotune.compile import nvrtc as compile_mod
-    from hatch_autotune.tuning import tuner
+    from hatch_autotune.tuning.binaries import VariantBinaries
 
     chunks: list[list[int]] = []
     entered, gate = threading.Event(), threading.Event()
@@ -403,7 +405,7 @@ def test_binaries_compile_what_is_asked_for_first_then_the_latest_guesses_each_o
 
     monkeypatch.setattr(compile_mod, "compile_all", fake_compile_all)
     monkeypatch.setattr(compile_mod, "default_workers", lambda: 2)
-    binaries = tuner._Binaries(_FakeInstance(), "sm_90", cache=None)
+    binaries = VariantBinaries(_FakeInstance(), "sm_90", cache=None)
     binaries.prefetch([1, 2, 3])
     assert entered.wait(10)  # guesses 1 and 2 compile (one round of 2 workers) while nothing is asked for
     binaries.prefetch([4, 5, 6, 2, 8])  # replaces guess 3; 2 is compiling already
@@ -478,7 +480,7 @@ def test_warm_starts_order_the_previous_winner_then_other_archs_then_the_nearest
     put("sm_90", 256, 6, tuned=False)  # an untuned entry's config says nothing
     put("sm_90", 8192, 99)  # not in the space (the space changed): skipped
     lock.entries[str(EntryId.of("other", "-", "sm_90", {"n": 1024}))] = LockEntry(checksum="c", config={"X": 7}, tuned=True)
-    point = Point(EntryId.of("k", "-", "sm_90", {"n": 1024}), (1024,), "c")
+    point = Point(EntryId.of("k", "-", "sm_90", {"n": 1024}), "c")
     assert warm_start(lock, point, configs).first == (1, 2, 5, 3, 4)
 
 
@@ -494,14 +496,14 @@ def test_a_lock_hands_the_search_its_related_results_as_speeds():
 
     def put(arch: str, n: int, measured: list[tuple[int, str, float | None]], winner: int = 0) -> None:
         ms = [{"config": {"X": x}, "status": status, **({"median_ms": t} if t is not None else {})} for x, status, t in measured]
-        lock.entries[str(EntryId.of("k", "-", arch, {"n": n}))] = LockEntry(checksum="c", config={"X": winner}, tuned=True, measurements=tuple(ms))
+        lock.entries[str(EntryId.of("k", "-", arch, {"n": n}))] = LockEntry(checksum="c", config={"X": winner}, tuned=True, measurements=tuple(map(Measurement.from_json, ms)))
 
     put("sm_80", 1024, [(0, "ok", 2.0), (1, "eliminated", 8.0), (2, "failed", None), (3, "rejected", 1.0), (4, "skipped", None), (99, "ok", 0.5)])
     put("sm_90", 1024, [(5, "ok", 1.0), (1, "ok", 4.0), (0, "pruned", None)], winner=5)  # this entry's previous run
     put("sm_90", 4096, [(2, "ok", 3.0), (3, "ok", "3.0")], winner=2)  # a damaged time reads as not run
     put("sm_90", 2048, [(4, "ok", 1.0)], winner=4)  # measured only its winner: tells nothing
     put("sm_90", 65536, [(0, "ok", 1.0), (1, "ok", 2.0)])
-    point = Point(EntryId.of("k", "-", "sm_90", {"n": 1024}), (1024,), "c")
+    point = Point(EntryId.of("k", "-", "sm_90", {"n": 1024}), "c")
     warm = warm_start(lock, point, configs)
     assert warm.prior == (
         (0.0, 0.25, None, None, None, 1.0),
@@ -606,7 +608,7 @@ def write_conv_project(root: Path, search: str) -> Path:
 
 
 def replay_tune(root: Path, cache: CompileCache, data: Path = DATA, logs: list | None = None):
-    worker = [sys.executable, "-m", "hatch_autotune.tuning.replay", str(data)]
+    worker = [sys.executable, str(REPLAY), str(data)]
     log = logs.append if logs is not None else (lambda m: None)
     summary = tune(load_project(root), gpu_arch="sm_90", client_factory=lambda d: WorkerClient(worker), cache=cache, log=log)
     return summary, LockFile.load(root / "autotune.lock.json")
@@ -627,18 +629,18 @@ def test_the_engine_tunes_on_replayed_data_within_its_budget_and_deterministical
     truth = {json.dumps({a: c[a] for a in tuned_axes}, sort_keys=True): r.mean_ms for c, r in zip(data.configs, data.records)}
     for eid, entry in lock.entries.items():
         ms = entry.measurements
-        tried = [m for m in ms if m["status"] != "skipped"]
+        tried = [m for m in ms if m.status != "skipped"]
         assert len(tried) == math.ceil(0.15 * 432) == 65
-        assert {m["status"] for m in ms} <= {"ok", "eliminated", "failed", "skipped"}
-        assert sum(m["status"] == "eliminated" for m in ms) > 10  # the leader cut clear losers short
-        assert all(m["reason"].startswith("not tried by the search (strategy auto, budget 15% of the space)") for m in ms if m["status"] == "skipped")
+        assert {m.status for m in ms} <= {"ok", "eliminated", "failed", "skipped"}
+        assert sum(m.status == "eliminated" for m in ms) > 10  # the leader cut clear losers short
+        assert all(m.reason.startswith("not tried by the search (strategy auto, budget 15% of the space)") for m in ms if m.status == "skipped")
         assert entry.tuned and entry.provenance["gpu"] == "NVIDIA A100-PCIE-40GB (replayed)" and entry.provenance["driver"] == "replay"
-        true_ms = [truth[json.dumps(m["config"], sort_keys=True)] for m in tried if m["status"] == "ok"]
+        true_ms = [truth[json.dumps(m.config, sort_keys=True)] for m in tried if m.status == "ok"]
         winner_ms = truth[json.dumps(entry.config, sort_keys=True)]
         assert winner_ms <= 1.05 * min(true_ms)  # of what it measured, the tuner kept the truly fastest (noise aside)
-        default = next(m for m in ms if m["config"] == dict(load_project(root).kernels["conv"].default))
-        assert default["status"] == "ok" and entry.default_ms
-        assert winner_ms < 0.5 * truth[json.dumps(default["config"], sort_keys=True)]  # how close to the optimum: benchmarks/search_quality.py
+        default = next(m for m in ms if m.config == dict(load_project(root).kernels["conv"].default))
+        assert default.status == "ok" and entry.default_ms
+        assert winner_ms < 0.5 * truth[json.dumps(default.config, sort_keys=True)]  # how close to the optimum: benchmarks/search_quality.py
     assert any("tried (strategy auto, budget 15% of the space" in line for line in logs)
     again = write_conv_project(tmp_path / "b", '{ budget = "15%", seed = 1 }')
     _, second = replay_tune(again, conv_cache)  # the same search (provenance dates aside)
@@ -655,10 +657,10 @@ def test_failed_and_unknown_configs_are_recorded_as_failed(tmp_path, conv_cache)
     _, lock = replay_tune(root, conv_cache, data=data)
     entry = next(iter(lock.entries.values()))
     axes = ("block_size_x", "block_size_y", "tile_size_x", "tile_size_y", "read_only", "use_padding", "use_shmem")
-    by_config = {",".join(str(m["config"][a]) for a in axes): m for m in entry.measurements}
-    assert by_config["32,1,1,1,0,0,0"]["status"] == "ok" and entry.config == by_config["32,1,1,1,0,0,0"]["config"]
-    assert by_config["16,1,1,1,0,0,0"]["status"] == "failed" and "RuntimeFailedConfig" in by_config["16,1,1,1,0,0,0"]["reason"]
-    assert by_config["16,1,1,1,0,0,1"]["status"] == "failed" and "not in the replay data" in by_config["16,1,1,1,0,0,1"]["reason"]
+    by_config = {",".join(str(m.config[a]) for a in axes): m for m in entry.measurements}
+    assert by_config["32,1,1,1,0,0,0"].status == "ok" and entry.config == by_config["32,1,1,1,0,0,0"].config
+    assert by_config["16,1,1,1,0,0,0"].status == "failed" and "RuntimeFailedConfig" in by_config["16,1,1,1,0,0,0"].reason
+    assert by_config["16,1,1,1,0,0,1"].status == "failed" and "not in the replay data" in by_config["16,1,1,1,0,0,1"].reason
 
 
 def test_a_seconds_budget_counts_the_replayed_clock(tmp_path, conv_cache):
@@ -666,7 +668,7 @@ def test_a_seconds_budget_counts_the_replayed_clock(tmp_path, conv_cache):
     logs: list[str] = []
     _, lock = replay_tune(root, conv_cache, logs=logs)
     for entry in lock.entries.values():
-        tried = [m for m in entry.measurements if m["status"] != "skipped"]
+        tried = [m for m in entry.measurements if m.status != "skipped"]
         assert 2 <= len(tried) <= 12  # a config's recorded compile time is 0.75 to 5.8 s (median 1.5 s)
     clocks = [float(m) for m in re.findall(r"budget 5 s, ([0-9.]+) s\)", "\n".join(logs))]
     assert len(clocks) == 2 and all(5.0 <= c < 5.0 + 7.0 for c in clocks)  # stopped by the first config past 5 s
@@ -682,14 +684,14 @@ def test_a_bucket_warm_starts_from_the_winners_before_it(tmp_path, conv_cache):
     logs: list[str] = []
     _, warm = replay_tune(root, conv_cache, logs=logs)
     for eid, entry in warm.entries.items():
-        tried = [m["config"] for m in entry.measurements if m["status"] != "skipped"]
+        tried = [m.config for m in entry.measurements if m.status != "skipped"]
         assert winners[eid] in tried  # this entry's previous winner (its checksum is stale now)
     tuned = [line for line in logs if line.startswith("tuned ")]
     assert len(tuned) == 2 and all("; prior: the times of 2 earlier result(s)" in line for line in tuned)  # its own and the other bucket's
     (root / "pyproject.toml").write_text(text.replace("search = { budget = 2 }", "search = { budget = 2, warm-start = false, strategy = 'exhaustive' }"))
     _, cold = replay_tune(root, conv_cache)
     for eid, entry in cold.entries.items():
-        tried = [m["config"] for m in entry.measurements if m["status"] != "skipped"]
+        tried = [m.config for m in entry.measurements if m.status != "skipped"]
         assert winners[eid] not in tried and len(tried) == 2
 
 

@@ -43,13 +43,13 @@ def test_tune_through_the_real_worker_fails_rejects_kills_and_still_picks_a_veri
     summary = tune_over_standin(root, tmp_path / "cache", log=logs.append)
     assert len(summary.tuned) == 1
     eid, entry = summary.tuned[0]
-    statuses = {(m["config"]["MODE"], m["config"]["BLOCK"]): m for m in entry.measurements}
+    statuses = {(m.config["MODE"], m.config["BLOCK"]): m for m in entry.measurements}
     for block in (64, 128, 256):
         oob, wrong, hang, ok = (statuses[(mode, block)] for mode in ("oob", "wrong", "hang", "ok"))
-        assert oob["status"] == "failed" and "CUDA_ERROR_ILLEGAL_ADDRESS" in oob["reason"], oob
-        assert wrong["status"] == "rejected" and "wrong result" in wrong["reason"], wrong
-        assert hang["status"] == "failed" and "timed out after 4 s" in hang["reason"], hang
-        assert ok["status"] in ("ok", "eliminated") and ok["samples"] >= 5, ok
+        assert oob.status == "failed" and "CUDA_ERROR_ILLEGAL_ADDRESS" in oob.reason, oob
+        assert wrong.status == "rejected" and "wrong result" in wrong.reason, wrong
+        assert hang.status == "failed" and "timed out after 4 s" in hang.reason, hang
+        assert ok.status in ("ok", "eliminated") and ok.samples >= 5, ok
     assert entry.config == {"BLOCK": 256, "FACTOR": 2, "MODE": "ok"}  # the fastest that verified
     lock = json.loads((root / "autotune.lock.json").read_text())
     assert lock["entries"][eid]["config"] == entry.config and lock["entries"][eid]["tuned"] is True
@@ -57,7 +57,7 @@ def test_tune_through_the_real_worker_fails_rejects_kills_and_still_picks_a_veri
     tuned_line = next(line for line in logs if line.startswith("tuned "))
     assert "; worker run " in tuned_line and " verify " in tuned_line and " time " in tuned_line, tuned_line
     print("\n".join(logs))
-    print(json.dumps(list(entry.measurements), indent=None))
+    print(json.dumps([m.to_json() for m in entry.measurements], indent=None))
 
 
 def test_every_variant_starts_from_the_bucket_inputs_even_after_one_overwrote_them(tmp_path):
@@ -72,6 +72,6 @@ def test_every_variant_starts_from_the_bucket_inputs_even_after_one_overwrote_th
     (root / "pyproject.toml").write_text(text)
     summary = tune_over_standin(root, tmp_path / "cache")
     (eid, entry), = summary.tuned
-    order = [m["config"]["MODE"] for m in entry.measurements]
+    order = [m.config["MODE"] for m in entry.measurements]
     assert "clobber" in order[: order.index("ok", order.index("clobber"))], order  # an ok variant runs after a clobbering one
-    assert all(m["status"] in ("ok", "eliminated") for m in entry.measurements), entry.measurements
+    assert all(m.status in ("ok", "eliminated") for m in entry.measurements), entry.measurements

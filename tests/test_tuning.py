@@ -13,25 +13,25 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import build, load_project, write_tiny_project
 
 from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.compile.entry import Resources
 from hatch_autotune.declare.config import TuningSpec
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.bench import median, next_step, spread
-from hatch_autotune.tuning.tuner import Measurement, choose_winner, prune_reason
+from hatch_autotune.tuning.bucket import choose_winner, measured, prune_reason
+from hatch_autotune.tuning.protocol import Limits
 from hatch_autotune.tuning.verify import compare, poison_byte, tolerance
 from hatch_autotune.tuning.worker import WorkerClient, WorkerDied
 
-from conftest import build, load_project, write_tiny_project
-
 FAKE = [sys.executable, str(Path(__file__).with_name("fake_worker.py"))]
-LIMITS = {"max_threads_per_block": 1024, "max_registers_per_block": 65536, "max_shared_memory_per_block": 49152, "max_shared_memory_per_block_optin": 232448}
+LIMITS = Limits(max_threads_per_block=1024, max_registers_per_block=65536, max_shared_memory_per_block=49152)
 
 
 def m(index, status="ok", ms=None, noise=0.0):
     samples = () if ms is None else tuple(ms + noise * (i - 2) for i in range(5))
-    return Measurement(index, {"i": index}, status, samples)
+    return measured(index, {"i": index}, status, samples)
 
 
 # ---- decisions --------------------------------------------------------------------------------
@@ -247,9 +247,9 @@ def test_tune_isolates_failures_and_writes_the_lock(tmp_path):
 
 
 def test_progress_within_a_bucket(tmp_path, monkeypatch):
-    import hatch_autotune.tuning.tuner as tuner
+    import hatch_autotune.tuning.bucket as bucket
 
-    monkeypatch.setattr(tuner, "PROGRESS_EVERY", 2)
+    monkeypatch.setattr(bucket, "PROGRESS_EVERY", 2)
     root = write_tiny_project(tmp_path / "p")
     _, logs = _tune(root, tmp_path, {"ms": {"BLOCK=64": 1.0}})
     line = next(m for m in logs if "scale|-|sm_90|n=1024: 2/6 configs done" in m)

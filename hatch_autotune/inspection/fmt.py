@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..lock import Bucket
 from ..runtime import value_text
 
 
@@ -14,8 +15,8 @@ def fmt_config(config: Mapping[str, Any] | None) -> str:
     return " ".join(f"{k}={value_text(config[k])}" for k in sorted(config)) or "-"  # sorted, as in lock and table files; true as in TOML
 
 
-def fmt_bucket(bucket: Mapping[str, int]) -> str:
-    return " ".join(f"{k}={v}" for k, v in bucket.items())
+def fmt_bucket(bucket: Bucket) -> str:
+    return " ".join(f"{k}={v}" for k, v in bucket.dims)
 
 
 def fmt_ms(ms: float | None) -> str:

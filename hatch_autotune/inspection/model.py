@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..lock import EntryId
+from ..lock import Bucket, EntryId, Measurement
 from .fmt import fmt_config
 
 # What a kind of input cannot know: a note of its Source, dropped by `combine` when another
@@ -31,7 +31,7 @@ class Row:
     kernel: str
     types: str  # types key: 'T=float32', or '-' for a kernel without type parameters
     arch: str
-    bucket: dict[str, int]
+    bucket: Bucket
     config: dict[str, Any]
     tuned: bool
     note: str = ""  # why an untuned row took its config
@@ -39,7 +39,7 @@ class Row:
     time_ms: float | None = None  # median of the chosen config
     default_ms: float | None = None  # median of the default config
     default_config: dict[str, Any] | None = None
-    measurements: list[dict[str, Any]] = field(default_factory=list)
+    measurements: list[Measurement] = field(default_factory=list)
     resources: dict[str, Any] | None = None  # ptxas usage of the chosen variant (tables only)
     variant: str | None = None  # variant id in a selection table
     checksum: str | None = None  # of the lock entry (lock files and projects only)
@@ -66,7 +66,7 @@ class Row:
 
     def sort_key(self) -> tuple:
         """Within a kernel: by types, arch (numerically: sm_90 after sm_80), bucket."""
-        return (self.types, _arch_key(self.arch), tuple(self.bucket.values()))
+        return (self.types, _arch_key(self.arch), self.bucket.values)
 
 
 @dataclass

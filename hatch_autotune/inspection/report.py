@@ -15,10 +15,10 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from .. import __version__
-from ..lock import TIMED
+from ..lock import Measurement
 from .fmt import fmt_bucket, fmt_config, fmt_ms
 from .model import Row, Source, provenance_lines
 
@@ -145,17 +145,13 @@ def resources_chart(all_rows: Sequence[Row], used: set[str]) -> Chart | None:
 MAX_CONFIG_ROWS = 24  # configs drawn per chart; the rest (slower than these in every bucket) are named in a note
 
 
-def _timed(m: Mapping[str, Any]) -> bool:
-    return m.get("status") in TIMED and isinstance(m.get("median_ms"), (int, float)) and not isinstance(m.get("median_ms"), bool)
-
-
-def _by_config(e: Row) -> dict[str, Mapping[str, Any]]:
+def _by_config(e: Row) -> dict[str, Measurement]:
     """The measurement of each config of an entry, keyed by its written form; a fully timed run
     wins over an eliminated or untimed one of the same config."""
-    out: dict[str, Mapping[str, Any]] = {}
-    rank = lambda m: 2 if _timed(m) and m.get("status") == "ok" else 1 if _timed(m) else 0  # noqa: E731
+    out: dict[str, Measurement] = {}
+    rank = lambda m: 2 if m.timed and m.status == "ok" else 1 if m.timed else 0  # noqa: E731
     for m in e.measurements:
-        key = _cfg(m.get("config"))
+        key = _cfg(m.config)
         if key not in out or rank(m) > rank(out[key]):
             out[key] = m
     return out
@@ -166,13 +162,13 @@ def _instance(e: Row) -> str:
     return " ".join([e.kernel] + ([e.types] if e.types != "-" else []) + [e.arch])
 
 
-def _drawn_configs(per_bucket: Sequence[tuple[Row, dict[str, Mapping[str, Any]]]], keep: set[str]) -> list[str]:
+def _drawn_configs(per_bucket: Sequence[tuple[Row, dict[str, Measurement]]], keep: set[str]) -> list[str]:
     """The configs a chart draws: every timed one, or when there are more than MAX_CONFIG_ROWS,
     those among the k fastest of some bucket (the largest k that fits), plus `keep` (the
     default and the winners)."""
     rank: dict[str, int] = {}
     for _, ms in per_bucket:
-        timed = sorted((float(m["median_ms"]), key) for key, m in ms.items() if _timed(m))
+        timed = sorted((float(m.median_ms), key) for key, m in ms.items() if m.median_ms is not None and m.timed)
         for i, (_, key) in enumerate(timed):
             rank[key] = min(rank.get(key, i), i)
     if len(rank) <= MAX_CONFIG_ROWS:
@@ -190,7 +186,7 @@ def times_chart(rows: Sequence[Row], used: set[str]) -> Chart | None:
     row per config. One chart per instance, not per bucket, keeps a report of a lock file with
     tens of thousands of entries a few thousand charts."""
     per_bucket = [(e, _by_config(e)) for e in rows]
-    timed_buckets = [(e, ms) for e, ms in per_bucket if any(_timed(m) for m in ms.values())]
+    timed_buckets = [(e, ms) for e, ms in per_bucket if any(m.timed for m in ms.values())]
     if not timed_buckets:
         return None
     first = rows[0]
@@ -199,9 +195,8 @@ def times_chart(rows: Sequence[Row], used: set[str]) -> Chart | None:
     drawn = _drawn_configs(timed_buckets, winners | ({default} if default else set()))
     order: dict[str, tuple] = {}
     for n, (_, ms) in enumerate(timed_buckets):
-        for key, m in ms.items():
-            index = m.get("index")
-            order.setdefault(key, (index if isinstance(index, int) and not isinstance(index, bool) else 1 << 30, n))
+        for key, measured in ms.items():
+            order.setdefault(key, (measured.index if measured.index is not None else 1 << 30, n))
     drawn.sort(key=lambda key: (order[key], key))  # the space's canonical order: rows line up across charts
     labels = {key: key + (" (default)" if key == default else "") for key in drawn}
     panels = []
@@ -211,23 +206,23 @@ def times_chart(rows: Sequence[Row], used: set[str]) -> Chart | None:
         bars = []
         for key in drawn:
             m = ms.get(key)
-            if m is None or not _timed(m):
-                status = str(m.get("status", "unknown")) if m is not None else "-"
+            if m is None or m.median_ms is None or not m.timed:
+                status = (m.status or "unknown") if m is not None else "-"
                 bars.append(Bar(labels[key], None, OTHER, status, f"{where}: {key}: {status if m is not None else 'not measured'}"))
                 continue
-            ms_ = float(m["median_ms"])
+            ms_ = float(m.median_ms)
             is_winner, is_default = key == winner, key == default
-            eliminated |= m["status"] == "eliminated"
-            color = WINNER if is_winner else DEFAULT if is_default else ELIMINATED if m["status"] == "eliminated" else OTHER
+            eliminated |= m.status == "eliminated"
+            color = WINNER if is_winner else DEFAULT if is_default else ELIMINATED if m.status == "eliminated" else OTHER
             role = " (winner, default)" if is_winner and is_default else " (winner)" if is_winner else " (default)" if is_default else ""
-            spread = m.get("spread_ms")
-            tip = f"{key}{role}: median {_ms(ms_)} ms" + (f", spread {_ms(spread)} ms" if isinstance(spread, (int, float)) else "")
-            tip += f", {m.get('samples', '?')} samples" + (", eliminated early" if m["status"] == "eliminated" else "")
+            spread = m.spread_ms
+            tip = f"{key}{role}: median {_ms(ms_)} ms" + (f", spread {_ms(spread)} ms" if spread is not None else "")
+            tip += f", {'?' if m.samples is None else m.samples} samples" + (", eliminated early" if m.status == "eliminated" else "")
             bars.append(Bar(labels[key], ms_, color, _ms(ms_), tip))
         speed = f": {e.speedup:.2f}x" if e.speedup is not None else ""
         panels.append(Panel("median time (ms)", bars, title=f"{where}{speed}"))
     notes = _untimed_notes(timed_buckets)
-    hidden = sorted({key for _, ms in timed_buckets for key, m in ms.items() if _timed(m)} - set(drawn))
+    hidden = sorted({key for _, ms in timed_buckets for key, m in ms.items() if m.timed} - set(drawn))
     if hidden:
         notes.append(f"{len(hidden)} more timed config(s) not drawn, slower than the {len(drawn)} drawn in every bucket: {_listing(hidden, 8)}")
     timed_rows = {id(e) for e, _ in timed_buckets}
@@ -247,15 +242,15 @@ def times_chart(rows: Sequence[Row], used: set[str]) -> Chart | None:
     )
 
 
-def _untimed_notes(per_bucket: Sequence[tuple[Row, dict[str, Mapping[str, Any]]]]) -> list[str]:
+def _untimed_notes(per_bucket: Sequence[tuple[Row, dict[str, Measurement]]]) -> list[str]:
     """Configs that were not timed, by status: 'rejected (3): cfg (why)', naming the buckets
     when it was not all of them."""
     where: dict[tuple[str, str, str], list[str]] = {}
     for e, ms in per_bucket:
         for key, m in ms.items():
-            if not _timed(m):
-                reason = f" ({m['reason']})" if m.get("reason") else ""
-                where.setdefault((str(m.get("status", "unknown")), key, reason), []).append(fmt_bucket(e.bucket))
+            if not m.timed:
+                reason = f" ({m.reason})" if m.reason else ""
+                where.setdefault((m.status or "unknown", key, reason), []).append(fmt_bucket(e.bucket))
     by_status: dict[str, list[str]] = {}
     for (status, key, reason), buckets in where.items():
         scope = "" if len(buckets) == len(per_bucket) else f" in {', '.join(buckets)}"

@@ -3,7 +3,7 @@ what is compiled. The build, the tuner and `hatch-autotune show` all ask it, so 
 the target archs, the checksums, which lock entries are valid, and which variant ships.
 
 What each mode compiles:
-- tuning compiles the candidates of the entries it tunes (tuning/tuner.py asks `to_tune`);
+- tuning compiles the candidates of the entries it tunes (tuning/decide.py asks `to_tune`);
 - a build compiles only what ships: per type instance and arch, the lock's valid winners and
   the default (`shipped`); only when one of those fails to compile does it compile the rest,
   to find the variant the build falls back to. The wheel's bytes are the same as if the whole
@@ -21,7 +21,7 @@ from ..declare.config import KernelSpec, ProjectSpec
 from ..declare.space import bucket_points
 from ..compile.nvrtc import CompileJob
 from .devices import Gpu
-from ..lock import EntryId, LockEntry, LockFile, NvrtcPolicy, entry_checksum
+from ..lock import Bucket, EntryId, LockEntry, LockFile, NvrtcPolicy, entry_checksum
 from ..text import indent, instance_text, log_excerpt
 from ..compile.render import Variant, render_kernel
 
@@ -64,12 +64,20 @@ class Point:
     selection table selects."""
 
     id: EntryId
-    key: tuple[int, ...]  # the bucket's values, in the kernel's key order
     checksum: str
 
     @property
     def eid(self) -> str:
         return str(self.id)
+
+    @property
+    def bucket(self) -> Bucket:
+        return self.id.bucket
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        """The bucket's values in the kernel's key order: its row of the selection table."""
+        return self.id.bucket.values
 
 
 @dataclass
@@ -115,12 +123,9 @@ def _provenance_with_times(entry: LockEntry) -> dict[str, Any]:
     """What the wheel records of a tuned entry: where it was tuned, and the winner's and the
     default's median times, so that `hatch-autotune show` can report them from a wheel alone."""
     out = dict(entry.provenance)
-    winner = next(
-        (m for m in entry.measurements if m.get("config") == dict(entry.config) and m.get("median_ms") is not None),
-        None,
-    )
+    winner = next((m for m in entry.measurements if m.median_ms is not None and m.config == dict(entry.config)), None)
     if winner is not None:
-        out["median_ms"] = winner["median_ms"]
+        out["median_ms"] = winner.median_ms
     if entry.default_ms is not None:
         out["default_ms"] = entry.default_ms
     return out
@@ -223,8 +228,8 @@ def instance_points(spec: KernelSpec, types_key: str, variants: Sequence[Variant
     names = [k.name for k in spec.key]
     out = []
     for key in bucket_points([k.buckets for k in spec.key]):
-        bucket = dict(zip(names, key))
-        out.append(Point(EntryId.of(spec.name, types_key, arch, bucket), key, entry_checksum(spec, types_key, hashes, arch, bucket)))
+        bucket = Bucket.from_values(names, key)
+        out.append(Point(EntryId(spec.name, types_key, arch, bucket), entry_checksum(spec, types_key, hashes, arch, bucket)))
     return out
 
 

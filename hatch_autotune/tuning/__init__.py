@@ -5,6 +5,7 @@ the entry point the build hook and the `hatch-autotune tune` command share, call
 engine (ray_engine.tune_on_ray).
 """
 
-from .tuner import TuneSummary, TuningError, tune
+from .errors import TuningError
+from .tuner import TuneSummary, tune
 
 __all__ = ["tune", "TuneSummary", "TuningError"]

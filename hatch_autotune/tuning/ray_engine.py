@@ -31,21 +31,15 @@ from ..plan.devices import Gpu
 from ..lock import LockEntry
 from ..plan.planner import make_plan, target_archs
 from ..declare.config import ProjectSpec
+from .binaries import InstanceBinaries, VariantBinaries
+from .bucket import BucketJob, tune_bucket
+from .decide import check_kernels
+from .errors import TuningError
+from .protocol import DeviceInfo
 from .schedule import Job, SlotLost
 from .search import WarmStart
-from .tuner import (
-    BucketJob,
-    InstanceBinaries,
-    Log,
-    TuneSummary,
-    TuningError,
-    _Binaries,
-    _Session,
-    check_kernels,
-    run_tuning,
-    stale_points,
-    tune_bucket,
-)
+from .session import WorkerSession
+from .tuner import Log, TuneSummary, plan_run, run_tuning
 from .worker import WorkerClient
 
 RESOURCE_PREFIX = "hatch-autotune:"  # + arch: a node's number of GPUs of that arch
@@ -91,10 +85,10 @@ class TuneActor:
         self.plan = make_plan(self.project, [arch], log=lambda _: None)
         self.jobs = {p.eid: BucketJob(inst, p) for inst in self.plan.instances for p in inst.points[arch]}
         self.cache = open_compile_cache(self.project.settings.cache)  # the node's disk, and the shared Redis if its settings name one
-        self.binaries: dict[int, _Binaries] = {}
+        self.binaries: dict[int, VariantBinaries] = {}
         worker = worker or {}
         env = {**os.environ, **worker["env"]} if worker.get("env") else None
-        self.session = _Session(WorkerClient(worker.get("command"), env=env), 0, self.project.tuning)
+        self.session = WorkerSession(WorkerClient(worker.get("command"), env=env), 0, self.project.tuning)
         self.tmp = Path(tempfile.mkdtemp(prefix="hatch-autotune-actor-"))
         # Ray runs two calls at once (max_concurrency, below) so that the queued bucket starts the
         # moment this lock is free, not after the finished one's reply has gone out: one GPU,
@@ -110,7 +104,7 @@ class TuneActor:
             "host": socket.gethostname(),
             "node": context.get_node_id(),
             "gpus": [str(g) for g in ray.get_gpu_ids()],
-            "device": self.session.hello(),
+            "device": self.session.hello().to_json(),
             "hatch_autotune": __version__,
             "compiler": self.plan.compiler,
         }
@@ -125,13 +119,13 @@ class TuneActor:
                 raise TuningError(f"{eid}: not a point of the project this node received (is it the same project and hatch-autotune version?)")
             key = id(job.inst)
             if key not in self.binaries:
-                self.binaries[key] = _Binaries(job.inst, self.arch, self.cache)
+                self.binaries[key] = VariantBinaries(job.inst, self.arch, self.cache)
             lines: list[str] = []
             entry = tune_bucket(self.session, job, self.binaries[key], WarmStart.from_json(warm), self.root, self.tmp, lines.append, self.plan.compiler)
             return {"entry": entry.to_json(), "log": lines, "span": [began, time.monotonic()]}
 
     def close(self) -> None:
-        self.session.client.close()
+        self.session.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -227,7 +221,7 @@ def tune_on_ray(
         if not archs:
             return summary
         plan = make_plan(project, targets, log=log, kernels=kernels)
-        todo = stale_points(plan, archs, mode, kernels, summary, log)
+        todo = plan_run(plan, archs, mode, kernels, summary, log)
         if not todo:  # every entry is valid: no actor, no GPU time
             return summary
         wanted: dict[str, int] = {}
@@ -284,7 +278,7 @@ def _ready_slots(ray: Any, actors: list[tuple[str, Any]], compiler: str, timeout
         except Exception as exc:  # the actor's __init__ failed: the project does not load there
             dropped.append(f"a {arch} actor did not start: {_first_line(exc)}")
             continue
-        device_arch = "sm_" + "".join(str(c) for c in hello["device"]["cc"])
+        device_arch = DeviceInfo.from_json(hello["device"]).arch
         problem = (
             f"its GPU is {device_arch}" if device_arch != arch
             else f"it runs hatch-autotune {hello['hatch_autotune']}, this driver {__version__}" if hello["hatch_autotune"] != __version__

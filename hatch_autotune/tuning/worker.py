@@ -5,15 +5,7 @@ never returns; so the GPU work happens in a child process. The parent (`WorkerCl
 a crash or a timeout into a failed measurement with its reason, starts a fresh worker and goes
 on. The child (`main`, run as `python -m hatch_autotune.tuning.worker`) owns one device.
 
-Requests and replies (one JSON object per line):
-  {"op": "hello", "device": 0}                    -> {"ok": true, "device": {name, cc, driver, limits}}
-  {"op": "setup", ...bucket...}                   -> {"ok": true}
-  {"op": "reference", "variant": vid, "binary"}   -> {"ok": true}   (its outputs become the reference)
-  {"op": "measure", "variant": vid, "binary", "leader_ms"}
-                                                  -> {"ok": true, "status": "ok"|"rejected", "phases", ...}
-"binary" is the file of the variant's cubin (compiled as the search goes; setup's "binaries"
-may name some up front). A replayed device (replay.py) adds "seconds": its simulated time.
-A reply with "fatal": true means the worker's CUDA context is unusable; it exits after sending it.
+The messages, one JSON object per line each way, are protocol.py's.
 """
 
 from __future__ import annotations
@@ -26,9 +18,25 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from ..runtime import Binaries, CudaApi, CudaCallError, Kernel, check_cuda, cuda_api
+from .protocol import (
+    DeviceInfo,
+    Done,
+    Failure,
+    Hello,
+    HelloReply,
+    Limits,
+    Measure,
+    Measured,
+    Reference,
+    Reply,
+    Request,
+    Setup,
+    parse_request,
+)
 
 
 class WorkerDied(RuntimeError):
@@ -235,74 +243,67 @@ class _Cubins(Binaries):
             return f.read()
 
 
+@dataclass
+class _Bucket:
+    """What the worker holds for the bucket it measures (set up by a Setup request)."""
+
+    kernel: Kernel
+    arrays: dict[str, _DeviceArray]  # every array argument, on the device
+    scalars: dict[str, Any]
+    outputs: list[str]  # the arrays a variant writes: downloaded and verified
+    poisoned: set[str]  # the outputs poisoned before each run (intent out)
+    reference: dict[str, Any] | None  # the outputs every variant must match (None until a Reference request)
+    tolerances: Mapping[str, tuple[float, float]]
+    cubins: _Cubins
+    types: dict[str, str]
+    key: dict[str, int]
+    settings: Any  # TuningSpec: the timer's settings
+    handles: dict[str, Any] = field(default_factory=dict)  # variant id -> its loaded kernel
+
+
 class _WorkerState:
     def __init__(self) -> None:
         self.cuda: CudaApi | None = None  # set by hello
         self.arch = ""
         self.timer: Any = None
-        self.bucket: dict[str, Any] | None = None
+        self.bucket: _Bucket | None = None
 
-    def hello(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def hello(self, msg: Hello) -> HelloReply:
         from .bench import GpuTimer
 
         self.cuda = cuda = cuda_api()
-        device = cuda.Device(int(msg.get("device", 0)))
+        device = cuda.Device(msg.device)
         device.set_current()
         props = device.properties
-        cc = tuple(device.compute_capability)
-        self.arch = f"sm_{cc[0]}{cc[1]}"
-        self.timer = GpuTimer(device.device_id, bool(msg.get("flush_l2", True)))
+        major, minor = tuple(device.compute_capability)
+        self.arch = f"sm_{major}{minor}"
+        self.timer = GpuTimer(device.device_id, msg.flush_l2)
         version = check_cuda(cuda.driver.cuDriverGetVersion(), "cuDriverGetVersion")
-        return {
-            "ok": True,
-            "device": {
-                "name": device.name,
-                "cc": list(cc),
-                "driver": f"{version // 1000}.{(version % 1000) // 10}",
-                "limits": {
-                    "max_threads_per_block": int(props.max_threads_per_block),
-                    "max_registers_per_block": int(props.max_registers_per_block),
-                    "max_shared_memory_per_block": int(props.max_shared_memory_per_block),
-                },
-            },
-        }
+        limits = Limits(int(props.max_threads_per_block), int(props.max_registers_per_block), int(props.max_shared_memory_per_block))
+        return HelloReply(DeviceInfo(device.name, (major, minor), f"{version // 1000}.{(version % 1000) // 10}", limits))
 
-    def setup(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def setup(self, msg: Setup) -> Done:
         import numpy as np
-
-        from ..declare.config import TuningSpec
 
         cuda = self._started()
         self._free()
-        spec = dict(msg["kernel"], select={})
-        cubins = _Cubins(dict(msg["binaries"]), self.arch)
-        kernel = Kernel(msg["name"], spec, cubins)
-        with np.load(msg["inputs"], allow_pickle=False) as data:
+        spec = dict(msg.kernel, select={})
+        cubins = _Cubins(dict(msg.binaries), self.arch)
+        kernel = Kernel(msg.name, spec, cubins)
+        with np.load(msg.inputs, allow_pickle=False) as data:
             host = {k: data[k] for k in data.files}
         outputs = [a["name"] for a in spec["args"] if a["kind"] == "array" and a["intent"] != "in"]
         poisoned = {a["name"] for a in spec["args"] if a["kind"] == "array" and a["intent"] == "out"}
         arrays = {name: _DeviceArray(cuda.driver, h, keep_pristine=name not in poisoned) for name, h in host.items()}
         check_cuda(cuda.driver.cuCtxSynchronize(), "cuCtxSynchronize after uploading inputs")
         reference = None
-        if msg.get("reference"):
-            with np.load(msg["reference"], allow_pickle=False) as data:
+        if msg.reference:
+            with np.load(msg.reference, allow_pickle=False) as data:
                 reference = {k: data[k] for k in data.files}
-        self.bucket = {
-            "kernel": kernel,
-            "host": host,
-            "arrays": arrays,
-            "scalars": dict(msg["scalars"]),
-            "outputs": outputs,
-            "poisoned": poisoned,
-            "reference": reference,
-            "tolerances": {k: tuple(v) for k, v in msg["tolerances"].items()},
-            "cubins": cubins,
-            "types": dict(msg["types"]),
-            "key": dict(msg["key"]),
-            "settings": TuningSpec(**msg["settings"]),
-            "handles": {},
-        }
-        return {"ok": True}
+        self.bucket = _Bucket(
+            kernel, arrays, dict(msg.scalars), outputs, poisoned, reference, msg.tolerances, cubins, dict(msg.types), msg.key.as_dict(), msg.settings
+        )
+        return Done()
 
     def _started(self) -> CudaApi:
         if self.cuda is None:
@@ -311,7 +312,7 @@ class _WorkerState:
 
     def _free(self) -> None:
         if self.bucket is not None:
-            for arr in self.bucket["arrays"].values():
+            for arr in self.bucket.arrays.values():
                 arr.free()
             self.bucket = None
 
@@ -320,15 +321,15 @@ class _WorkerState:
         cuda = self._started()
         b = self.bucket
         assert b is not None
-        kernel = b["kernel"]
-        handle = b["handles"].get(vid)
+        kernel = b.kernel
+        handle = b.handles.get(vid)
         if handle is None:
-            cubin = b["cubins"].read(kernel, vid, self.arch)
-            handle = b["handles"][vid] = cuda.ObjectCode.from_cubin(cubin).get_kernel(kernel.entry)
+            cubin = b.cubins.read(kernel, vid, self.arch)
+            handle = b.handles[vid] = cuda.ObjectCode.from_cubin(cubin).get_kernel(kernel.entry)
         config = kernel.variants[vid]["config"]
-        grid, block, shared = kernel.geometry(config, b["types"], b["key"])
-        constants = {c: b["types"][c] for c in kernel.constants}  # the instance's, by keyword as a caller passes them
-        call = kernel.prepare(**{**b["arrays"], **b["scalars"], **constants})
+        grid, block, shared = kernel.geometry(config, b.types, b.key)
+        constants = {c: b.types[c] for c in kernel.constants}  # the instance's, by keyword as a caller passes them
+        call = kernel.prepare(**{**b.arrays, **b.scalars, **constants})
         launch_config = cuda.LaunchConfig(grid=grid, block=block, shmem_size=shared)
         launch = cuda.launch
         return lambda stream: launch(stream, launch_config, handle, *call.c_args)
@@ -338,8 +339,8 @@ class _WorkerState:
         cuda = self._started()
         b = self.bucket
         assert b is not None
-        for name, arr in b["arrays"].items():
-            arr.reset(name in b["poisoned"], self.timer.stream.handle)
+        for name, arr in b.arrays.items():
+            arr.reset(name in b.poisoned, self.timer.stream.handle)
         # cuMemcpyHtoD from pageable memory (the fallback) may return before the copy lands, and it
         # is not ordered with the timer's non-blocking stream: wait before the kernel reads or writes.
         check_cuda(cuda.driver.cuCtxSynchronize(), "cuCtxSynchronize after resetting the buffers")
@@ -349,55 +350,61 @@ class _WorkerState:
             self.timer.stream.sync()
         except Exception as exc:  # illegal address, launch failure: the context is gone
             raise _Fatal(f"variant {vid} failed at run time: {exc}") from None
-        return {name: b["arrays"][name].download() for name in b["outputs"]}
+        return {name: b.arrays[name].download() for name in b.outputs}
 
-    def _bind(self, msg: dict[str, Any]) -> str:
+    def _bind(self, variant: str, binary: str | None) -> str:
         """The request's variant, with its binary's file when the request names one."""
         assert self.bucket is not None
-        if msg.get("binary"):
-            self.bucket["cubins"].files[msg["variant"]] = msg["binary"]
-        return msg["variant"]
+        if binary:
+            self.bucket.cubins.files[variant] = binary
+        return variant
 
-    def reference(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def reference(self, msg: Reference) -> Done:
         assert self.bucket is not None
-        self._bind(msg)
-        self.bucket["reference"] = self._run_once(msg["variant"])
-        return {"ok": True}
+        self._bind(msg.variant, msg.binary)
+        self.bucket.reference = self._run_once(msg.variant)
+        return Done()
 
-    def measure(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Verify the variant against the reference, then time it. The reply's "phases" say
-        where the worker's wall time went (run: reset, launch and download; verify; time), so
-        that a slow tuning run says what made it slow."""
+    def measure(self, msg: Measure) -> Measured:
+        """Verify the variant against the reference, then time it. The reply's phases say where
+        the worker's wall time went (run: reset, launch and download; verify; time), so that a
+        slow tuning run says what made it slow."""
         import time
 
         from .verify import compare
 
         b = self.bucket
         assert b is not None
-        vid = self._bind(msg)
+        vid = self._bind(msg.variant, msg.binary)
         t0 = time.perf_counter()
         got = self._run_once(vid)
         t1 = time.perf_counter()
         phases = {"run": t1 - t0}
-        if b["reference"] is not None:
-            for name in b["outputs"]:
-                rtol, atol = b["tolerances"][name]
-                reason = compare(name, got[name], b["reference"][name], rtol, atol)
+        if b.reference is not None:
+            for name in b.outputs:
+                rtol, atol = b.tolerances[name]
+                reason = compare(name, got[name], b.reference[name], rtol, atol)
                 if reason:
                     phases["verify"] = time.perf_counter() - t1
-                    return {"ok": True, "status": "rejected", "reason": f"wrong result: {reason}", "phases": phases}
+                    return Measured("rejected", reason=f"wrong result: {reason}", phases=phases)
         t2 = time.perf_counter()
         phases["verify"] = t2 - t1
         fn = self._launcher(vid)
         try:
-            timing = self.timer.time(fn, b["settings"], msg.get("leader_ms"))
+            timing = self.timer.time(fn, b.settings, msg.leader_ms)
         except Exception as exc:
             raise _Fatal(f"variant {vid} failed while timed: {exc}") from None
         phases["time"] = time.perf_counter() - t2
-        return {"ok": True, "status": "eliminated" if timing.eliminated else "ok", "samples": list(timing.samples), "phases": phases}
+        return Measured("eliminated" if timing.eliminated else "ok", tuple(timing.samples), phases=phases)
 
-
-OPERATIONS = ("hello", "setup", "reference", "measure")
+    def handle(self, msg: Request) -> Reply:
+        if isinstance(msg, Hello):
+            return self.hello(msg)
+        if isinstance(msg, Setup):
+            return self.setup(msg)
+        if isinstance(msg, Reference):
+            return self.reference(msg)
+        return self.measure(msg)
 
 
 def main() -> None:
@@ -406,22 +413,21 @@ def main() -> None:
     os.dup2(2, 1)  # stray prints from libraries must not corrupt the protocol
     state = _WorkerState()
     for line in sys.stdin:
+        raw: Any = None
         try:
-            msg = json.loads(line)
-            if msg.get("op") not in OPERATIONS:
-                raise ValueError(f"unknown op {msg.get('op')!r}; expected one of {OPERATIONS}")
-            reply = getattr(state, msg["op"])(msg)
+            raw = json.loads(line)
+            reply: Reply = state.handle(parse_request(raw))
         except (_Fatal, CudaCallError) as exc:
-            if isinstance(exc, CudaCallError) and msg.get("op") == "hello":
+            if isinstance(exc, CudaCallError) and isinstance(raw, dict) and raw.get("op") == "hello":
                 # the device was never used: the tuner reports it (it cannot open the device)
-                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                reply = Failure(f"{type(exc).__name__}: {exc}")
             else:  # an error on the bucket's context: its memory and kernels cannot be trusted
-                protocol.write(json.dumps({"ok": False, "fatal": True, "error": str(exc)}) + "\n")
+                protocol.write(json.dumps(Failure(str(exc), fatal=True).to_json()) + "\n")
                 protocol.flush()
                 os._exit(3)
         except Exception as exc:
-            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        protocol.write(json.dumps(reply) + "\n")
+            reply = Failure(f"{type(exc).__name__}: {exc}")
+        protocol.write(json.dumps(reply.to_json()) + "\n")
         protocol.flush()
 
 

@@ -1,0 +1,103 @@
+"""Compiling ahead of the measurements: an instance's variants compiled for one arch in a
+background thread, in the order the search will ask for them, so that the GPU measures one
+variant while the next compiles."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..compile import nvrtc as compile_mod
+from ..compile.cache import CompileCache
+from ..plan.planner import Instance
+
+
+class VariantBinaries:
+    """One instance's variants compiled for one arch on demand, in a background thread: what the
+    search asks for first (`request`), then its likely next configs (`prefetch`), so that the
+    next binary is usually ready when the current one has been measured. Shared by the
+    instance's buckets; compile errors reach `get`."""
+
+    def __init__(self, inst: Instance, arch: str, cache: CompileCache):
+        self.inst, self.arch, self.cache = inst, arch, cache
+        self.workers = compile_mod.default_workers()
+        self.chunk = 2 * self.workers
+        self._results: dict[int, compile_mod.CompileResult | BaseException] = {}
+        self._queued: set[int] = set()  # asked for or compiling or compiled: never compiled twice
+        self._todo: list[int] = []  # asked for: compiled first
+        self._guesses: list[int] = []  # the latest prefetch, not asked for yet
+        self._running = False
+        self._cond = threading.Condition()
+
+    def request(self, indices: Sequence[int]) -> None:
+        with self._cond:
+            new = [i for i in indices if i not in self._queued]
+            self._queued.update(new)
+            self._todo.extend(new)
+            self._guesses = [i for i in self._guesses if i not in self._queued]  # asked for now: not twice
+            self._start()
+
+    def prefetch(self, indices: Sequence[int]) -> None:
+        """Compile these when nothing asked for waits; they replace the previous guesses."""
+        with self._cond:
+            self._guesses = [i for i in indices if i not in self._queued]
+            self._start()
+
+    def _start(self) -> None:  # with self._cond held
+        if (self._todo or self._guesses) and not self._running:
+            self._running = True
+            threading.Thread(target=self._work, daemon=True, name="hatch-autotune-compile").start()
+
+    def get(self, index: int) -> compile_mod.CompileResult:
+        self.request([index])
+        with self._cond:
+            self._cond.wait_for(lambda: index in self._results)
+            result = self._results[index]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def file(self, index: int, tmp: Path) -> str:
+        """The compiled variant's cubin written where the worker can read it (once per source)."""
+        result = self.get(index)
+        path = tmp / f"{self.inst.variants[index].source_hash[:16]}.cubin"
+        if not path.exists():
+            assert result.binary is not None
+            path.write_bytes(result.binary)
+        return str(path)
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                if self._todo:
+                    chunk, self._todo = self._todo[: self.chunk], self._todo[self.chunk :]
+                elif self._guesses:  # one round of the pool, so that a request soon gets its turn
+                    chunk, self._guesses = self._guesses[: self.workers], self._guesses[self.workers :]
+                    self._queued.update(chunk)
+                else:
+                    self._running = False
+                    return
+            try:
+                results: list[Any] = compile_mod.compile_all([self.inst.compile_job(i, self.arch) for i in chunk], self.cache, self.workers)
+            except BaseException as exc:  # noqa: BLE001 - raised by get(), in the measuring thread
+                results = [exc] * len(chunk)
+            with self._cond:
+                self._results.update(zip(chunk, results))
+                self._cond.notify_all()
+
+
+class InstanceBinaries:
+    """Each (instance, arch)'s VariantBinaries, made once and shared by every slot of this machine."""
+
+    def __init__(self, cache: CompileCache):
+        self.cache = cache
+        self._made: dict[tuple[int, str], VariantBinaries] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, inst: Instance, arch: str) -> VariantBinaries:
+        with self._lock:
+            key = (id(inst), arch)
+            if key not in self._made:
+                self._made[key] = VariantBinaries(inst, arch, self.cache)
+            return self._made[key]

@@ -1,0 +1,60 @@
+"""The lock written as a tuning run goes: each bucket's entry is on disk soon after it is tuned,
+so that an interrupted run resumes where it stopped, without the GPUs waiting for the disk."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from ..lock import LockEntry, LockFile
+from .errors import TuningError
+
+
+class LockSaver:
+    """Saves the lock as results arrive without holding up the GPUs: the slot that finished a
+    bucket goes on at once, and this thread writes the newest state (results that arrive during
+    a write go into the next one, so it never falls behind by more than one write). `close`
+    waits for the last write; a write that failed is raised there, and `put` raises it too, so
+    that the run stops rather than tune what it cannot keep."""
+
+    def __init__(self, lock: LockFile, path: Path):
+        self.lock, self.path = lock, path
+        self._cond = threading.Condition()
+        self._changes = self._saved = 0
+        self._closing = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write, name="hatch-autotune-lock", daemon=True)
+        self._thread.start()
+
+    def put(self, eid: str, entry: LockEntry) -> None:
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            self.lock.entries[eid] = entry
+            self._changes += 1
+            self._cond.notify_all()
+
+    def _write(self) -> None:
+        while True:
+            with self._cond:
+                while self._changes == self._saved and not self._closing:
+                    self._cond.wait()
+                if self._changes == self._saved:
+                    return
+                changes, snapshot = self._changes, LockFile(entries=dict(self.lock.entries))
+            try:
+                snapshot.save(self.path)
+            except BaseException as exc:  # noqa: BLE001 - raised by put and close, in the run's threads
+                with self._cond:
+                    self._error = TuningError(f"cannot save {self.path}: {exc}")
+                return
+            with self._cond:
+                self._saved = changes
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error

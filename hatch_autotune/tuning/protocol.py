@@ -1,0 +1,257 @@
+"""The tuning worker's protocol: what the tuner asks (`Hello`, `Setup`, `Reference`, `Measure`)
+and what the worker answers (`HelloReply`, `Done`, `Measured`, `Failure`), one JSON object per
+line each way (worker.py carries the lines). One typed definition per message with its JSON
+form, so that the tuner, the worker and any stand-in (a replayed device, a test's fake worker)
+agree on the fields.
+
+  {"op": "hello", "device": 0, "flush_l2": true}  -> {"ok": true, "device": {name, cc, driver, limits}}
+  {"op": "setup", ...the bucket...}               -> {"ok": true}
+  {"op": "reference", "variant", "binary"}        -> {"ok": true}   (its outputs become the reference)
+  {"op": "measure", "variant", "binary", "leader_ms"}
+                                                  -> {"ok": true, "status", "samples", "reason", "phases"}
+  any request                                     -> {"ok": false, "error": "...", "fatal": true?}
+
+"binary" is the file of the variant's cubin (compiled as the search goes; setup's "binaries"
+may name some up front). A replayed device adds "seconds" to a measurement: its simulated time.
+"fatal" means the worker's CUDA context is unusable; the worker exits after sending it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Union
+
+from ..declare.config import TuningSpec
+from ..lock import Bucket
+
+OPERATIONS = ("hello", "setup", "reference", "measure")
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Open a device; the first request a worker gets."""
+
+    op: ClassVar[str] = "hello"
+    device: int = 0
+    flush_l2: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "device": self.device, "flush_l2": self.flush_l2}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "Hello":
+        return cls(int(raw.get("device", 0)), bool(raw.get("flush_l2", True)))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a block may use on the device: the tuner prunes configs that exceed it."""
+
+    max_threads_per_block: int
+    max_registers_per_block: int
+    max_shared_memory_per_block: int
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "max_threads_per_block": self.max_threads_per_block,
+            "max_registers_per_block": self.max_registers_per_block,
+            "max_shared_memory_per_block": self.max_shared_memory_per_block,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "Limits":
+        return cls(int(raw["max_threads_per_block"]), int(raw["max_registers_per_block"]), int(raw["max_shared_memory_per_block"]))
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device a worker opened: what the provenance records and the pruning reads."""
+
+    name: str
+    cc: tuple[int, int]
+    driver: str  # the driver's CUDA version, 'major.minor'
+    limits: Limits
+
+    @property
+    def arch(self) -> str:
+        return "sm_" + "".join(str(c) for c in self.cc)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "cc": list(self.cc), "driver": self.driver, "limits": self.limits.to_json()}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "DeviceInfo":
+        major, minor = raw["cc"]
+        return cls(str(raw["name"]), (int(major), int(minor)), str(raw["driver"]), Limits.from_json(raw["limits"]))
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One bucket: the kernel with its candidate variants, the inputs (an .npz file), the
+    reference outputs (a file; None: the first config measured makes them), the tolerances
+    and the timing settings. Replaces the previous bucket."""
+
+    op: ClassVar[str] = "setup"
+    name: str
+    kernel: Mapping[str, Any]  # the runtime's kernel JSON, with every candidate variant
+    types: Mapping[str, str]
+    key: Bucket
+    inputs: str
+    scalars: Mapping[str, Any]
+    reference: str | None
+    tolerances: Mapping[str, tuple[float, float]]  # per output: (rtol, atol)
+    settings: TuningSpec
+    binaries: Mapping[str, str] = field(default_factory=dict)  # variant id -> cubin file, for those compiled up front
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "name": self.name,
+            "kernel": dict(self.kernel),
+            "binaries": dict(self.binaries),
+            "types": dict(self.types),
+            "key": self.key.as_dict(),
+            "inputs": self.inputs,
+            "scalars": dict(self.scalars),
+            "reference": self.reference,
+            "tolerances": {k: list(v) for k, v in self.tolerances.items()},
+            "settings": dict(vars(self.settings)),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "Setup":
+        return cls(
+            name=raw["name"],
+            kernel=dict(raw["kernel"]),
+            types=dict(raw["types"]),
+            key=Bucket.of(raw["key"]),
+            inputs=raw["inputs"],
+            scalars=dict(raw["scalars"]),
+            reference=raw.get("reference") or None,
+            tolerances={k: (v[0], v[1]) for k, v in raw["tolerances"].items()},
+            settings=TuningSpec(**raw["settings"]),
+            binaries=dict(raw["binaries"]),
+        )
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Run a variant once; its outputs become the bucket's reference."""
+
+    op: ClassVar[str] = "reference"
+    variant: str
+    binary: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "variant": self.variant, "binary": self.binary}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "Reference":
+        return cls(raw["variant"], raw.get("binary") or None)
+
+
+@dataclass(frozen=True)
+class Measure:
+    """Verify a variant against the reference, then time it; `leader_ms`, the fastest time
+    so far, lets the timer stop a clear loser early."""
+
+    op: ClassVar[str] = "measure"
+    variant: str
+    binary: str | None = None
+    leader_ms: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "variant": self.variant, "binary": self.binary, "leader_ms": self.leader_ms}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "Measure":
+        return cls(raw["variant"], raw.get("binary") or None, raw.get("leader_ms"))
+
+
+Request = Union[Hello, Setup, Reference, Measure]
+_REQUESTS: dict[str, Any] = {"hello": Hello, "setup": Setup, "reference": Reference, "measure": Measure}
+
+
+def parse_request(raw: Mapping[str, Any]) -> Request:
+    """A decoded request line to its message; ValueError for an unknown op, KeyError for a
+    missing field."""
+    op = raw.get("op")
+    if op not in OPERATIONS:
+        raise ValueError(f"unknown op {op!r}; expected one of {OPERATIONS}")
+    message: Request = _REQUESTS[op].from_json(raw)
+    return message
+
+
+@dataclass(frozen=True)
+class Done:
+    """A request that has nothing to answer went through."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": True}
+
+
+@dataclass(frozen=True)
+class HelloReply:
+    device: DeviceInfo
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": True, "device": self.device.to_json()}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "HelloReply":
+        return cls(DeviceInfo.from_json(raw["device"]))
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A measured variant: timed (ok, or eliminated early as a clear loser) with its samples
+    (ms), or rejected by verification with the reason. `phases`: where the worker's wall time
+    went (run, verify, time); `seconds`: a replayed device's simulated time (None on a GPU,
+    whose time is the wall clock)."""
+
+    status: str  # ok | eliminated | rejected
+    samples: tuple[float, ...] = ()
+    reason: str = ""
+    phases: Mapping[str, float] = field(default_factory=dict)
+    seconds: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ok": True, "status": self.status}
+        if self.samples or self.status != "rejected":
+            out["samples"] = list(self.samples)
+        if self.reason:
+            out["reason"] = self.reason
+        out["phases"] = dict(self.phases)
+        if self.seconds is not None:
+            out["seconds"] = self.seconds
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "Measured":
+        seconds = raw.get("seconds")
+        return cls(
+            status=raw["status"],
+            samples=tuple(raw.get("samples", ())),
+            reason=raw.get("reason", ""),
+            phases={k: float(v) for k, v in raw.get("phases", {}).items()},
+            seconds=None if seconds is None else float(seconds),
+        )
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A request the worker could not serve, and why; `fatal`: its CUDA context is unusable,
+    and it exits after sending this."""
+
+    error: str
+    fatal: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": False, "fatal": True, "error": self.error} if self.fatal else {"ok": False, "error": self.error}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "Failure":
+        return cls(str(raw.get("error", "")), bool(raw.get("fatal", False)))
+
+
+Reply = Union[Done, HelloReply, Measured, Failure]

@@ -1,0 +1,78 @@
+"""Warm starts: what the lock, as it is when a run starts, tells a bucket's search before it
+measures anything (the related entries' winners to measure first, their times as a prior)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+from ..lock import EntryId, LockEntry, LockFile, LockFormatError
+from ..plan.planner import Point
+from .search import MAX_PRIORS, WarmStart, uses_prior
+
+MAX_WARM = 8  # warm-start configs measured first, at most
+
+
+def related_entries(lock: LockFile, point: Point) -> list[LockEntry]:
+    """The tuned entries of the point's instance, likeliest to resemble it first: its own
+    previous result, the same bucket on other archs, then the nearest buckets (log2 distance)."""
+    me = point.id
+    mine = me.bucket.as_dict()
+
+    def distance(eid: EntryId) -> tuple:
+        log_gap = sum(abs(math.log2(max(v, 1)) - math.log2(max(mine.get(k, v), 1))) for k, v in eid.bucket.dims)
+        return (eid != me, log_gap, eid.arch != me.arch, str(eid))
+
+    found = []
+    for text, entry in lock.entries.items():
+        try:
+            eid = EntryId.parse(text)
+        except LockFormatError:
+            continue
+        if entry.tuned and eid.kernel == me.kernel and eid.types == me.types:
+            found.append((distance(eid), entry))
+    return [entry for _, entry in sorted(found, key=lambda f: f[0])]
+
+
+def warm_start(lock: LockFile, point: Point, configs: Sequence[Mapping[str, Any]], strategy: str = "auto") -> WarmStart:
+    """What the lock tells this point's search: the winners of the related entries to measure
+    first (`related_entries`' order, at most MAX_WARM; a lock tuned on one GPU warm-starts the
+    next), and to a strategy that uses one (`auto`), their times as its prior (`speeds`)."""
+    related = related_entries(lock, point)
+    index = {config_key(c): i for i, c in enumerate(configs)}
+    picks = (index.get(config_key(entry.config)) for entry in related)
+    first = list(dict.fromkeys(i for i in picks if i is not None))[:MAX_WARM]
+    prior = speeds(related, index, len(configs)) if uses_prior(strategy) else []
+    return WarmStart(tuple(first), tuple(tuple(s) for s in prior))
+
+
+def speeds(related: Sequence[LockEntry], index: Mapping[str, int], n_configs: int) -> list[list[float | None]]:
+    """The measurements of the first related entries that measured more than one config (at
+    most search.MAX_PRIORS), as each config's speed there relative to its fastest (0: failed,
+    rejected or pruned there; None: not measured there). How much they help is measured by
+    benchmarks/search_quality.py (`warm`)."""
+    out = []
+    for entry in related:
+        times: dict[int, float] = {}  # config index -> median ms; inf where it did not run
+        for m in entry.measurements:
+            i = index.get(config_key(m.config))
+            if i is None or m.status == "skipped":
+                continue
+            ms = m.median_ms if m.timed and m.median_ms is not None and 0 < m.median_ms < math.inf else math.inf
+            times[i] = min(times.get(i, math.inf), ms)
+        fastest = min(times.values(), default=math.inf)
+        if len(times) < 2 or math.isinf(fastest):
+            continue
+        config_speeds: list[float | None] = [None] * n_configs
+        for i, t in times.items():
+            config_speeds[i] = fastest / t
+        out.append(config_speeds)
+        if len(out) == MAX_PRIORS:
+            break
+    return out
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    """A config's identity across lock entries and spaces: its JSON with sorted keys."""
+    return json.dumps(config, sort_keys=True)
