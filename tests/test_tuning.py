@@ -306,3 +306,32 @@ def test_the_real_worker_speaks_the_protocol_without_a_gpu():
             assert real.alive
     finally:
         real.close()
+
+
+def test_the_worker_protocol_messages_keep_their_wire_format():
+    """The typed messages write the JSON lines the worker (and a replayed device, or a test's
+    fake worker) read, and read back what they wrote."""
+    from hatch_autotune.lock import Bucket
+    from hatch_autotune.tuning.protocol import DeviceInfo, Failure, Hello, HelloReply, Measure, Measured, Reference, Setup, parse_request
+
+    settings = TuningSpec()
+    setup = Setup("scale", {"args": []}, {"T": "float32"}, Bucket.of({"n": 1024}), "/tmp/in.npz", {"a": 2.0}, None, {"y": (1e-4, 1e-5)}, settings)
+    wire = {
+        "op": "setup", "name": "scale", "kernel": {"args": []}, "binaries": {}, "types": {"T": "float32"}, "key": {"n": 1024},
+        "inputs": "/tmp/in.npz", "scalars": {"a": 2.0}, "reference": None, "tolerances": {"y": [1e-4, 1e-5]}, "settings": dict(vars(settings)),
+    }  # fmt: skip
+    assert setup.to_json() == wire and list(setup.to_json()) == list(wire) and parse_request(json.loads(json.dumps(wire))) == setup
+    assert Hello(1, False).to_json() == {"op": "hello", "device": 1, "flush_l2": False} and parse_request({"op": "hello"}) == Hello(0, True)
+    assert Reference("v1", "/tmp/a.cubin").to_json() == {"op": "reference", "variant": "v1", "binary": "/tmp/a.cubin"}
+    assert Measure("v1", "/tmp/a.cubin", 0.5).to_json() == {"op": "measure", "variant": "v1", "binary": "/tmp/a.cubin", "leader_ms": 0.5}
+    with pytest.raises(ValueError, match="unknown op 'nope'"):
+        parse_request({"op": "nope"})
+    device = {"name": "G", "cc": [9, 0], "driver": "13.0", "limits": {"max_threads_per_block": 1024, "max_registers_per_block": 65536, "max_shared_memory_per_block": 49152}}
+    reply = HelloReply.from_json({"ok": True, "device": device})
+    assert reply.device.arch == "sm_90" and reply.to_json() == {"ok": True, "device": device} and isinstance(reply.device, DeviceInfo)
+    timed = {"ok": True, "status": "ok", "samples": [1.0, 1.5], "phases": {"run": 0.1}}
+    rejected = {"ok": True, "status": "rejected", "reason": "wrong result: y", "phases": {"run": 0.1, "verify": 0.2}}
+    replayed = {"ok": True, "status": "eliminated", "samples": [2.0], "seconds": 0.25}
+    assert Measured.from_json(timed).to_json() == timed and Measured.from_json(rejected).to_json() == rejected
+    assert Measured.from_json(replayed).seconds == 0.25 and Measured.from_json(replayed).samples == (2.0,)
+    assert Failure("boom", fatal=True).to_json() == {"ok": False, "fatal": True, "error": "boom"} and Failure.from_json({"ok": False, "error": "x"}) == Failure("x")
