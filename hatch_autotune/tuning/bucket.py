@@ -158,6 +158,7 @@ class BucketTuning:
         self.session, self.job, self.binaries, self.warm = session, job, binaries, warm
         self.root, self.tmp, self.log, self.compiler = root, tmp, log, compiler
         self.configs = job.inst.configs
+        self.key = job.bucket.as_dict()  # what the launch geometry and the inputs read
         self.measurements: dict[int, Measurement] = {}
         self.best: Measurement | None = None  # the leader
         self.reference: int | None = None  # the config whose outputs are the reference (None: the user's, or none yet)
@@ -191,8 +192,7 @@ class BucketTuning:
         import numpy as np
 
         job, spec = self.job, self.job.spec
-        key = job.bucket.as_dict()
-        inputs = bucket_inputs(spec, job.types, key, self.root, seed=zlib.crc32(job.eid.encode()))
+        inputs = bucket_inputs(spec, job.types, self.key, self.root, seed=zlib.crc32(job.eid.encode()))
         arrays: dict[str, Any] = {k: v for k, v in inputs.items() if isinstance(v, np.ndarray)}
         scalars = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in inputs.items() if not isinstance(v, np.ndarray)}
         inputs_file = self.tmp / "inputs.npz"
@@ -237,7 +237,7 @@ class BucketTuning:
         assert self.setup is not None and self.info is not None
         started = time.monotonic()
         result = self.binaries.get(i)
-        env = lambda c: {**job.bucket.as_dict(), **c, **spec.type_env(job.types)}  # noqa: E731
+        env = lambda c: {**self.key, **c, **spec.type_env(job.types)}  # noqa: E731
         reason = prune_reason(
             config,
             result.resources if result.ok else None,
