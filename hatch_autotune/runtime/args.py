@@ -13,6 +13,8 @@ TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a co
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
     from typing import Any, Callable, Sequence
 
+    import numpy
+
 _DTYPE_OF_TYPESTR = {v: k for k, v in TYPESTRS.items()}
 
 
@@ -132,7 +134,7 @@ class PreparedCall(Record):
     arrays: dict[str, ArrayView]
 
 
-def integral_types() -> tuple[type, ...]:
+def integral_types() -> tuple[type[int | numpy.integer[Any]], ...]:
     """What an integer argument may be: a Python int, or a numpy integer when numpy is there."""
     try:
         import numpy

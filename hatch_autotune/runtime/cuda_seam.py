@@ -98,7 +98,9 @@ class CudaApi(Record):
     def load(cls, driver: Any = None) -> CudaApi:
         """The real ones, from cuda-bindings and cuda-core; ImportError for a cuda-core too old."""
         if driver is None:
-            from cuda.bindings import driver
+            from cuda.bindings import driver as bindings_driver
+
+            driver = bindings_driver
         try:
             from cuda.core import Device, EventOptions, LaunchConfig, ObjectCode, Stream, launch
         except ImportError as exc:
@@ -114,6 +116,10 @@ class CudaApi(Record):
 class GpuState:
     """What the runtime learns from CUDA, once per process: the API it calls, the device count
     and driver version, per-device facts and objects, and which kernels hold plans over it."""
+
+    # `api` as the methods that run only after start() read it: not Optional, so that the
+    # launch path needs no None check. Set with `api` by start(), unset before.
+    _api: CudaApi
 
     def __init__(self, api: CudaApi | None = None):
         self._given = api  # None: the real cuda-bindings and cuda-core, imported at the first launch
@@ -139,7 +145,9 @@ class GpuState:
                 if self._given is not None:
                     driver = self._given.driver
                 else:
-                    from cuda.bindings import driver
+                    from cuda.bindings import driver as bindings_driver
+
+                    driver = bindings_driver
                 (err,) = driver.cuInit(0)
             except Exception as exc:  # cuda.pathfinder's DynamicLibNotFoundError when libcuda is absent
                 raise NoDriverError(f"no CUDA driver found ({type(exc).__name__}: {exc}); {_NO_DRIVER_HINT}") from None
@@ -152,6 +160,7 @@ class GpuState:
             api = self._given if self._given is not None else CudaApi.load(driver)
             self.single_device = 0 if count == 1 else None
             self.driver_version = (version // 1000, (version % 1000) // 10)
+            self._api = api
             self.api = api
             return api
 
@@ -164,7 +173,7 @@ class GpuState:
     def device_cc(self, device: int) -> tuple[int, int]:
         cc = self.cc.get(device)
         if cc is None:
-            driver = self.api.driver
+            driver = self._api.driver
             attr = driver.CUdevice_attribute
             what = f"cuDeviceGetAttribute (compute capability of device {device})"
             major = check_cuda(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), what)
@@ -175,20 +184,20 @@ class GpuState:
     def current_device(self) -> int | None:
         """The device of the calling thread's current context, None when it has none (the
         driver's error here is that answer, not a failure: no check_cuda)."""
-        err, dev = self.api.driver.cuCtxGetDevice()
+        err, dev = self._api.driver.cuCtxGetDevice()
         return None if err else int(dev)
 
     def pointer_device(self, ptr: int) -> int | None:
         """Device ordinal of a device pointer; None when it is not device memory (the driver's
         error here is that answer, not a failure: no check_cuda)."""
-        driver = self.api.driver
+        driver = self._api.driver
         err, ordinal = driver.cuPointerGetAttribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
         return None if err else int(ordinal)
 
     def primary_context(self, device: int) -> Any:
         ctx = self.primary.get(device)
         if ctx is None:
-            found = check_cuda(self.api.driver.cuDevicePrimaryCtxRetain(device), f"cuDevicePrimaryCtxRetain (device {device})")
+            found = check_cuda(self._api.driver.cuDevicePrimaryCtxRetain(device), f"cuDevicePrimaryCtxRetain (device {device})")
             ctx = self.primary.setdefault(device, found)
         return ctx
 
@@ -201,15 +210,15 @@ class GpuState:
         context is already on that device, else its primary context pushed and popped, so that
         any thread can call and the caller's current device never changes."""
         if self.current_device() == device:
-            self.api.launch(stream, config, kernel, *c_args)
+            self._api.launch(stream, config, kernel, *c_args)
             return
         with _OnDevice(self, device):
-            self.api.launch(stream, config, kernel, *c_args)
+            self._api.launch(stream, config, kernel, *c_args)
 
     def launch_stream(self, stream: Any, handle: int | None, device: int) -> Any:
         """What to launch on: a cuda.core Stream as given; the device's default stream for None;
         anything else by its handle, wrapped once (Stream.from_handle costs microseconds)."""
-        api = self.api
+        api = self._api
         if isinstance(stream, api.Stream):
             return stream
         if handle is None:
@@ -239,12 +248,12 @@ class _OnDevice:
         gpu = self.gpu
         if gpu.current_device() == self.device:
             return
-        check_cuda(gpu.api.driver.cuCtxPushCurrent(gpu.primary_context(self.device)), f"cuCtxPushCurrent (device {self.device})")
+        check_cuda(gpu._api.driver.cuCtxPushCurrent(gpu.primary_context(self.device)), f"cuCtxPushCurrent (device {self.device})")
         self.pushed = True
 
     def __exit__(self, *exc: Any) -> None:
         if self.pushed:
-            result = self.gpu.api.driver.cuCtxPopCurrent()
+            result = self.gpu._api.driver.cuCtxPopCurrent()
             if exc[0] is None:  # a failure inside the block is the one to report, not the pop's
                 check_cuda(result, f"cuCtxPopCurrent (device {self.device})")
 

@@ -107,7 +107,7 @@ def _compile(tree: Any, depth: int) -> Callable[[Mapping[str, Any]], Any]:
     if isinstance(tree, (bool, int, float)):
         if isinstance(tree, int) and not -_INT_LIMIT < tree < _INT_LIMIT:
             raise ExpressionError(f"an integer literal of more than {MAX_INT_BITS} bits")
-        return lambda env, v=tree: v
+        return lambda env: tree
     if not isinstance(tree, list) or not tree or not isinstance(tree[0], str):
         raise ExpressionError(f"not an expression tree: {short_repr(tree)}")
     op, args = tree[0], tree[1:]

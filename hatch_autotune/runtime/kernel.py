@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
     from typing import Any, Mapping, Sequence
 
     from .args import ArrayView
-    from .cuda_seam import GpuState
+    from .cuda_seam import CudaApi, GpuState
 
 
 class Binaries:
@@ -417,13 +417,13 @@ class Kernel:
         handle = stream_handle(stream)
         call = self._prepare(bound, handle or 1, constants)  # DLPack forbids stream 0; 1 is the legacy default stream
         gpu = cuda_seam.current
-        gpu.start()  # NoDriverError only now, after every check that needs no driver
+        api = gpu.start()  # NoDriverError only now, after every check that needs no driver
         gpu.planners.add(self)  # so that use_gpu() drops the plans made below
         device = self._device_of(gpu, call)
         memo_key = (device, tuple(call.types.values()), tuple(call.key.values()))
         plan = self._memo.get(memo_key)
         if plan is None:
-            plan = self._plan(gpu, device, call)
+            plan = self._plan(gpu, api, device, call)
             if len(self._memo) >= CACHE_LIMIT:
                 self._memo.clear()
             self._memo[memo_key] = plan
@@ -459,13 +459,13 @@ class Kernel:
         current = gpu.current_device()
         return 0 if current is None else current
 
-    def _plan(self, gpu: GpuState, device: int, call: PreparedCall) -> tuple[Any, Any, bool]:
+    def _plan(self, gpu: GpuState, api: CudaApi, device: int, call: PreparedCall) -> tuple[Any, Any, bool]:
         """Kernel handle and LaunchConfig for a (device, types, key): computed once, memoised."""
         sel = self._selection(gpu.device_cc(device), call.types, call.key)
         grid, block, shared = self.geometry(sel.config, call.types, call.key)
         if min(grid) == 0:
             return None, None, True
-        return self._kernel_handle(gpu, device, sel), gpu.api.LaunchConfig(grid=grid, block=block, shmem_size=shared), False
+        return self._kernel_handle(gpu, api, device, sel), api.LaunchConfig(grid=grid, block=block, shmem_size=shared), False
 
     def geometry(self, config: Mapping[str, Any], types: Mapping[str, str], key: Mapping[str, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
         """(grid, block, dynamic shared bytes) of a config at a key: the declared expressions."""
@@ -477,14 +477,14 @@ class Kernel:
             raise ValueError(f"{self.name}: launch geometry grid={grid} block={block} shared={shared} is invalid for {dict(key)}")
         return grid, block, shared
 
-    def _kernel_handle(self, gpu: GpuState, device: int, sel: Selection) -> Any:
+    def _kernel_handle(self, gpu: GpuState, api: CudaApi, device: int, sel: Selection) -> Any:
         cache_key = (device, sel.variant, sel.binary)
         handle = self._kernels.get(cache_key)
         if handle is None:
             with self._load_lock:
                 handle = self._kernels.get(cache_key)
                 if handle is None:
-                    code_type = gpu.api.ObjectCode
+                    code_type = api.ObjectCode
                     data = self.binary(sel)
                     is_ptx = sel.binary.startswith("compute_")
                     if is_ptx:

@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
 class Record:
     """A small immutable record: fields named by `__slots__`, given by position or keyword."""
 
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
 
     def __init__(self, *args: Any, **kwargs: Any):
         values = dict(zip(self.__slots__, args), **kwargs)

@@ -71,8 +71,8 @@ def as_compute_capability(arch: Any) -> tuple[int, int]:
         cc = (arch // 10, arch % 10) if arch >= 0 else (-1, 0)
     elif isinstance(arch, str):
         if re.fullmatch(r"[0-9]{1,2}\.[0-9]", arch):
-            major, minor = arch.split(".")
-            cc = (int(major), int(minor))
+            major_text, minor_text = arch.split(".")
+            cc = (int(major_text), int(minor_text))
         else:
             _, major, minor, _ = parse_arch(arch)
             cc = (major, minor)

@@ -18,11 +18,13 @@ import json
 from .errors import TableError
 from .record import Record
 
-try:  # CPython's built-in SHA-256: no OpenSSL to load, so importing stays fast
-    from _sha256 import sha256 as _sha256  # Python <= 3.11
+# CPython's built-in SHA-256: no OpenSSL to load, so importing stays fast. typeshed has no
+# stubs for these private modules, hence the ignores; hashlib's is the same function.
+try:
+    from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]  # Python <= 3.11
 except ImportError:  # pragma: no cover - depends on the interpreter
     try:
-        from _sha2 import sha256 as _sha256  # Python >= 3.12
+        from _sha2 import sha256 as _sha256  # type: ignore[import-not-found]  # Python >= 3.12
     except ImportError:
         from hashlib import sha256 as _sha256
 
