@@ -101,25 +101,12 @@ def test_every_kernel_and_type_launches_as_its_binary_declares(fresh, monkeypatc
 def test_repeated_calls_take_the_fast_path_with_fresh_pointers_and_scalars(fresh, monkeypatch, rt):
     standin = install(monkeypatch, rt)
     saxpy = fresh()["saxpy"]
-    prepared = spy(monkeypatch, rt.Kernel, "_prepare")
     for i in range(5):
         x, y = DeviceArray.empty(standin, (5000,)), DeviceArray.empty(standin, (5000,))
         saxpy(0.5 + i, x, y)
         check_launch(standin.launches[-1], saxpy, (9, 0), {"T": "float32"}, {"n": 5000}, {"a": 0.5 + i, "x": x, "y": y, "n": 5000}, standin)
-    assert len(prepared) == 1  # only the first call: it recorded the plan once the driver had started
+    assert saxpy.checked_calls == 1  # only the first call: it recorded the plan once the driver had started
     assert standin.calls.get("cuPointerGetAttribute", 0) <= 2  # one GPU: the fast path asks nothing per array
-
-
-def spy(monkeypatch, cls, name):
-    calls = []
-    real = getattr(cls, name)
-
-    def wrapper(self, *args, **kwargs):
-        calls.append(args)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(cls, name, wrapper)
-    return calls
 
 
 def test_a_thread_with_the_device_current_launches_without_pushing(fresh, monkeypatch, rt):
@@ -139,7 +126,7 @@ def test_threads_without_a_context_use_the_fast_path_and_leave_no_context(fresh,
     x, y = DeviceArray.empty(standin, (4096,)), DeviceArray.empty(standin, (4096,))
     saxpy(1.0, x, y)  # plans recorded in the main thread
     saxpy(1.0, x, y)
-    prepared = spy(monkeypatch, rt.Kernel, "_prepare")
+    checked = saxpy.checked_calls
     errors, stacks = [], []
     together = threading.Barrier(4)
 
@@ -158,7 +145,7 @@ def test_threads_without_a_context_use_the_fast_path_and_leave_no_context(fresh,
     for t in threads:
         t.join()
     assert errors == [] and stacks == [[], [], [], []]
-    assert prepared == []  # no thread fell back to the checked path
+    assert saxpy.checked_calls == checked  # no thread fell back to the checked path
     assert standin.refused == []  # and none launched without a context first
     launched = standin.launches[2:]
     assert len(launched) == 80 and len({launch.thread for launch in launched}) == 4
@@ -173,11 +160,11 @@ def test_two_gpus_each_call_runs_on_the_arrays_device_and_restores_the_callers(f
     on1 = [DeviceArray.empty(standin, (70_000,), device=1) for _ in range(2)]
     saxpy(1.0, *on1)
     saxpy(1.0, *on1)
-    prepared = spy(monkeypatch, rt.Kernel, "_prepare")
+    checked = saxpy.checked_calls
     for _ in range(3):
         saxpy(2.0, *on1)
         saxpy(2.0, *on0)
-    assert len(prepared) == 1  # device 0's plan is recorded once; after that both devices take the fast path
+    assert saxpy.checked_calls == checked + 1  # device 0's plan is recorded once; after that both devices take the fast path
     runs = standin.launches[2:]
     assert [launch.device for launch in runs] == [1, 0] * 3
     assert [launch.binary for launch in runs] == ["sm_80", "sm_90"] * 3  # sm_86 runs the sm_80 cubin

@@ -49,11 +49,11 @@ def diff_sources(a: Source, b: Source, threshold: float) -> Diff:
     out = Diff()
     for eid in sorted(set(a.rows) | set(b.rows), key=lambda i: _order(a, b, i)):
         old, new = a.rows.get(eid), b.rows.get(eid)
-        if old is None:
-            out.changes.append(Change(eid, "added", [f"new entry ({'tuned' if new.tuned else 'default'})"], None, new))
-            continue
-        if new is None:
-            out.changes.append(Change(eid, "removed", ["entry removed"], old, None))
+        if old is None or new is None:  # the id is in one of the two
+            if new is not None:
+                out.changes.append(Change(eid, "added", [f"new entry ({'tuned' if new.tuned else 'default'})"], None, new))
+            elif old is not None:
+                out.changes.append(Change(eid, "removed", ["entry removed"], old, None))
             continue
         what = []
         if old.config != new.config:
@@ -79,5 +79,5 @@ def diff_sources(a: Source, b: Source, threshold: float) -> Diff:
 
 
 def _order(a: Source, b: Source, eid: str) -> tuple:
-    r = a.rows.get(eid) or b.rows.get(eid)
+    r = a.rows.get(eid) or b.rows[eid]
     return (r.kernel, *r.sort_key())

@@ -89,18 +89,17 @@ def _listing(items: Sequence[str], limit: int = 12) -> str:
 
 
 def speedup_chart(kernel: str, rows: Sequence[Row], used: set[str]) -> Chart | None:
-    timed = [e for e in rows if e.speedup is not None]
+    timed = [(e, e.speedup) for e in rows if e.speedup is not None]
     if not timed:
         return None
     bars = []
-    for e in timed:
-        s = e.speedup
+    for e, s in timed:
         color = WINNER if s > 1.005 else SLOWER if s < 0.995 else NEUTRAL
         tip = f"{_where(e)}: winner {_cfg(e.config)}"
         if e.time_ms and e.default_ms:
             tip += f", {_ms(e.time_ms)} ms vs default {_ms(e.default_ms)} ms"
         bars.append(Bar(_where(e), s, color, f"{s:.2f}x", tip))
-    speedups = [e.speedup for e in timed]
+    speedups = [s for _, s in timed]
     chart = Chart(
         slug=_slug(f"speedup {kernel}", used),
         section="speedup",
@@ -125,7 +124,7 @@ def resources_chart(all_rows: Sequence[Row], used: set[str]) -> Chart | None:
     rows = sorted(seen.values(), key=lambda e: (e.kernel, *e.sort_key()))
     regs, shared, notes = [], [], []
     for e in rows:
-        r = e.resources
+        r = e.resources or {}
         label = " ".join([e.kernel] + ([e.types] if e.types != "-" else []) + [e.arch, _cfg(e.config)])
         n_regs, n_shared = int(r.get("registers", 0)), int(r.get("shared_bytes", 0))
         regs.append(Bar(label, n_regs, REGISTERS, str(n_regs), f"{label}: {n_regs} registers per thread"))
@@ -338,7 +337,7 @@ def svg(chart: Chart) -> str:
         f'<text x="8" y="20" font-size="15" font-weight="600" fill="#212529">{_esc(chart.title)}</text>',
         f'<text x="8" y="38" fill="#495057">{_esc(_clip(chart.subtitle, 150))}</text>',
     ]
-    x = 8
+    x = 8.0
     for label, color in chart.legend:
         out.append(f'<rect x="{x}" y="50" width="12" height="12" fill="{color}"/>')
         out.append(f'<text x="{x + 16}" y="60" fill="#495057">{_esc(label)}</text>')
@@ -514,7 +513,7 @@ def write_pngs(charts: Sequence[Chart], out_dir: Path, *, progress: Progress = l
             if panel.title:
                 ax.set_title(panel.title, fontsize=8, loc="left")
             ax.set_xlabel(panel.axis, fontsize=9)
-            top = max([b.value for _, b in drawn] + ([panel.ref] if panel.ref is not None else []), default=0.0)
+            top = max([b.value for _, b in drawn if b.value is not None] + ([panel.ref] if panel.ref is not None else []), default=0.0)
             ax.set_xlim(0, top * 1.12 if top > 0 else 1.0)
             ax.spines[["top", "right"]].set_visible(False)
             ax.grid(axis="x", color="#e9ecef")

@@ -83,6 +83,10 @@ class Kernel:
         self._value_fns = {a["name"]: compile_expr(a["value"]) for a in self.args if "value" in a}
         self._memo: dict[Any, Any] = {}
         self._fast: dict[tuple, _FastPlan] = {}
+        # Calls that took the checked path (every argument checked, a fast plan recorded); the
+        # rest took the fast path. A count that grows with every call says the fast path is
+        # missed, e.g. a new stream object per call.
+        self.checked_calls = 0
         self._n_user = len(self.user_args)
         self._constant_names = tuple(self.constants)
         key_scalars = {k["from"] for k in self.key if k["axis"] is None}
@@ -414,6 +418,7 @@ class Kernel:
 
     def _call_checked(self, bound: list[Any], stream: Any, fast_sig: tuple | None, constants: Mapping[str, Any]) -> None:
         """Every check, then the launch; records a fast plan under `fast_sig` + device."""
+        self.checked_calls += 1
         handle = stream_handle(stream)
         call = self._prepare(bound, handle or 1, constants)  # DLPack forbids stream 0; 1 is the legacy default stream
         gpu = cuda_seam.current

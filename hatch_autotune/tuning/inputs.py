@@ -92,7 +92,7 @@ def resolved_dtype(dtype: str, types: Mapping[str, str]) -> str:
 def shapes(spec: KernelSpec, key: Mapping[str, int], types: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     """Each array's shape at a bucket, for an instance (shapes may use its constants)."""
     env = {**key, **spec.type_env(types)}
-    return {a.name: tuple(int(e(env)) for e in a.shape) for a in spec.args if a.is_array}
+    return {a.name: tuple(int(e(env)) for e in a.shape or ()) for a in spec.args if a.is_array}
 
 
 def input_bytes(spec: KernelSpec, key: Mapping[str, int], types: Mapping[str, Any]) -> int:

@@ -49,6 +49,8 @@ def kernel_table(kb: KernelBuild, result: BuildResult, files: dict[str, bytes]) 
             r = kb.binaries[(v.source_hash, bin_arch)]
             ext = "ptx" if bin_arch.startswith("compute_") else "cubin"
             rel = f"{BINARY_DIR}/{spec.name}-{v.source_hash[:16]}.{bin_arch}.{ext}"  # shared by configs of one source
+            if r.binary is None:  # the planner chooses only variants that compiled
+                raise BuildError(f"internal error: {v.label} is chosen for {arch} but {bin_arch} did not compile")
             files[rel] = r.binary
             var["binaries"][bin_arch] = {"file": rel, "sha256": sha256_hex(r.binary)}
             if ext == "ptx":  # PTX is only as portable as the NVRTC that made it
