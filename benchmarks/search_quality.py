@@ -33,11 +33,12 @@ from typing import Any
 from _common import ROOT, machine, options, write_result
 from replay import ReplayData, ReplayDevice
 
+from hatch_autotune.declare.config import TuningSpec
 from hatch_autotune.lock import EntryId, LockEntry, LockFile, Measurement
 from hatch_autotune.plan.planner import Point
-from hatch_autotune.declare.config import TuningSpec
+from hatch_autotune.tuning.bucket import choose_winner
+from hatch_autotune.tuning.bucket import measured as measurement
 from hatch_autotune.tuning.search import Budget, WarmStart, make_strategy, run_search
-from hatch_autotune.tuning.bucket import choose_winner, measured as measurement
 from hatch_autotune.tuning.warm import warm_start
 
 DATASET = ROOT.parent / "shared" / "datasets" / "benchmark_hub"

@@ -34,19 +34,21 @@ def load_benchmark(name: str):
     """benchmarks/<name>.py as a module, for testing its functions. The benchmarks put their
     folder on sys.path and (through _common) the checkout on PYTHONPATH for their subprocesses:
     both undone here, or later tests' fresh venvs would see this checkout; the sibling modules
-    it imported by their bare names (_common, replay) are forgotten again."""
+    it imported by their bare names (_common, replay) are forgotten again. The module itself is
+    registered as _bench_<name> (dataclasses look their module up there)."""
     path = ROOT / "benchmarks" / f"{name}.py"
     saved_env, saved_path = dict(os.environ), list(sys.path)
     sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
     try:
-        spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
-        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
         spec.loader.exec_module(module)
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
         sys.path[:] = saved_path
-        for sibling in [n for n, m in sys.modules.items() if Path(getattr(m, "__file__", None) or "/").parent == path.parent]:
+        for sibling in [n for n, m in sys.modules.items() if n != spec.name and Path(getattr(m, "__file__", None) or "/").parent == path.parent]:
             sys.modules.pop(sibling)
     return module
 

@@ -19,17 +19,25 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, load_benchmark, load_project
 
 from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.declare.config import ConfigError, SearchSpec, Share, TuningSpec
 from hatch_autotune.lock import EntryId, LockEntry, LockFile, Measurement
 from hatch_autotune.plan.planner import Point
-from hatch_autotune.declare.config import ConfigError, SearchSpec, Share, TuningSpec
 from hatch_autotune.tuning import tune
-from hatch_autotune.tuning.search import STRATEGIES, Budget, SearchSpace, make_strategy, run_search
+from hatch_autotune.tuning.search import (
+    STRATEGIES,
+    Budget,
+    SearchSpace,
+    log_improvement_per_sd,
+    loo_errors,
+    make_strategy,
+    nonnegative_fit,
+    run_search,
+)
 from hatch_autotune.tuning.warm import warm_start
 from hatch_autotune.tuning.worker import WorkerClient
-
-from conftest import ROOT, load_benchmark, load_project
 
 REPLAY = ROOT / "benchmarks" / "replay.py"  # research tooling: outside the package
 replay = load_benchmark("replay")
@@ -136,8 +144,6 @@ def test_auto_learns_which_axes_matter():
 def test_autos_model_grown_one_config_at_a_time_equals_the_model_computed_at_once():
     import numpy as np
 
-    from hatch_autotune.tuning.search import _forward, _log_improvement_per_sd
-
     data = ReplayData.load(DATA)
     space = data.space()
     auto = make_strategy("auto", space, 1, first=[5])
@@ -162,14 +168,17 @@ def test_autos_model_grown_one_config_at_a_time_equals_the_model_computed_at_onc
     chosen = auto._choose_train()
     by_time = sorted(tried, key=lambda i: (auto.times[i], i))
     assert chosen[:10] == by_time[:10] and chosen[10:] == [i for i in tried if i not in by_time[:10]][-10:]
-    lower = np.tril(np.random.default_rng(0).uniform(0.5, 1.5, (6, 6)))
-    b = np.arange(6.0)
-    assert np.allclose(_forward(lower, b), np.linalg.solve(lower, b))
+
+
+def test_the_log_expected_improvement_is_exact_far_below_the_best():
+    import numpy as np
+
     z = np.append(np.linspace(-37, 8, 451), [-12.0, 0.0])  # far below the best: where the search spends most steps
     exact = [math.log(v * 0.5 * math.erfc(-v / math.sqrt(2)) + math.exp(-v * v / 2) / math.sqrt(2 * math.pi)) for v in z]
-    assert np.abs(_log_improvement_per_sd(z) - exact).max() < 2e-5  # relative error of the improvement
-    far = _log_improvement_per_sd(np.linspace(-1000, -37, 100))
+    assert np.abs(log_improvement_per_sd(z) - exact).max() < 1e-8  # relative error of the improvement
+    far = log_improvement_per_sd(np.linspace(-1000, -37, 1000))  # the series takes over at -40
     assert np.isfinite(far).all() and (np.diff(far) > 0).all()  # where the improvement itself underflows
+    assert abs(log_improvement_per_sd(-40.0 - 1e-9) - log_improvement_per_sd(-40.0 + 1e-9)) < 1e-6
 
 
 def test_auto_scores_a_sample_of_a_big_space_and_still_covers_it_once():
@@ -178,16 +187,11 @@ def test_auto_scores_a_sample_of_a_big_space_and_still_covers_it_once():
     space = SearchSpace(axes, configs)
     auto = make_strategy("auto", space, 2)
     auto.max_candidates, auto.max_train = 8, 12  # the sample runs out between refits
-    seen: list[int] = []
-    rebuild = auto._rebuild
-
-    def counted_rebuild() -> None:
-        rebuild()
-        seen.append(len(auto._candidates))
-
-    auto._rebuild = counted_rebuild
+    seen: list[int] = []  # the candidates the model scored, after each proposal
 
     def ms(i: int) -> float:
+        if getattr(auto, "_candidates", None) is not None:
+            seen.append(len(auto._candidates))
         return 1.0 + sum((v - 3) ** 2 for v in configs[i].values())
 
     tried = run_search(auto, ms, Budget(), clock=lambda: 0.0)
@@ -289,8 +293,6 @@ def test_auto_uses_a_prior_only_while_it_predicts_better_than_none():
 def test_the_leave_one_out_error_is_that_of_refitting_without_each_point():
     import numpy as np
 
-    from hatch_autotune.tuning.search import _loo_errors
-
     rng = np.random.default_rng(1)
     points = rng.normal(size=(12, 2))
     kernel = np.exp(-((points[:, None, :] - points[None, :, :]) ** 2).sum(-1)) + 0.1 * np.eye(12)
@@ -300,7 +302,7 @@ def test_the_leave_one_out_error_is_that_of_refitting_without_each_point():
         rest = [j for j in range(12) if j != i]
         mean = kernel[i, rest] @ np.linalg.solve(kernel[np.ix_(rest, rest)], y[rest])
         errors.append((y[i] - mean) ** 2)
-    assert _loo_errors(np.linalg.cholesky(kernel), [y, 2 * y]) == pytest.approx([float(np.mean(errors)), 4 * float(np.mean(errors))])
+    assert loo_errors(np.linalg.cholesky(kernel), [y, 2 * y]) == pytest.approx([float(np.mean(errors)), 4 * float(np.mean(errors))])
 
 
 def test_a_prior_that_does_not_predict_changes_nothing():
@@ -322,14 +324,12 @@ def test_a_prior_that_does_not_predict_changes_nothing():
 def test_the_prior_mix_is_non_negative_least_squares():
     import numpy as np
 
-    from hatch_autotune.tuning.search import _nonnegative_fit
-
     rng = np.random.default_rng(0)
     x = rng.normal(size=(50, 3))
-    weights, constant = _nonnegative_fit(x, 2.0 * x[:, 0] + 0.5 * x[:, 2] + 1.0)
+    weights, constant = nonnegative_fit(x, 2.0 * x[:, 0] + 0.5 * x[:, 2] + 1.0)
     assert weights.tolist() == pytest.approx([2.0, 0.0, 0.5]) and constant == pytest.approx(1.0)
     y = -x[:, 1] + 0.25 * x[:, 0] + 3.0  # column 1 predicts, reversed: no weight
-    weights, constant = _nonnegative_fit(x, y)
+    weights, constant = nonnegative_fit(x, y)
     assert weights[1] == 0.0 and weights[0] > 0 and (weights >= 0).all()
     free = np.linalg.lstsq(np.column_stack([x[:, [0, 2]], np.ones(50)]), y, rcond=None)[0]  # the best without column 1
     assert weights[[0, 2]].tolist() == pytest.approx(np.maximum(free[:2], 0).tolist())

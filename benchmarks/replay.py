@@ -7,8 +7,9 @@ from the recorded runtimes, so the noise is real, and stops by the same rules as
 (bench.next_step: repetitions, budget, early elimination); a failed config fails as it did.
 Compiling and measuring advance a simulated clock, which a budget in seconds is counted on.
 
-`python -m hatch_autotune.tuning.replay FILE` is a tuning worker (the protocol of worker.py)
-that the real engine tunes against, end to end; the benchmark calls `ReplayDevice` directly.
+`python benchmarks/replay.py FILE` is a tuning worker (the protocol of worker.py) that the real
+engine tunes against, end to end (tests/test_search.py); search_quality.py calls `ReplayDevice`
+directly. Research tooling, not part of the plugin: it lives here, outside the package's wheel.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..declare.config import TuningSpec
-from .bench import BATCH, median, next_step
-from .search import SearchSpace
+from hatch_autotune.declare.config import TuningSpec
+from hatch_autotune.tuning.bench import BATCH, median, next_step
+from hatch_autotune.tuning.search import SearchSpace
 
 
 class ReplayDataError(ValueError):
@@ -188,7 +189,7 @@ def _serve(data: ReplayData, cc: tuple[int, int], seed: int, lines: Any, out: An
 def main(argv: Sequence[str] | None = None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m hatch_autotune.tuning.replay", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python benchmarks/replay.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("data", help="a Kernel Tuner cache file (.json or .json.gz)")
     parser.add_argument("--cc", default="9.0", help="the compute capability the replayed device reports (default 9.0)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the draws from the recorded runtimes")
