@@ -12,9 +12,10 @@ import platform
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "example_pkg"
@@ -59,8 +60,8 @@ def import_generated(project: Any, site: Path) -> Any:
     """Build the generated package with the real pipeline into `site` and import it."""
     from hatch_autotune.compile.cache import CompileCache
     from hatch_autotune.compile.tiers import default_cache_dir
-    from hatch_autotune.wheel.payload import write_package
     from hatch_autotune.wheel.assemble import build_payload
+    from hatch_autotune.wheel.payload import write_package
 
     result = build_payload(project, cache=CompileCache(default_cache_dir()), log=lambda m: None)
     pkg = site / "example_pkg"
@@ -113,7 +114,9 @@ def machine() -> dict[str, Any]:
     except Exception as exc:  # no GPU: say so in the file rather than guess
         info["gpu"] = f"none ({type(exc).__name__})"
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
         if out.returncode == 0 and out.stdout.strip():
             info["driver"] = out.stdout.strip().splitlines()[0]
     except Exception:

@@ -96,7 +96,14 @@ def run_local(root: Path, n: int, measure_ms: float, cache_dir: Path) -> tuple[f
     env = {**os.environ, **worker_env(measure_ms)}
     gpus = [Gpu(i, ARCH, "stand-in") for i in range(n)]
     t0 = time.perf_counter()
-    summary = tune(load(root), mode="retune", gpus=gpus, client_factory=lambda d: WorkerClient(FAKE_WORKER, env=env), cache=CompileCache(cache_dir), log=lambda m: None)
+    summary = tune(
+        load(root),
+        mode="retune",
+        gpus=gpus,
+        client_factory=lambda d: WorkerClient(FAKE_WORKER, env=env),
+        cache=CompileCache(cache_dir),
+        log=lambda m: None,
+    )
     return time.perf_counter() - t0, summary
 
 
@@ -125,7 +132,9 @@ def scheduler_overhead(jobs: int = 2000, slots: int = 4) -> float:
             return entry
 
     t0 = time.perf_counter()
-    run_schedule([Job(f"k|-|{ARCH}|n={i}", ARCH) for i in range(jobs)], [Instant(i) for i in range(slots)], lambda j, e, s: None, log=lambda m: None)
+    run_schedule(
+        [Job(f"k|-|{ARCH}|n={i}", ARCH) for i in range(jobs)], [Instant(i) for i in range(slots)], lambda j, e, s: None, log=lambda m: None
+    )
     return (time.perf_counter() - t0) / jobs * 1000
 
 
@@ -134,7 +143,9 @@ def start_cluster(gpus_per_node: list[int]) -> Any:
 
     cluster = Cluster()
     for n in gpus_per_node:
-        cluster.add_node(num_cpus=1, num_gpus=n, resources={f"hatch-autotune:{ARCH}": n}, node_ip_address="127.0.0.1", include_dashboard=False)
+        cluster.add_node(
+            num_cpus=1, num_gpus=n, resources={f"hatch-autotune:{ARCH}": n}, node_ip_address="127.0.0.1", include_dashboard=False
+        )
     cluster.wait_for_nodes()
     return cluster
 
@@ -180,9 +191,14 @@ def main() -> None:
         plan = make_plan(project, [ARCH], log=lambda m: None)
         measured = sum(len(inst.configs) * len(inst.points[ARCH]) for inst in plan.instances)
         buckets = sum(len(inst.points[ARCH]) for inst in plan.instances)
-        print(f"example_pkg for {ARCH}: {buckets} buckets, {measured} configs to measure at {opts.measure_ms:g} ms; filling the compile cache", flush=True)
+        print(
+            f"example_pkg for {ARCH}: {buckets} buckets, {measured} configs to measure at {opts.measure_ms:g} ms; filling the compile cache",
+            flush=True,
+        )
         t0 = time.perf_counter()
-        compile_mod.compile_all([inst.compile_job(i, ARCH) for inst in plan.instances for i in range(len(inst.variants))], CompileCache(cache_dir))
+        compile_mod.compile_all(
+            [inst.compile_job(i, ARCH) for inst in plan.instances for i in range(len(inst.variants))], CompileCache(cache_dir)
+        )
         print(f"  compiled in {time.perf_counter() - t0:.1f} s (not timed below)", flush=True)
         clusters = {}
         reference: dict[str, Any] | None = None
@@ -206,7 +222,10 @@ def main() -> None:
                         row = row_of(wall, summary, n, measured, opts.measure_ms)
                         by_n[n].append(row)
                         extra = f", overhead {row['overhead_per_job_ms']:.2f} ms/job" if row["overhead_per_job_ms"] is not None else ""
-                        print(f"[{rep + 1}/{repeats}] {name:<5} {n} worker(s): {wall:6.1f} s (tuning {row['tuning_s']:.1f} s, ideal {row['ideal_s']:.1f} s){extra}", flush=True)
+                        print(
+                            f"[{rep + 1}/{repeats}] {name:<5} {n} worker(s): {wall:6.1f} s (tuning {row['tuning_s']:.1f} s, ideal {row['ideal_s']:.1f} s){extra}",
+                            flush=True,
+                        )
                         shutil.rmtree(root)
         finally:
             for cluster in clusters.values():
@@ -234,7 +253,9 @@ def main() -> None:
         out["efficiency"] = round(base["median_wall_s"] / (int(n) * out["median_wall_s"]), 4)
         out["efficiency_tuning"] = round(base["median_tuning_s"] / (int(n) * out["median_tuning_s"]), 4)
 
-    lines = [f"{'engine':<6} {'workers':>7} {'wall s':>7} {'tuning s':>8} {'ideal s':>7} {'efficiency':>10} {'(tuning)':>8} {'overhead ms/job':>15}"]
+    lines = [
+        f"{'engine':<6} {'workers':>7} {'wall s':>7} {'tuning s':>8} {'ideal s':>7} {'efficiency':>10} {'(tuning)':>8} {'overhead ms/job':>15}"
+    ]
     for name, by_n in results.items():
         for n, out in by_n.items():
             over = f"{out['median_overhead_per_job_ms']:.2f}" if "median_overhead_per_job_ms" in out else "-"

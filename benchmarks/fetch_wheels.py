@@ -10,7 +10,7 @@ pure-Python) wheels, each pinned to one version (PINS below):
 
 - hatchling (the build backend of hatch-autotune and example_pkg) and the part of its
   Requires-Dist the machine lacks: tomlkit, trove-classifiers;
-- platformdirs (hatch_autotune.compile.cache's default cache directory);
+- platformdirs (hatch_autotune.compile.tiers's default cache directory);
 - kernel_tuner (benchmarks/tune_vs_kernel_tuner.py, through its CuPy backend, which never imports
   `cuda.cuda`) and the part of its Requires-Dist the machine lacks: python-constraint2,
   xmltodict, jsonschema (+ jsonschema-specifications, referencing, rpds-py). Not carried: pymoo,
@@ -67,8 +67,23 @@ PINS = [
 
 # What the GPU machine already has (KINDS.md's package list) that the carried set may require.
 ON_GPU_MACHINE = {
-    "numpy", "packaging", "pathspec", "pluggy", "attrs", "typing-extensions", "pandas", "scipy", "scikit-learn",
-    "jinja2", "rich", "pytest", "cupy-cuda13x", "cuda-core", "cuda-bindings", "nvidia-ml-py", "matplotlib",
+    "numpy",
+    "packaging",
+    "pathspec",
+    "pluggy",
+    "attrs",
+    "typing-extensions",
+    "pandas",
+    "scipy",
+    "scikit-learn",
+    "jinja2",
+    "rich",
+    "pytest",
+    "cupy-cuda13x",
+    "cuda-core",
+    "cuda-bindings",
+    "nvidia-ml-py",
+    "matplotlib",
 }
 # Of those, the ones the verification must install to import the carried set (its stand-in for the machine).
 VERIFY_BASE = ["numpy", "packaging", "pathspec", "pluggy", "attrs", "typing-extensions"]
@@ -82,9 +97,25 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 
 # Imported by the verification; each must come from the carried site.
 VERIFY_IMPORTS = [
-    "hatchling", "hatchling.build", "hatchling.plugin", "hatchling.builders.wheel", "tomlkit", "trove_classifiers",
-    "platformdirs", "kernel_tuner", "kernel_tuner.interface", "kernel_tuner.core", "kernel_tuner.searchspace",
-    "kernel_tuner.strategies.brute_force", "kernel_tuner.backends.cupy", "constraint", "xmltodict", "jsonschema", "jsonschema_specifications", "referencing", "rpds",
+    "hatchling",
+    "hatchling.build",
+    "hatchling.plugin",
+    "hatchling.builders.wheel",
+    "tomlkit",
+    "trove_classifiers",
+    "platformdirs",
+    "kernel_tuner",
+    "kernel_tuner.interface",
+    "kernel_tuner.core",
+    "kernel_tuner.searchspace",
+    "kernel_tuner.strategies.brute_force",
+    "kernel_tuner.backends.cupy",
+    "constraint",
+    "xmltodict",
+    "jsonschema",
+    "jsonschema_specifications",
+    "referencing",
+    "rpds",
 ]
 
 VERIFY_SCRIPT = r"""
@@ -153,8 +184,17 @@ def requires(path: Path) -> list[tuple[str, str]]:
         from packaging.requirements import Requirement
     except ImportError:  # a plain interpreter: drop marker lines that name an extra, keep the rest
         Requirement = None
-    env = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux", "platform_system": "Linux",
-           "platform_machine": "x86_64", "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+    env = {
+        "python_version": "3.12",
+        "python_full_version": "3.12.3",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "os_name": "posix",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "extra": "",
+    }
     for line in text.splitlines():
         if not line.startswith("Requires-Dist:"):
             continue
@@ -171,12 +211,17 @@ def requires(path: Path) -> list[tuple[str, str]]:
 
 def default_python() -> str | None:
     """The first Python 3.12 that answers: $FETCH_WHEELS_PYTHON, python3.12 on PATH, ~/.pyenv's."""
-    for cand in [os.environ.get("FETCH_WHEELS_PYTHON"), shutil.which("python3.12"),
-                 *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3")), reverse=True)]:
+    for cand in [
+        os.environ.get("FETCH_WHEELS_PYTHON"),
+        shutil.which("python3.12"),
+        *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3")), reverse=True),
+    ]:
         if not cand or not os.path.exists(cand):
             continue
         try:
-            out = subprocess.run([cand, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, timeout=30)
+            out = subprocess.run(
+                [cand, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, timeout=30
+            )
         except (OSError, subprocess.TimeoutExpired):
             continue
         if out.returncode == 0 and out.stdout.strip() == "3.12":
@@ -192,8 +237,19 @@ def run(cmd: list[str], **kw) -> None:
 def download(dest: Path) -> None:
     pins = parse_pins()
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps", "--only-binary=:all:",
-           "--python-version", "3.12", "--implementation", "cp"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+    ]
     for p in PLATFORMS:
         cmd += ["--platform", p]
     run(cmd + ["-d", str(dest), *(f"{n}=={v}" for n, v in pins)])
@@ -243,12 +299,29 @@ def verify(wheels: list[Path], python: str) -> None:
         venv, site = Path(tmp) / "venv", Path(tmp) / "site"
         run([python, "-m", "venv", str(venv)])
         py = str(venv / "bin" / "python")
-        out = subprocess.run([py, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, check=True).stdout.strip()
+        out = subprocess.run(
+            [py, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, check=True
+        ).stdout.strip()
         if out != "3.12":
             raise SystemExit(f"fetch_wheels: {python} is Python {out}; the GPU machine runs 3.12 (pass --python)")
         run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", *VERIFY_BASE])
-        run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
-             "--target", str(site), *map(str, wheels)])
+        run(
+            [
+                py,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--no-index",
+                "--no-deps",
+                "--no-compile",
+                "--no-cache-dir",
+                "--target",
+                str(site),
+                *map(str, wheels),
+            ]
+        )
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
         env.update(PYTHONPATH=str(site), HATCH_AUTOTUNE_CACHE_DIR="", PYTHONNOUSERSITE="1")
         try:
@@ -259,8 +332,12 @@ def verify(wheels: list[Path], python: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("dest", nargs="?", type=Path, default=ROOT / ".whl", help="where the wheels go (default: .whl in the repo, git-ignored)")
-    ap.add_argument("--python", default=None, help="a Python 3.12 interpreter for the verification (default: python3.12 or ~/.pyenv/versions/3.12*)")
+    ap.add_argument(
+        "dest", nargs="?", type=Path, default=ROOT / ".whl", help="where the wheels go (default: .whl in the repo, git-ignored)"
+    )
+    ap.add_argument(
+        "--python", default=None, help="a Python 3.12 interpreter for the verification (default: python3.12 or ~/.pyenv/versions/3.12*)"
+    )
     ap.add_argument("--max-mib", type=float, default=30.0, help="fail if the set is larger (default 30)")
     ap.add_argument("--no-download", action="store_true", help="check and verify what DEST holds")
     ap.add_argument("--no-verify", action="store_true", help="skip the Python 3.12 import check")
@@ -274,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("fetch_wheels: no Python 3.12 found for the verification; pass --python /path/to/python3.12 (or --no-verify)")
         verify(wheels, python)
     rel = os.path.relpath(opts.dest.resolve(), ROOT)
-    print(f"\nready: carry {rel} (device tool: carry=[\"{rel}\"]) and run `python3 benchmarks/gpu_check.py $OUT --wheels {rel}`")
+    print(f'\nready: carry {rel} (device tool: carry=["{rel}"]) and run `python3 benchmarks/gpu_check.py $OUT --wheels {rel}`')
     return 0
 
 

@@ -84,7 +84,9 @@ def main() -> None:
     ours, cupy = [], []
     for i in range(repeats):  # interleaved, so that drift hits both alike
         ours.append(child(OURS.format(n=N), site))
-        cupy.append(child(CUPY.format(n=N, cubin=str(cubin), entry=kernels.saxpy.entry, grid=tuple(grid), block=tuple(block), shared=shared), site))
+        cupy.append(
+            child(CUPY.format(n=N, cubin=str(cubin), entry=kernels.saxpy.entry, grid=tuple(grid), block=tuple(block), shared=shared), site)
+        )
         print(f"  [{i + 1}/{repeats}] ours {ours[-1]}, CuPy RawModule {cupy[-1]}", flush=True)
     med = lambda rows, k: statistics.median(r[k] for r in rows)  # noqa: E731
     results = {

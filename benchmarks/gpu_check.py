@@ -85,10 +85,29 @@ DUPLICATE_TEST = "test_tune_example_pkg_end_to_end"  # what the tune stage does;
 
 # The versions env.txt reports (distribution names; the first found of each group).
 VERSIONS = [
-    ("cuda-core",), ("cuda-bindings",), ("cuda-pathfinder",), ("nvidia-cuda-nvrtc",), ("cuda-toolkit",),
-    ("numpy",), ("cupy-cuda13x", "cupy-cuda12x", "cupy"), ("kernel_tuner",), ("python-constraint2",), ("jsonschema",),
-    ("hatchling",), ("platformdirs",), ("trove-classifiers",), ("tomlkit",), ("jinja2",), ("rich",), ("pytest",),
-    ("scipy",), ("pandas",), ("torch",), ("jax",), ("jaxlib",), ("numba-cuda",),
+    ("cuda-core",),
+    ("cuda-bindings",),
+    ("cuda-pathfinder",),
+    ("nvidia-cuda-nvrtc",),
+    ("cuda-toolkit",),
+    ("numpy",),
+    ("cupy-cuda13x", "cupy-cuda12x", "cupy"),
+    ("kernel_tuner",),
+    ("python-constraint2",),
+    ("jsonschema",),
+    ("hatchling",),
+    ("platformdirs",),
+    ("trove-classifiers",),
+    ("tomlkit",),
+    ("jinja2",),
+    ("rich",),
+    ("pytest",),
+    ("scipy",),
+    ("pandas",),
+    ("torch",),
+    ("jax",),
+    ("jaxlib",),
+    ("numba-cuda",),
 ]
 
 
@@ -107,8 +126,15 @@ class Stage:
     command: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "seconds": round(self.seconds, 1), "result": self.result,
-                "timeout_s": self.timeout_s, "rc": self.rc, "command": self.command}
+        return {
+            "name": self.name,
+            "status": self.status,
+            "seconds": round(self.seconds, 1),
+            "result": self.result,
+            "timeout_s": self.timeout_s,
+            "rc": self.rc,
+            "command": self.command,
+        }
 
 
 @dataclass
@@ -186,7 +212,9 @@ def run_command(cmd: list[str], env: dict[str, str], timeout: float, log: Log) -
     t0 = time.monotonic()
     tail: deque[str] = deque(maxlen=400)
     try:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
     except OSError as exc:
         log.write(f"cannot start {cmd[0]}: {exc}\n")
         return Run(None, time.monotonic() - t0, False, [f"cannot start {cmd[0]}: {exc}"])
@@ -282,9 +310,15 @@ def probe_env(txt: Path, js: Path) -> int:
         out = attempt("nvidia-smi", lambda: subprocess.run([smi], capture_output=True, text=True, timeout=30))
         if out is not None:
             smi_text = out.stdout + out.stderr
-        q = attempt("nvidia-smi query", lambda: subprocess.run(
-            [smi, "--query-gpu=name,compute_cap,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30))
+        q = attempt(
+            "nvidia-smi query",
+            lambda: subprocess.run(
+                [smi, "--query-gpu=name,compute_cap,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ),
+        )
         if q is not None and q.returncode == 0 and q.stdout.strip():
             add("nvidia-smi gpus", q.stdout.strip().replace("\n", " | "))
             first = [c.strip() for c in q.stdout.strip().splitlines()[0].split(",")]
@@ -400,7 +434,9 @@ class Check:
             timeout = min(timeout, self.opts.stage_timeout)
         stage.timeout_s, stage.command = round(timeout), cmd
         i = STAGES.index(stage.name) + 1
-        self.log.write(f"\n===== [{i}/{len(STAGES)}] {stage.name} (timeout {timeout:.0f} s, {self.left():.0f} s of the budget left)\n$ {' '.join(cmd)}\n")
+        self.log.write(
+            f"\n===== [{i}/{len(STAGES)}] {stage.name} (timeout {timeout:.0f} s, {self.left():.0f} s of the budget left)\n$ {' '.join(cmd)}\n"
+        )
         r = run_command(cmd, env or self.env, timeout, self.log)
         stage.rc, stage.seconds = r.rc, r.seconds
         return r
@@ -420,13 +456,28 @@ class Check:
     def stage_wheels(self, st: Stage) -> None:
         d = self.opts.wheels
         if not d.is_dir():
-            return self.finish(st, SKIPPED, f"{d} does not exist: nothing installed (hatchling, platformdirs, kernel_tuner must be importable already)")
+            return self.finish(
+                st, SKIPPED, f"{d} does not exist: nothing installed (hatchling, platformdirs, kernel_tuner must be importable already)"
+            )
         wheels = sorted(d.glob("*.whl"))
         if not wheels:
             return self.finish(st, SKIPPED, f"no wheels in {d}")
         self.site.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
-               "--disable-pip-version-check", "--quiet", "--target", str(self.site), *map(str, wheels)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "--quiet",
+            "--target",
+            str(self.site),
+            *map(str, wheels),
+        ]
         r = self.run(st, cmd)
         self._set_pythonpath(site=True)  # even after a partial install: what is there may help
         mib = sum(w.stat().st_size for w in wheels) / 2**20
@@ -442,8 +493,12 @@ class Check:
             self.env_info = json.loads(js.read_text())
         i = self.env_info
         if r.rc == 0 and i.get("arch"):
-            return self.finish(st, OK, f"{i.get('gpu')} ({i.get('arch')}), driver {i.get('driver', '?')} (CUDA {i.get('driver CUDA version', '?')}), "
-                               f"NVRTC {i.get('nvrtc', '?')}, cuda-core {i.get('versions', {}).get('cuda-core', '?')}")
+            return self.finish(
+                st,
+                OK,
+                f"{i.get('gpu')} ({i.get('arch')}), driver {i.get('driver', '?')} (CUDA {i.get('driver CUDA version', '?')}), "
+                f"NVRTC {i.get('nvrtc', '?')}, cuda-core {i.get('versions', {}).get('cuda-core', '?')}",
+            )
         if r.rc == 3:
             return self.finish(st, FAILED, last_line(r.tail))
         self.finish(st, FAILED, self.failed_run(r))
@@ -455,7 +510,20 @@ class Check:
         files = ["tests/test_gpu.py", "tests/test_gpu_tuning.py", *standin]
         # Every test in the two GPU files carries the `gpu` mark; no -m filter, so that the
         # stand-in tests (which need no GPU) run too.
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs", "--durations=5", f"--junitxml={junit}", *files]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "0",
+            "-q",
+            "-rfEs",
+            "--durations=5",
+            f"--junitxml={junit}",
+            *files,
+        ]  # one process: one GPU
         if self.opts.quick:
             cmd += ["-k", f"not {DUPLICATE_TEST}"]
         r = self.run(st, cmd)
@@ -531,7 +599,8 @@ class Check:
             f"- host {i.get('host', platform.node())}, driver {i.get('driver', '?')} (CUDA {i.get('driver CUDA version', '?')}), "
             f"NVRTC {i.get('nvrtc', '?')}, Python {platform.python_version()}",
             f"- started {self.started}, {time.monotonic() - self.t0:.0f} s of a {self.opts.budget_s:.0f} s budget"
-            + (", --quick" if self.opts.quick else "") + ("" if final else " (still running)"),
+            + (", --quick" if self.opts.quick else "")
+            + ("" if final else " (still running)"),
             f"- command: `{' '.join(self.opts.argv)}`",
             "",
         ]
@@ -545,11 +614,25 @@ class Check:
         return "\n".join(head + table) + "\n" + verdict + f"\n\nfiles in {self.out}: {files}\n"
 
     def write_summary(self, final: bool) -> None:
-        _atomic(self.out / "summary.json", json.dumps({
-            "schema": 1, "created": self.started, "final": final, "quick": self.opts.quick, "budget_s": self.opts.budget_s,
-            "seconds": round(time.monotonic() - self.t0, 1), "machine": self.env_info,
-            "stages": [s.to_json() for s in self.stages], "failed": [s.name for s in self.stages if s.status == FAILED],
-        }, indent=1, default=str) + "\n")
+        _atomic(
+            self.out / "summary.json",
+            json.dumps(
+                {
+                    "schema": 1,
+                    "created": self.started,
+                    "final": final,
+                    "quick": self.opts.quick,
+                    "budget_s": self.opts.budget_s,
+                    "seconds": round(time.monotonic() - self.t0, 1),
+                    "machine": self.env_info,
+                    "stages": [s.to_json() for s in self.stages],
+                    "failed": [s.name for s in self.stages if s.status == FAILED],
+                },
+                indent=1,
+                default=str,
+            )
+            + "\n",
+        )
         _atomic(self.out / "summary.md", self.summary_md(final))
 
     # ---- main ----
@@ -563,7 +646,11 @@ class Check:
                     self.finish(st, SKIPPED, "not selected (--only/--skip)")
                     continue
                 if self.left() < MIN_STAGE_S:
-                    self.finish(st, SKIPPED, f"out of time: {self.left() + RESERVE_S:.0f} s of the {self.opts.budget_s:.0f} s budget left; rerun with --only {st.name}")
+                    self.finish(
+                        st,
+                        SKIPPED,
+                        f"out of time: {self.left() + RESERVE_S:.0f} s of the {self.opts.budget_s:.0f} s budget left; rerun with --only {st.name}",
+                    )
                     continue
                 try:
                     handlers.get(st.name, self.stage_benchmark)(st)
@@ -636,14 +723,18 @@ def _atomic(path: Path, text: str) -> None:
 
 def _line_launch(p: dict[str, Any]) -> str:
     r = p["results"]
-    return (f"generated {r['generated_callable_us']:.2f} µs/call, raw cuda.core {r['raw_cuda_core_launch_us']:.2f}, "
-            f"CuPy {r['cupy_rawkernel_us']:.2f}: {r['ratio_generated_vs_raw']:.2f}x raw" + (" (GPU-bound loop)" if r.get("gpu_bound") else ""))
+    return (
+        f"generated {r['generated_callable_us']:.2f} µs/call, raw cuda.core {r['raw_cuda_core_launch_us']:.2f}, "
+        f"CuPy {r['cupy_rawkernel_us']:.2f}: {r['ratio_generated_vs_raw']:.2f}x raw" + (" (GPU-bound loop)" if r.get("gpu_bound") else "")
+    )
 
 
 def _line_first_call(p: dict[str, Any]) -> str:
     r = p["results"]
-    return (f"import {r['import_ms']:.0f} ms, first call {r['first_call_ms']:.1f} ms (CuPy RawModule {r['cupy_rawmodule_first_call_ms']:.1f}), "
-            f"second {r['second_call_ms']:.2f} ms")
+    return (
+        f"import {r['import_ms']:.0f} ms, first call {r['first_call_ms']:.1f} ms (CuPy RawModule {r['cupy_rawmodule_first_call_ms']:.1f}), "
+        f"second {r['second_call_ms']:.2f} ms"
+    )
 
 
 def _line_roofline(p: dict[str, Any]) -> str:
@@ -670,7 +761,10 @@ def _line_kt(p: dict[str, Any]) -> str:
 
 
 BENCH_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
-    "launch_overhead": _line_launch, "first_call": _line_first_call, "roofline": _line_roofline, "tune_vs_kernel_tuner": _line_kt,
+    "launch_overhead": _line_launch,
+    "first_call": _line_first_call,
+    "roofline": _line_roofline,
+    "tune_vs_kernel_tuner": _line_kt,
 }
 
 
@@ -716,17 +810,28 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--probe-env"] and len(argv) == 3:
         return probe_env(Path(argv[1]), Path(argv[2]))
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2]
+    )
     ap.add_argument("outdir", type=Path, nargs="?", help="where the evidence goes (flat, at most 7 files); $OUT on the device machine")
     ap.add_argument("--wheels", type=Path, default=ROOT / ".whl", help="carried wheels to install first (default: .whl in the repo)")
     ap.add_argument("--quick", action="store_true", help="smaller benchmark sets; leave out the pytest that the tune stage duplicates")
     ap.add_argument("--retune", action="store_true", help="tune every lock entry again, not only missing or stale ones")
-    ap.add_argument("--no-standin", action="store_true", help="leave tests/test_standin*.py (CPU tests of the launch path) out of the tests stage")
+    ap.add_argument(
+        "--no-standin", action="store_true", help="leave tests/test_standin*.py (CPU tests of the launch path) out of the tests stage"
+    )
     ap.add_argument("--budget-s", type=float, default=560.0, help="the whole run's time limit (default 560)")
     ap.add_argument("--stage-timeout", type=float, default=None, help="cap every stage's timeout at this many seconds")
-    ap.add_argument("--only", type=lambda s: s.split(","), default=None, help=f"comma-separated stages to run ({','.join(STAGES)}); wheels and env always run unless --skip names them")
+    ap.add_argument(
+        "--only",
+        type=lambda s: s.split(","),
+        default=None,
+        help=f"comma-separated stages to run ({','.join(STAGES)}); wheels and env always run unless --skip names them",
+    )
     ap.add_argument("--skip", type=lambda s: s.split(","), default=None, help="comma-separated stages to leave out")
-    ap.add_argument("--unpack", type=Path, metavar="FETCHED_OUTDIR", help="copy a fetched OUTDIR's lock file and results into the repo, then exit")
+    ap.add_argument(
+        "--unpack", type=Path, metavar="FETCHED_OUTDIR", help="copy a fetched OUTDIR's lock file and results into the repo, then exit"
+    )
     opts = ap.parse_args(argv)
     if opts.unpack:
         return unpack(opts.unpack)

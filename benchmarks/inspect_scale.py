@@ -56,14 +56,16 @@ def _example_kernels() -> list[tuple[str, Any]]:
     return list(parse_project(table, EXAMPLE, env={}).kernels.items())
 
 
-def big_lock(n_entries: int, *, seed: int = 0, configs_per_kernel: int = CONFIGS_PER_KERNEL, archs: tuple[str, ...] = ARCHS) -> dict[str, Any]:
+def big_lock(
+    n_entries: int, *, seed: int = 0, configs_per_kernel: int = CONFIGS_PER_KERNEL, archs: tuple[str, ...] = ARCHS
+) -> dict[str, Any]:
     """A lock file's JSON with exactly `n_entries` entries: example_pkg's kernels copied as
     `saxpy_000`, `row_softmax_000`, ... until there are enough, each copy a seeded sample of
     its kernel's configs (the default always in), every type instance x arch x bucket an entry
     whose measurements follow the tuner's format: mostly timed, some eliminated early, a few
     rejected, failed or pruned; about 1% untuned. Deterministic for a seed."""
-    from hatch_autotune.lock import LOCK_SCHEMA, EntryId
     from hatch_autotune.declare.space import bucket_points
+    from hatch_autotune.lock import LOCK_SCHEMA, EntryId
 
     rng = random.Random(seed)
     kernels = _example_kernels()
@@ -85,7 +87,9 @@ def big_lock(n_entries: int, *, seed: int = 0, configs_per_kernel: int = CONFIGS
                 names = [d.name for d in spec.key]
                 points = bucket_points([d.buckets for d in spec.key])
                 for arch in archs:
-                    arch_speed = {"sm_75": 3.0, "sm_80": 1.6, "sm_86": 2.2, "sm_89": 1.8, "sm_90": 1.0, "sm_100": 0.7, "sm_120": 1.2}.get(arch, 1.0)
+                    arch_speed = {"sm_75": 3.0, "sm_80": 1.6, "sm_86": 2.2, "sm_89": 1.8, "sm_90": 1.0, "sm_100": 0.7, "sm_120": 1.2}.get(
+                        arch, 1.0
+                    )
                     for point in points:
                         if len(entries) >= n_entries:
                             break
@@ -130,7 +134,12 @@ def _entry(rng: random.Random, eid: str, sample, configs, default, per_config, a
             speed = per_config[json.dumps(c, sort_keys=True)]
             median = round(base * speed * rng.uniform(0.97, 1.03), 6) or 1e-6
             eliminated = c != default and speed > 1.6 and roll > 0.5  # clearly slower than the leader
-            m.update(status="eliminated" if eliminated else "ok", samples=3 if eliminated else rng.randint(8, 100), median_ms=median, spread_ms=round(median * rng.uniform(0.002, 0.03), 6))
+            m.update(
+                status="eliminated" if eliminated else "ok",
+                samples=3 if eliminated else rng.randint(8, 100),
+                median_ms=median,
+                spread_ms=round(median * rng.uniform(0.002, 0.03), 6),
+            )
         measurements.append(m)
     ok = [m for m in measurements if m["status"] == "ok"]
     win = min(ok, key=lambda m: (m["median_ms"], m["index"]))
@@ -186,7 +195,9 @@ def write_lock(path: Path, data: dict[str, Any]) -> Path:
 
 def _old_tree(ref: str, into: Path) -> Path:
     """hatch_autotune (and templates) as they were at git `ref`, extracted into `into`."""
-    files = subprocess.run(["git", "ls-tree", "-r", "--name-only", ref, "hatch_autotune", "templates"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-tree", "-r", "--name-only", ref, "hatch_autotune", "templates"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     for name in files:
         blob = subprocess.run(["git", "show", f"{ref}:{name}"], cwd=ROOT, capture_output=True, check=True).stdout
         (into / name).parent.mkdir(parents=True, exist_ok=True)
@@ -202,7 +213,14 @@ def time_command(argv: list[str], code_root: Path, repeats: int, timeout: float)
         with tempfile.TemporaryFile() as sink:
             t0 = time.perf_counter()
             try:
-                proc = subprocess.run([sys.executable, "-m", "hatch_autotune", *argv], stdout=sink, stderr=subprocess.PIPE, env=env, timeout=timeout, cwd=code_root)
+                proc = subprocess.run(
+                    [sys.executable, "-m", "hatch_autotune", *argv],
+                    stdout=sink,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                    timeout=timeout,
+                    cwd=code_root,
+                )
             except subprocess.TimeoutExpired:
                 return {"timed_out_after_s": timeout}
             samples.append(time.perf_counter() - t0)

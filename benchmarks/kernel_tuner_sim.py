@@ -72,8 +72,16 @@ qmc.LatinHypercube = functools.partial(qmc.LatinHypercube, seed=np.random.mtrand
 DATA = Path(os.environ.get("BENCHMARK_HUB", "/work/shared/datasets/benchmark_hub"))
 CACHE_DIR = Path("/tmp/kt_cache")
 GPUS = ("A100", "A4000", "MI250X", "W6600")
-KT_STRATEGIES = ("genetic_algorithm", "dual_annealing", "pso", "random_sample", "bayes_opt",
-                 "simulated_annealing", "firefly_algorithm", "diff_evo")
+KT_STRATEGIES = (
+    "genetic_algorithm",
+    "dual_annealing",
+    "pso",
+    "random_sample",
+    "bayes_opt",
+    "simulated_annealing",
+    "firefly_algorithm",
+    "diff_evo",
+)
 
 # The spaces of benchmark_hub/kernels/*.py, key order included (it is the cache key's order).
 KERNELS = {
@@ -206,8 +214,12 @@ def main() -> None:
         for fut in as_completed([pool.submit(_timed, *t) for t in tasks]):
             runs.append(fut.result())
             r = runs[-1]
-            print(f"{len(runs)}/{len(tasks)} {time.perf_counter() - start:.0f}s  {r['kernel']} {r['gpu']} {r['strategy']} seed {r['seed']}: "
-                  f"{r['evaluated']} evals, {r['wall_s']:.1f}s", file=sys.stderr, flush=True)
+            print(
+                f"{len(runs)}/{len(tasks)} {time.perf_counter() - start:.0f}s  {r['kernel']} {r['gpu']} {r['strategy']} seed {r['seed']}: "
+                f"{r['evaluated']} evals, {r['wall_s']:.1f}s",
+                file=sys.stderr,
+                flush=True,
+            )
     runs.sort(key=lambda r: (r["kernel"], r["gpu"], r["strategy"], r["seed"]))
     machine = dict(system=platform.platform(), processor=platform.processor() or platform.machine(), cpus=os.cpu_count(), jobs=args.jobs)
     out = {"kernel_tuner": kernel_tuner.__version__, "python": platform.python_version(), "machine": machine, "runs": runs}

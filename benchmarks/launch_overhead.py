@@ -95,7 +95,9 @@ def main() -> None:
     from cuda.bindings import driver as cu
 
     results["host_parts_us"] = {
-        "two_cupy_cuda_array_interface": per_call_us(lambda: (x.__cuda_array_interface__, y.__cuda_array_interface__), sync, calls, repeats),
+        "two_cupy_cuda_array_interface": per_call_us(
+            lambda: (x.__cuda_array_interface__, y.__cuda_array_interface__), sync, calls, repeats
+        ),
         "two_cupy_data_ptr": per_call_us(lambda: (x.data.ptr, y.data.ptr), sync, calls, repeats),
         "cuCtxGetDevice": per_call_us(cu.cuCtxGetDevice, sync, calls, repeats),
     }

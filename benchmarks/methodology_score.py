@@ -62,8 +62,16 @@ try:
 except ImportError:  # only the adapter below is usable then (the tests drive it without Kernel Tuner)
     OptAlg = object
 
-KT_STRATEGIES = ("genetic_algorithm", "dual_annealing", "pso", "random_sample", "bayes_opt",
-                 "simulated_annealing", "firefly_algorithm", "diff_evo")
+KT_STRATEGIES = (
+    "genetic_algorithm",
+    "dual_annealing",
+    "pso",
+    "random_sample",
+    "bayes_opt",
+    "simulated_annealing",
+    "firefly_algorithm",
+    "diff_evo",
+)
 
 
 class HatchAutotuneSearch(OptAlg):
@@ -97,7 +105,9 @@ def _t1_input(kernel: str, spec: dict, folder: Path) -> Path:
     t1 = {
         "General": {"BenchmarkName": kernel, "OutputFormat": "JSON"},
         "ConfigurationSpace": {
-            "TuningParameters": [{"Name": k, "Type": "int", "Values": json.dumps(v), "Default": v[0]} for k, v in spec["tune_params"].items()],
+            "TuningParameters": [
+                {"Name": k, "Type": "int", "Values": json.dumps(v), "Default": v[0]} for k, v in spec["tune_params"].items()
+            ],
             "Conditions": [{"Expression": e, "Parameters": [k for k in spec["tune_params"] if k in e]} for e in spec["restrictions"]],
         },
         "KernelSpecification": {
@@ -148,11 +158,26 @@ def _strategies(names: list[str], max_fevals: int) -> list[dict]:
     out = []
     for name in names:
         if name in KT_STRATEGIES:
-            out.append({"name": f"kt:{name}", "search_method": name, "display_name": f"Kernel Tuner {name}", "autotuner": "KernelTuner",
-                        "search_method_hyperparameters": [{"name": "max_fevals", "value": max_fevals}]})
+            out.append(
+                {
+                    "name": f"kt:{name}",
+                    "search_method": name,
+                    "display_name": f"Kernel Tuner {name}",
+                    "autotuner": "KernelTuner",
+                    "search_method_hyperparameters": [{"name": "max_fevals", "value": max_fevals}],
+                }
+            )
         else:
-            out.append({"name": name, "search_method": "HatchAutotuneSearch", "display_name": f"hatch-autotune {name}", "autotuner": "KernelTuner",
-                        "custom_search_method_path": str(Path(__file__).resolve()), "search_method_hyperparameters": [{"name": "strategy", "value": name}]})
+            out.append(
+                {
+                    "name": name,
+                    "search_method": "HatchAutotuneSearch",
+                    "display_name": f"hatch-autotune {name}",
+                    "autotuner": "KernelTuner",
+                    "custom_search_method_path": str(Path(__file__).resolve()),
+                    "search_method_hyperparameters": [{"name": "strategy", "value": name}],
+                }
+            )
     return out
 
 
@@ -160,7 +185,9 @@ def _experiment(work: Path, name: str, kernels: list[str], gpus: list[str], stra
     """An experiments file of the package (its defaults, our files and strategies), in `work`."""
     from autotuning_methodology.experiments import generate_experiment_file
 
-    applications = [{"name": k, "folder": str(work / "kernels"), "input_file": f"{k}.json", "objective_performance_keys": ["time"]} for k in kernels]
+    applications = [
+        {"name": k, "folder": str(work / "kernels"), "input_file": f"{k}.json", "objective_performance_keys": ["time"]} for k in kernels
+    ]
     os.chdir(work)  # the package writes the file into the working directory
     return generate_experiment_file(
         name,
@@ -168,10 +195,12 @@ def _experiment(work: Path, name: str, kernels: list[str], gpus: list[str], stra
         strategies,
         applications=applications,
         gpus=gpus,
-        override={"experimental_groups_defaults": {
-            "repeats": repeats,
-            "pattern_for_full_search_space_filenames": {"regex": str(work / "cachefiles" / "${applications}" / "${gpus}_T4.json")},
-        }},
+        override={
+            "experimental_groups_defaults": {
+                "repeats": repeats,
+                "pattern_for_full_search_space_filenames": {"regex": str(work / "cachefiles" / "${applications}" / "${gpus}_T4.json")},
+            }
+        },
         overwrite_existing_file=True,
     )
 
@@ -186,8 +215,12 @@ def main() -> None:
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
     ap.add_argument("--gpus", nargs="+", default=list(GPUS), choices=list(GPUS))
     ap.add_argument("--strategies", nargs="+", default=["auto", *KT_STRATEGIES])
-    ap.add_argument("--run-only", action="store_true", help="run these strategies into the package's cache and stop "
-                    "(several such runs at once on disjoint strategies, then one without it to score them all)")
+    ap.add_argument(
+        "--run-only",
+        action="store_true",
+        help="run these strategies into the package's cache and stop "
+        "(several such runs at once on disjoint strategies, then one without it to score them all)",
+    )
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
     work = args.work.resolve()
@@ -215,7 +248,9 @@ def main() -> None:
         scores[kernel] = get_strategy_scores(str(_experiment(work, kernel, [kernel], args.gpus, strategies, args.repeats)))
     for kernel in args.kernels:
         for gpu in args.gpus:
-            scores[f"{kernel}|{gpu}"] = get_strategy_scores(str(_experiment(work, f"{kernel}_{gpu}", [kernel], [gpu], strategies, args.repeats)))
+            scores[f"{kernel}|{gpu}"] = get_strategy_scores(
+                str(_experiment(work, f"{kernel}_{gpu}", [kernel], [gpu], strategies, args.repeats))
+            )
     cutoff_s = {}
     for kernel in args.kernels:
         for gpu in args.gpus:
@@ -228,7 +263,10 @@ def main() -> None:
     order = sorted(scores["all files"], key=lambda s: -scores["all files"][s]["score"])
 
     def table(columns: list[str], cell) -> str:
-        rows = ["| strategy | " + " | ".join(c.replace("_milo", "").replace("|", " ") for c in columns) + " |", "|---|" + "---|" * len(columns)]
+        rows = [
+            "| strategy | " + " | ".join(c.replace("_milo", "").replace("|", " ") for c in columns) + " |",
+            "|---|" + "---|" * len(columns),
+        ]
         return "\n".join(rows + [f"| {s} | " + " | ".join(cell(scores[c][s]) for c in columns) + " |" for s in order])
 
     tables = {
@@ -236,17 +274,21 @@ def main() -> None:
         "per_file": table([f"{k}|{g}" for k in args.kernels for g in args.gpus], lambda v: f"{v['score']:.2f}"),
     }
     print(tables["scores"], tables["per_file"], sep="\n\n")
-    write_result("methodology_score.json", {
-        "machine": {**machine(), "cpus": os.cpu_count()},
-        "packages": {p: version(p) for p in ("autotuning_methodology", "kernel_tuner", "numpy", "scipy", "scikit-learn")},
-        "repeats": args.repeats,
-        "kernels": args.kernels,
-        "gpus": args.gpus,
-        "cutoff_s": cutoff_s,
-        "scores": scores,
-        "tables": tables,
-        "scoring_s": round(time.perf_counter() - started, 1),
-    }, args.out)
+    write_result(
+        "methodology_score.json",
+        {
+            "machine": {**machine(), "cpus": os.cpu_count()},
+            "packages": {p: version(p) for p in ("autotuning_methodology", "kernel_tuner", "numpy", "scipy", "scikit-learn")},
+            "repeats": args.repeats,
+            "kernels": args.kernels,
+            "gpus": args.gpus,
+            "cutoff_s": cutoff_s,
+            "scores": scores,
+            "tables": tables,
+            "scoring_s": round(time.perf_counter() - started, 1),
+        },
+        args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -85,7 +85,9 @@ def all_variants(project: Any, cache: Any, arch: str = "sm_90") -> dict[str, int
     return compile_mod.count(compile_mod.compile_all(jobs, cache))
 
 
-def timed(workload: Callable[[Any, Any], dict[str, int]], project: Any, cache_dir: Path, url: str | None) -> tuple[float, dict[str, int], list[str]]:
+def timed(
+    workload: Callable[[Any, Any], dict[str, int]], project: Any, cache_dir: Path, url: str | None
+) -> tuple[float, dict[str, int], list[str]]:
     """(seconds, the workload's counts, the cache's warnings) of one run, the cache opened as
     the build hook opens it."""
     from hatch_autotune.compile.tiers import open_compile_cache
@@ -139,7 +141,11 @@ def main() -> None:
                     "stored_in_redis": {"entries": sum(k.endswith(b":meta") for k in keys), "bytes": sum(raw.strlen(k) for k in keys)},
                 }
                 for m in MODES:
-                    row[m] = {"median_s": round(statistics.median(runs[m]), 4), "runs_s": [round(s, 4) for s in runs[m]], "counts": counts[m]}
+                    row[m] = {
+                        "median_s": round(statistics.median(runs[m]), 4),
+                        "runs_s": [round(s, 4) for s in runs[m]],
+                        "counts": counts[m],
+                    }
                 for m in ("warm_redis", "warm_local"):
                     row[m]["speedup_vs_cold"] = round(row["cold"]["median_s"] / row[m]["median_s"], 1)
                 results[name] = row
@@ -156,7 +162,10 @@ def main() -> None:
             if name in results
         },
         "modes": MODES,
-        "redis": {"server": subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip(), "where": "127.0.0.1, same machine"},
+        "redis": {
+            "server": subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip(),
+            "where": "127.0.0.1, same machine",
+        },
         "results": results,
         "machine": {**machine(), "cpus": os.cpu_count()},
     }

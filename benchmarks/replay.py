@@ -66,7 +66,9 @@ class ReplayData:
                 time = entry.get("time")
                 ok = isinstance(time, (int, float)) and not isinstance(time, bool)
                 times = tuple(float(t) for t in entry.get("times") or [time]) if ok else ()
-                records.append(Record(times, float(time) if ok else None, "" if ok else str(time), float(entry.get("compile_time") or 0.0) / 1000))
+                records.append(
+                    Record(times, float(time) if ok else None, "" if ok else str(time), float(entry.get("compile_time") or 0.0) / 1000)
+                )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ReplayDataError(f"{path}: not a readable Kernel Tuner cache file ({type(exc).__name__}: {exc})") from None
         order = {a: {v: r for r, v in enumerate(vals)} for a, vals in axes.items()}

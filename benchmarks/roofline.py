@@ -64,22 +64,44 @@ def main() -> None:
         ms = event_ms(lambda: kernels.saxpy(2.0, x, y, stream=stream), reps)
         gbs = 3 * 4 * n / ms / 1e6
         sel = kernels.saxpy.select(n=n, T="float32")
-        rows.append({"kernel": "saxpy", "n": n, "ms": ms, "GB/s": gbs, "fraction_of_copy": gbs / copy_gbs, "config": sel.config, "tuned": sel.tuned})
+        rows.append(
+            {"kernel": "saxpy", "n": n, "ms": ms, "GB/s": gbs, "fraction_of_copy": gbs / copy_gbs, "config": sel.config, "tuned": sel.tuned}
+        )
     for rows_, cols in [(r, c) for r in kernels.row_softmax.buckets["rows"] for c in kernels.row_softmax.buckets["cols"]]:
         x, y = cp.ones((rows_, cols), cp.float32), cp.empty((rows_, cols), cp.float32)
         ms = event_ms(lambda: kernels.row_softmax(x, y, stream=stream), reps)
         gbs = 3 * 4 * rows_ * cols / ms / 1e6  # x read twice, y written once
         sel = kernels.row_softmax.select(rows=rows_, cols=cols)
-        rows.append({"kernel": "row_softmax", "rows": rows_, "cols": cols, "ms": ms, "GB/s": gbs, "fraction_of_copy": gbs / copy_gbs, "config": sel.config, "tuned": sel.tuned})
+        rows.append(
+            {
+                "kernel": "row_softmax",
+                "rows": rows_,
+                "cols": cols,
+                "ms": ms,
+                "GB/s": gbs,
+                "fraction_of_copy": gbs / copy_gbs,
+                "config": sel.config,
+                "tuned": sel.tuned,
+            }
+        )
     for m in kernels.sgemm.buckets["m"]:
         a, b, c = cp.ones((m, m), cp.float32), cp.ones((m, m), cp.float32), cp.empty((m, m), cp.float32)
         ours = event_ms(lambda: kernels.sgemm(a, b, c, stream=stream), reps)
         cublas = event_ms(lambda: cp.matmul(a, b, out=c), reps)
         sel = kernels.sgemm.select(m=m, n=m, k=m)
-        rows.append({
-            "kernel": "sgemm", "m=n=k": m, "ms": ours, "TFLOP/s": 2 * m**3 / ours / 1e9, "cublas_ms": cublas,
-            "cublas_TFLOP/s": 2 * m**3 / cublas / 1e9, "fraction_of_cublas": cublas / ours, "config": sel.config, "tuned": sel.tuned,
-        })
+        rows.append(
+            {
+                "kernel": "sgemm",
+                "m=n=k": m,
+                "ms": ours,
+                "TFLOP/s": 2 * m**3 / ours / 1e9,
+                "cublas_ms": cublas,
+                "cublas_TFLOP/s": 2 * m**3 / cublas / 1e9,
+                "fraction_of_cublas": cublas / ours,
+                "config": sel.config,
+                "tuned": sel.tuned,
+            }
+        )
     speedups = []
     if opts.lock.exists():
         from hatch_autotune.lock import LockFile

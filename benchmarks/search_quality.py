@@ -73,9 +73,13 @@ def _warm(path: Path, data: ReplayData, searched: int | None = None) -> WarmStar
             tried = range(len(theirs.configs))
             if searched is not None:
                 search = make_strategy("auto", theirs.space(), searched)
-                tried = run_search(search, lambda i: theirs.records[i].mean_ms, Budget(math.ceil(WARM_SEARCH * len(theirs.configs))), clock=lambda: 0.0)
+                tried = run_search(
+                    search, lambda i: theirs.records[i].mean_ms, Budget(math.ceil(WARM_SEARCH * len(theirs.configs))), clock=lambda: 0.0
+                )
             records = [(theirs.configs[i], theirs.records[i].mean_ms) for i in tried]
-            measurements = tuple(Measurement(None, c, "ok", median_ms=ms) if ms is not None else Measurement(None, c, "failed") for c, ms in records)
+            measurements = tuple(
+                Measurement(None, c, "ok", median_ms=ms) if ms is not None else Measurement(None, c, "failed") for c, ms in records
+            )
             winner = min((ms, n) for n, (_, ms) in enumerate(records) if ms is not None)[1]
             eid = EntryId.of(path.parent.name, "-", _label(other)[1], {"n": 1})
             lock.entries[str(eid)] = LockEntry(checksum="-", config=records[winner][0], tuned=True, measurements=measurements)
@@ -199,14 +203,23 @@ def summary_table(rows: Rows) -> str:
     return "\n".join(lines)
 
 
-GOALS = (("auto", 0.02, 0.5, 0.90), ("auto", 0.05, 0.1, 0.95), ("warm", 0.02, 0.5, 0.98), ("warm-search", 0.02, 0.5, 0.98))  # issue #14's goal 4: strategy, budget, quantile, at least
+GOALS = (
+    ("auto", 0.02, 0.5, 0.90),
+    ("auto", 0.05, 0.1, 0.95),
+    ("warm", 0.02, 0.5, 0.98),
+    ("warm-search", 0.02, 0.5, 0.98),
+)  # issue #14's goal 4: strategy, budget, quantile, at least
 
 
 def goal_table(rows: Rows) -> str:
     """Issue #14's goals: the median or 10th percentile across seeds (as in the other tables),
     with the share of seeds that reached the goal's ratio: a share says how far a missed goal
     is, where a quantile only says which side of it one seed fell."""
-    head = "| kernel | GPU | " + " | ".join(f"{s} {f:.0%} {'median' if q == 0.5 else f'p{q * 100:.0f}'} ≥ {r:.2f}" for s, f, q, r in GOALS) + " |"
+    head = (
+        "| kernel | GPU | "
+        + " | ".join(f"{s} {f:.0%} {'median' if q == 0.5 else f'p{q * 100:.0f}'} ≥ {r:.2f}" for s, f, q, r in GOALS)
+        + " |"
+    )
     lines = [head, "|" + "---|" * (2 + len(GOALS))]
     for kernel, gpu in sorted({(k, g) for k, g, _ in rows}):
         cells = []
@@ -224,7 +237,9 @@ def goal_table(rows: Rows) -> str:
 def head_to_head(rows: Rows, ours: str = "auto") -> str:
     """Ours against the best Kernel Tuner strategy of each cell (the best median and the best
     10th percentile, each over all of its strategies), as `ours (theirs)`."""
-    lines = ["| kernel | GPU | " + " | ".join(f"{f:.0%} median" for f in BUDGETS) + " | " + " | ".join(f"{f:.0%} p10" for f in BUDGETS) + " |"]
+    lines = [
+        "| kernel | GPU | " + " | ".join(f"{f:.0%} median" for f in BUDGETS) + " | " + " | ".join(f"{f:.0%} p10" for f in BUDGETS) + " |"
+    ]
     lines.append("|" + "---|" * (2 + 2 * len(BUDGETS)))
     for kernel, gpu in sorted({(k, g) for k, g, _ in rows}):
         mine = rows.get((kernel, gpu, ours))
@@ -247,7 +262,14 @@ def plot(rows: Rows, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     strategies = sorted({s for _, _, s in rows}, key=lambda s: (s.startswith("kt:"), s))
-    ours = {"auto": "black", "tpe": "tab:orange", "local": "tab:cyan", "random": "tab:blue", "warm": "tab:green", "warm-search": "tab:olive"}
+    ours = {
+        "auto": "black",
+        "tpe": "tab:orange",
+        "local": "tab:cyan",
+        "random": "tab:blue",
+        "warm": "tab:green",
+        "warm-search": "tab:olive",
+    }
     theirs = iter(plt.get_cmap("tab20b").colors[::2] + plt.get_cmap("tab20c").colors[::4])
     colours = {s: ours.get(s) or next(theirs) for s in strategies}
     panels = sorted({(k, g) for k, g, _ in rows})
@@ -258,8 +280,16 @@ def plot(rows: Rows, path: Path) -> None:
                 continue
             xs = [100 * f for f in BUDGETS]
             kt = strategy.startswith("kt:")
-            ax.plot(xs, [statistics.median(by_budget[str(f)]) for f in BUDGETS], "--" if kt else "-", marker="o", ms=3,
-                    lw=1 if kt else (2.5 if strategy == "auto" else 1.5), color=colours[strategy], label=strategy)
+            ax.plot(
+                xs,
+                [statistics.median(by_budget[str(f)]) for f in BUDGETS],
+                "--" if kt else "-",
+                marker="o",
+                ms=3,
+                lw=1 if kt else (2.5 if strategy == "auto" else 1.5),
+                color=colours[strategy],
+                label=strategy,
+            )
         ax.set_xscale("log")
         ax.set_xticks([100 * f for f in BUDGETS], [f"{f:.0%}" for f in BUDGETS])
         ax.set_title(f"{kernel.split('_')[0]} on {gpu}", fontsize=10)
@@ -280,8 +310,12 @@ def main() -> None:
     ap.add_argument("--dataset", type=Path, default=DATASET, help="benchmark_hub's folder (default ../shared/datasets/benchmark_hub)")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--strategies", nargs="+", default=list(OURS), choices=OURS)
-    ap.add_argument("--kernel-tuner", type=Path, default=Path(__file__).parent / "results" / "kernel_tuner_sim.json",
-                    help="Kernel Tuner's runs (kernel_tuner_sim.py's output); left out if missing")
+    ap.add_argument(
+        "--kernel-tuner",
+        type=Path,
+        default=Path(__file__).parent / "results" / "kernel_tuner_sim.json",
+        help="Kernel Tuner's runs (kernel_tuner_sim.py's output); left out if missing",
+    )
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
     seeds = 3 if args.quick else args.seeds
@@ -338,7 +372,10 @@ def main() -> None:
             "metric": "ratio = optimum time / true (recorded mean) time; found: the best config tried; picked: the config the tuner chose; median / 10th percentile across seeds",
             "kernel_tuner": json.loads(args.kernel_tuner.read_text()).get("kernel_tuner") if kt else None,
             "summary": {
-                name: {"|".join(k): {f: {"median": statistics.median(v), "p10": quantile(v, 0.1)} for f, v in b.items()} for k, b in rows.items()}
+                name: {
+                    "|".join(k): {f: {"median": statistics.median(v), "p10": quantile(v, 0.1)} for f, v in b.items()}
+                    for k, b in rows.items()
+                }
                 for name, rows in (("found", found), ("picked", picked))
             },
             "methodology_score": scores,

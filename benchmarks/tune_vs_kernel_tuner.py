@@ -40,6 +40,7 @@ from typing import Any
 
 from _common import EXAMPLE, example_project, machine, options, require_gpu, write_result
 
+
 def _version(dist: str) -> str | None:
     from importlib.metadata import version
 
@@ -80,7 +81,9 @@ def geometry(spec: Any, types: dict[str, str], key: dict[str, int], config: dict
     return tuple(int(e(env)) for e in spec.grid), tuple(int(e(env)) for e in spec.block), int(spec.shared(env))
 
 
-def kernel_tuner_brute_force(spec: Any, variants: list[Any], types: dict[str, str], key: dict[str, int], inputs: dict[str, Any], lang: str) -> tuple[float, dict[str, Any], dict[str, Any]]:
+def kernel_tuner_brute_force(
+    spec: Any, variants: list[Any], types: dict[str, str], key: dict[str, int], inputs: dict[str, Any], lang: str
+) -> tuple[float, dict[str, Any], dict[str, Any]]:
     """(wall seconds, best config, facts) from Kernel Tuner over exactly our configs."""
     from kernel_tuner import tune_kernel
 
@@ -120,12 +123,26 @@ def kernel_tuner_brute_force(spec: Any, variants: list[Any], types: dict[str, st
         extra["smem_args"] = {"size": lambda p: geometry(spec, types, key, ours(p).config_dict)[2]}
     t0 = time.perf_counter()
     results, env = tune_kernel(
-        spec.entry, source, problem_size, launch_args(spec, types, key, inputs), space,
-        grid_div_x=[], grid_div_y=[], grid_div_z=[], block_size_names=block_names,
-        restrictions=restrict, lang=lang, strategy="brute_force", verbose=False, quiet=True, iterations=7,
+        spec.entry,
+        source,
+        problem_size,
+        launch_args(spec, types, key, inputs),
+        space,
+        grid_div_x=[],
+        grid_div_y=[],
+        grid_div_z=[],
+        block_size_names=block_names,
+        restrictions=restrict,
+        lang=lang,
+        strategy="brute_force",
+        verbose=False,
+        quiet=True,
+        iterations=7,
         # our sources carry their parameters already (no #defines, which would clash with their
         # constexprs); the options our compile uses besides the arch (C++17 for `if constexpr`)
-        defines={}, compiler_options=["--std=c++17", *spec.nvrtc_options], **extra,
+        defines={},
+        compiler_options=["--std=c++17", *spec.nvrtc_options],
+        **extra,
     )
     wall = time.perf_counter() - t0
     timed = [r for r in results if isinstance(r.get("time"), float)]
@@ -161,7 +178,9 @@ class Retimer:
             raise RuntimeError(f"{variant.label} does not compile: {result.log}")
         return ObjectCode.from_cubin(result.binary).get_kernel(spec.entry)
 
-    def time(self, spec: Any, types: dict[str, str], key: dict[str, int], inputs: dict[str, Any], configs: list[tuple[Any, dict[str, Any]]]) -> list[float]:
+    def time(
+        self, spec: Any, types: dict[str, str], key: dict[str, int], inputs: dict[str, Any], configs: list[tuple[Any, dict[str, Any]]]
+    ) -> list[float]:
         """Median ms of each (variant, config), on fresh device copies of the same inputs."""
         import cupy as cp
         import numpy as np
@@ -203,9 +222,9 @@ def main() -> None:
     import cupy as cp
 
     from hatch_autotune.compile.cache import CompileCache
-    from hatch_autotune.lock import EntryId
     from hatch_autotune.compile.render import render_kernel
     from hatch_autotune.declare.space import bucket_points
+    from hatch_autotune.lock import EntryId
     from hatch_autotune.tuning import tune
     from hatch_autotune.tuning.inputs import bucket_inputs
 
@@ -218,17 +237,25 @@ def main() -> None:
     machine_facts = machine()
 
     def save(complete: bool) -> Path:
-        return write_result("tune_vs_kernel_tuner.json", {
-            "what": __doc__.strip().splitlines()[0],
-            "complete": complete,
-            "quick": opts.quick,
-            "buckets_per_kernel": n_buckets,
-            "kernel_tuner": {"version": _version("kernel_tuner"), "lang": opts.kt_lang, "strategy": "brute_force", "iterations": 7},
-            "retime": {"timer": "hatch_autotune GpuTimer (CUDA events, L2 flushed)", "rounds": RETIME_ROUNDS, "reps_per_round": RETIME_REPS},
-            "kernels": kernels_summary,
-            "rows": rows,
-            "machine": machine_facts,
-        }, opts.out)
+        return write_result(
+            "tune_vs_kernel_tuner.json",
+            {
+                "what": __doc__.strip().splitlines()[0],
+                "complete": complete,
+                "quick": opts.quick,
+                "buckets_per_kernel": n_buckets,
+                "kernel_tuner": {"version": _version("kernel_tuner"), "lang": opts.kt_lang, "strategy": "brute_force", "iterations": 7},
+                "retime": {
+                    "timer": "hatch_autotune GpuTimer (CUDA events, L2 flushed)",
+                    "rounds": RETIME_ROUNDS,
+                    "reps_per_round": RETIME_REPS,
+                },
+                "kernels": kernels_summary,
+                "rows": rows,
+                "machine": machine_facts,
+            },
+            opts.out,
+        )
 
     for name, spec in project.kernels.items():
         if opts.kernel and name not in opts.kernel:
@@ -264,20 +291,38 @@ def main() -> None:
             ms = retimer.time(spec, types, key, inputs, pairs)
             ours_ms, theirs_ms = ms[0], ms[-1]
             ours_own = tuned[eid].winner_ms
-            rows.append({
-                "kernel": name, "types": tkey, "bucket": key, "configs": len(variants),
-                "ours_tuning_s_per_bucket": ours_wall / len(points), "theirs_tuning_s": theirs_wall,
-                "tuning_time_ratio": (ours_wall / len(points)) / theirs_wall,
-                "ours_winner": ours_cfg, "theirs_winner": theirs_best, "same_winner": same,
-                "ours_winner_ms": ours_ms, "theirs_winner_ms": theirs_ms, "winner_time_ratio": ours_ms / theirs_ms,
-                "ours_own_measurement_ms": ours_own, "theirs_own_measurement_ms": kt["own_winner_ms"],
-                "theirs_configs_timed": kt["configs_timed"],
-            })
+            rows.append(
+                {
+                    "kernel": name,
+                    "types": tkey,
+                    "bucket": key,
+                    "configs": len(variants),
+                    "ours_tuning_s_per_bucket": ours_wall / len(points),
+                    "theirs_tuning_s": theirs_wall,
+                    "tuning_time_ratio": (ours_wall / len(points)) / theirs_wall,
+                    "ours_winner": ours_cfg,
+                    "theirs_winner": theirs_best,
+                    "same_winner": same,
+                    "ours_winner_ms": ours_ms,
+                    "theirs_winner_ms": theirs_ms,
+                    "winner_time_ratio": ours_ms / theirs_ms,
+                    "ours_own_measurement_ms": ours_own,
+                    "theirs_own_measurement_ms": kt["own_winner_ms"],
+                    "theirs_configs_timed": kt["configs_timed"],
+                }
+            )
             print(rows[-1], flush=True)
-        kernels_summary.append({
-            "kernel": name, "types": tkey, "buckets": len(points), "configs": len(variants),
-            "ours_tuning_s": ours_wall, "theirs_tuning_s": theirs_wall_total, "tuning_time_ratio": ours_wall / theirs_wall_total,
-        })
+        kernels_summary.append(
+            {
+                "kernel": name,
+                "types": tkey,
+                "buckets": len(points),
+                "configs": len(variants),
+                "ours_tuning_s": ours_wall,
+                "theirs_tuning_s": theirs_wall_total,
+                "tuning_time_ratio": ours_wall / theirs_wall_total,
+            }
+        )
         save(complete=False)  # what is done so far survives a timeout
     print(save(complete=True).read_text())
     shutil.rmtree(scratch, ignore_errors=True)

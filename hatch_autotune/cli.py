@@ -62,9 +62,7 @@ class TextTable:
         widths = [max((width(r[i]) for r in body), default=0) for i in range(len(self.columns))]
 
         def line(cells: Sequence[str]) -> str:
-            padded = (
-                " " * (w - width(c)) + c if right else c + " " * (w - width(c)) for c, w, right in zip(cells, widths, self.right)
-            )
+            padded = (" " * (w - width(c)) + c if right else c + " " * (w - width(c)) for c, w, right in zip(cells, widths, self.right))
             return "| " + " | ".join(padded) + " |"
 
         border = "+" + "-" * (sum(widths) + 3 * len(widths) - 1) + "+"
@@ -170,7 +168,9 @@ def cmd_tune(args: argparse.Namespace, ui: UI) -> int:
             raise CliError(lines[0].removeprefix(f"{PROG}: "), lines[1:]) from None
     # The engine logs its own summary table and writes the lock file as each bucket finishes.
     tuned, skipped = len(result.tuned), result.skipped
-    ui.print(f"{project.lock_file}: {tuned} entr{'y' if tuned == 1 else 'ies'} tuned, {skipped} still valid; `{PROG} show {root}` lists them")
+    ui.print(
+        f"{project.lock_file}: {tuned} entr{'y' if tuned == 1 else 'ies'} tuned, {skipped} still valid; `{PROG} show {root}` lists them"
+    )
     return EXIT_OK
 
 
@@ -208,10 +208,26 @@ def cmd_show(args: argparse.Namespace, ui: UI) -> int:
         has_notes = any(r.note for r in rows)
         rows = rows[:left]
         left -= len(rows)
-        columns = ["arch", *(["types"] if has_types else []), "bucket", "config", "time (ms)", "speedup", "status", *(["note"] if has_notes else [])]
+        columns = [
+            "arch",
+            *(["types"] if has_types else []),
+            "bucket",
+            "config",
+            "time (ms)",
+            "speedup",
+            "status",
+            *(["note"] if has_notes else []),
+        ]
         t = ui.table(kernel, columns, right=("time (ms)", "speedup"), rows=listed)
         for r in rows:
-            cells = [r.arch, *([r.types] if has_types else []), fmt_bucket(r.bucket), fmt_config(r.config), fmt_ms(r.time_ms), fmt_speedup(r.speedup)]
+            cells = [
+                r.arch,
+                *([r.types] if has_types else []),
+                fmt_bucket(r.bucket),
+                fmt_config(r.config),
+                fmt_ms(r.time_ms),
+                fmt_speedup(r.speedup),
+            ]
             cells.append(r.status)
             if has_notes:
                 cells.append(r.note)
@@ -306,7 +322,9 @@ def cmd_diff(args: argparse.Namespace, ui: UI) -> int:
             f"{regressions} of those not shown are regressions): --all lists every change, --limit N the first N"
         )
     counts = ", ".join(f"{diff.count(kind)} {kind}" for kind in KINDS)
-    ui.print(f"{counts}, {diff.unchanged} unchanged; {len(diff.regressions)} regression(s) over {args.threshold * 100:g}% (--threshold {args.threshold:g})")
+    ui.print(
+        f"{counts}, {diff.unchanged} unchanged; {len(diff.regressions)} regression(s) over {args.threshold * 100:g}% (--threshold {args.threshold:g})"
+    )
     if diff.regressions and args.fail_on_regression:
         return EXIT_REGRESSION
     return EXIT_OK
@@ -470,7 +488,9 @@ def threshold(text: str) -> float:
 
 def _limit_options(s: argparse.ArgumentParser, what: str) -> None:
     g = s.add_mutually_exclusive_group()
-    g.add_argument("--limit", type=_positive, metavar="N", help=f"list the first N {what} (default {LIST_LIMIT}); the totals count them all")
+    g.add_argument(
+        "--limit", type=_positive, metavar="N", help=f"list the first N {what} (default {LIST_LIMIT}); the totals count them all"
+    )
     g.add_argument("--all", action="store_true", help=f"list every one of the {what}")
 
 
@@ -485,20 +505,35 @@ def make_parser() -> argparse.ArgumentParser:
     from .declare.settings import MODES
 
     s.add_argument("--mode", choices=MODES, help="tune: missing and stale entries; retune: all (default: the project's mode, else tune)")
-    s.add_argument("--ray", metavar="ADDRESS", help="tune on the GPUs of the Ray cluster at ADDRESS (host:port), every arch it has, in one run (default: $HATCH_AUTOTUNE_RAY)")
+    s.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="tune on the GPUs of the Ray cluster at ADDRESS (host:port), every arch it has, in one run (default: $HATCH_AUTOTUNE_RAY)",
+    )
     s.set_defaults(func=cmd_tune)
 
     s = sub.add_parser("ray-resources", help="this node's GPUs by arch, as JSON for `ray start --resources` (tuning on a cluster)")
     s.set_defaults(func=cmd_ray_resources)
 
-    s = sub.add_parser("show", help="per kernel: arch, bucket, chosen config, time, speedup, tuned or default; a wheel's untuned entries and compile failures")
-    s.add_argument("source", nargs="?", default=".", metavar="PROJECT|WHEEL|LOCK|PACKAGE", help="default: .; PACKAGE: an installed package's import or distribution name")
+    s = sub.add_parser(
+        "show",
+        help="per kernel: arch, bucket, chosen config, time, speedup, tuned or default; a wheel's untuned entries and compile failures",
+    )
+    s.add_argument(
+        "source",
+        nargs="?",
+        default=".",
+        metavar="PROJECT|WHEEL|LOCK|PACKAGE",
+        help="default: .; PACKAGE: an installed package's import or distribution name",
+    )
     s.add_argument("--kernel", "-k", action="append", metavar="K", help="only this kernel (repeatable)")
     _limit_options(s, "entries")
     s.set_defaults(func=cmd_show, pause_gc=True)
 
     s = sub.add_parser("report", help="a self-contained HTML report with charts (and PNGs)")
-    s.add_argument("sources", nargs="+", metavar="PROJECT|WHEEL|LOCK|PACKAGE", help="one or more; e.g. the lock file (times) and the wheel (resources)")
+    s.add_argument(
+        "sources", nargs="+", metavar="PROJECT|WHEEL|LOCK|PACKAGE", help="one or more; e.g. the lock file (times) and the wheel (resources)"
+    )
     s.add_argument("-o", "--output", metavar="HTML", help="the HTML file to write")
     s.add_argument("--png", metavar="DIR", help="also write every chart as a PNG into DIR (needs matplotlib)")
     s.add_argument("--title", default="hatch-autotune report")

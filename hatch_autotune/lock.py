@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .errors import BuildError
 from .declare.config import KernelSpec
-from .runtime import load_json
+from .errors import BuildError
 from .files import atomic_write
+from .runtime import load_json
 
 LOCK_SCHEMA = 1
 
@@ -135,7 +135,10 @@ def entry_checksum(
         "types": types_key,
         "sources": list(source_hashes),
         "options": CompileJob("", arch, spec.entry, spec.nvrtc_options).full_options(),
-        "args": [[a.name, a.dtype, [e.tree for e in a.shape] if a.shape else None, a.intent, a.value.tree if a.value else None] for a in spec.args],
+        "args": [
+            [a.name, a.dtype, [e.tree for e in a.shape] if a.shape else None, a.intent, a.value.tree if a.value else None]
+            for a in spec.args
+        ],
         "key": [[k.name, k.source, k.axis] for k in spec.key],
         "launch": [[e.tree for e in spec.grid], [e.tree for e in spec.block], spec.shared.tree],
         "verification": [spec.reference, spec.inputs, list(spec.tolerance) if spec.tolerance else None],
@@ -260,7 +263,9 @@ class LockEntry:
 
     def time_of(self, config: Mapping[str, Any]) -> float | None:
         """The median time measured for `config` (a fully timed run before an eliminated one)."""
-        times = [(m.status != "ok", m.median_ms) for m in self.measurements if m.timed and m.median_ms is not None and m.config == dict(config)]
+        times = [
+            (m.status != "ok", m.median_ms) for m in self.measurements if m.timed and m.median_ms is not None and m.config == dict(config)
+        ]
         return min(times)[1] if times else None
 
     @property
@@ -358,7 +363,7 @@ class LockFile:
         """Decoded JSON to entries. Strict: the first problem is a LockFormatError; else each
         problem is a warning, and the file or entry it concerns is ignored."""
         if not isinstance(data, dict) or not isinstance(data.get("entries"), dict) or "schema" not in data:
-            return _refuse(f"{label}: not a hatch-autotune lock file (expected a JSON object with \"schema\" and \"entries\")", strict)
+            return _refuse(f'{label}: not a hatch-autotune lock file (expected a JSON object with "schema" and "entries")', strict)
         schema = data["schema"]
         if not isinstance(schema, int) or isinstance(schema, bool):
             return _refuse(f"{label}: lock file has no valid schema version (got {schema!r})", strict)

@@ -16,14 +16,14 @@ import importlib.util
 import shutil
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from hatch_autotune.compile.cache import CompileCache
-from hatch_autotune.lock import LockEntry, LockFile, Measurement
 from hatch_autotune.declare.config import ProjectSpec, parse_project
+from hatch_autotune.lock import LockEntry, LockFile, Measurement
 from hatch_autotune.wheel.assemble import BuildResult, build_payload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,9 +48,12 @@ def load_benchmark(name: str):
         os.environ.clear()
         os.environ.update(saved_env)
         sys.path[:] = saved_path
-        for sibling in [n for n, m in sys.modules.items() if n != spec.name and Path(getattr(m, "__file__", None) or "/").parent == path.parent]:
+        for sibling in [
+            n for n, m in sys.modules.items() if n != spec.name and Path(getattr(m, "__file__", None) or "/").parent == path.parent
+        ]:
             sys.modules.pop(sibling)
     return module
+
 
 # A tiny kernel whose template can be broken on purpose with the BAD axis.
 SCALE_TEMPLATE = """\
@@ -255,9 +258,13 @@ def plugin_dist(tmp_path_factory) -> Path:
     import sys
 
     src = tmp_path_factory.mktemp("plugin-src")
-    shutil.copytree(ROOT, src, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", ".venv", "dist", "__pycache__", "example_pkg", "tests"))
+    shutil.copytree(
+        ROOT, src, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", ".venv", "dist", "__pycache__", "example_pkg", "tests")
+    )
     dist = tmp_path_factory.mktemp("plugin-dist")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert len(list(dist.glob("hatch_autotune-*.whl"))) == 1
     return dist

@@ -246,7 +246,16 @@ class StandIn:
             launch=self.launch,
         )
 
-    _NO_VALUE = {"cuInit", "cuCtxPushCurrent", "cuCtxSetCurrent", "cuCtxSynchronize", "cuMemFree", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemsetD8Async"}
+    _NO_VALUE = {
+        "cuInit",
+        "cuCtxPushCurrent",
+        "cuCtxSetCurrent",
+        "cuCtxSynchronize",
+        "cuMemFree",
+        "cuMemcpyHtoD",
+        "cuMemcpyDtoH",
+        "cuMemsetD8Async",
+    }
 
     def _counted(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
@@ -407,7 +416,9 @@ class StandIn:
         if device is None:
             raise self.refuse("CUDA_ERROR_INVALID_CONTEXT", f"{kernel.entry}: no current context in this thread")
         if stream.ordinal is not None and stream.ordinal != device:
-            raise self.refuse("CUDA_ERROR_INVALID_HANDLE", f"{kernel.entry}: stream of device {stream.ordinal} in a context of device {device}")
+            raise self.refuse(
+                "CUDA_ERROR_INVALID_HANDLE", f"{kernel.entry}: stream of device {stream.ordinal} in a context of device {device}"
+            )
         kernel.check_runs_on(self, device)
         block, grid = tuple(config.block), tuple(config.grid)
         if block[0] * block[1] * block[2] > 1024 or block[2] > 64 or min(block) < 1:
@@ -428,7 +439,9 @@ class StandIn:
         holder = ParamHolder(args)  # cuda.core's own packing, as launch() does it
         addresses = (ctypes.c_void_p * len(args)).from_address(holder.ptr)
         params = [ctypes.string_at(addresses[i], size) for i, size in enumerate(sizes)]
-        record = Launch(kernel.entry, kernel.binary, device, stream, grid, block, config.shmem_size, params, threading.get_ident(), len(self.stack))
+        record = Launch(
+            kernel.entry, kernel.binary, device, stream, grid, block, config.shmem_size, params, threading.get_ident(), len(self.stack)
+        )
         with self.lock:
             self.launches.append(record)
         emulate = EMULATORS.get(kernel.entry)
@@ -630,7 +643,9 @@ class FakeDevice:
 _ACTIVE: list[StandIn] = []  # the stand-in that FakeDevice() and FakeStream.from_handle() answer for
 
 
-def install(monkeypatch: Any, runtime: ModuleType | None = None, ccs=((9, 0),), driver_version: int = 13000, present: bool = True) -> StandIn:
+def install(
+    monkeypatch: Any, runtime: ModuleType | None = None, ccs=((9, 0),), driver_version: int = 13000, present: bool = True
+) -> StandIn:
     """A stand-in for one test, handed to `runtime` (hatch_autotune.runtime or a generated
     package's _runtime) through `runtime.use_gpu`; the test's fixture calls
     `runtime.use_gpu(None)` afterwards. Without a runtime, only the stand-in's own objects work."""
@@ -663,7 +678,13 @@ class DeviceArray:
         self.ptr = standin.alloc(device, host.nbytes) if host.size else 0
         if host.size and host.any():
             standin.view(self.ptr, host.dtype.str, host.size)[...] = host.ravel()
-        self.__cuda_array_interface__ = {"shape": tuple(host.shape), "typestr": host.dtype.str, "data": (self.ptr, False), "strides": None, "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": tuple(host.shape),
+            "typestr": host.dtype.str,
+            "data": (self.ptr, False),
+            "strides": None,
+            "version": 3,
+        }
 
     @classmethod
     def empty(cls, standin: StandIn, shape: tuple[int, ...], dtype: str = "float32", device: int = 0) -> "DeviceArray":

@@ -39,9 +39,20 @@ def main():
                 f.write(msg["op"] + "\n")
         op = msg["op"]
         if op == "hello":
-            reply = {"ok": True, "device": {"name": "Fake GPU (CPU stand-in)", "cc": PLAN.get("cc", [9, 0]), "driver": "0.0",
-                     "limits": {"max_threads_per_block": 1024, "max_registers_per_block": 65536,
-                                "max_shared_memory_per_block": 49152, "max_shared_memory_per_block_optin": 232448}}}
+            reply = {
+                "ok": True,
+                "device": {
+                    "name": "Fake GPU (CPU stand-in)",
+                    "cc": PLAN.get("cc", [9, 0]),
+                    "driver": "0.0",
+                    "limits": {
+                        "max_threads_per_block": 1024,
+                        "max_registers_per_block": 65536,
+                        "max_shared_memory_per_block": 49152,
+                        "max_shared_memory_per_block_optin": 232448,
+                    },
+                },
+            }
         elif op == "setup":
             variants = {vid: v["config"] for vid, v in msg["kernel"]["variants"].items()}
             reply = {"ok": True}

@@ -10,9 +10,8 @@ writes 2^40 elements past y, an illegal address; hang: never finishes). Its time
 
 import os
 
-import numpy as np
-
 import cuda_standin
+import numpy as np
 
 
 def scale(standin, kernel, launch):

@@ -81,13 +81,24 @@ def stage_of(mod: str) -> tuple[int, str]:
 
 def test_the_walker_sees_relative_function_level_and_type_checking_imports(tmp_path):
     """The checks below are only as good as this: every kind of import statement is an edge."""
-    known = {"hatch_autotune.a.x": tmp_path / "x.py", "hatch_autotune.a.y": tmp_path / "y.py", "hatch_autotune.b": tmp_path / "b.py", "hatch_autotune.c": tmp_path / "c.py", "hatch_autotune.d": tmp_path / "d.py"}
+    known = {
+        "hatch_autotune.a.x": tmp_path / "x.py",
+        "hatch_autotune.a.y": tmp_path / "y.py",
+        "hatch_autotune.b": tmp_path / "b.py",
+        "hatch_autotune.c": tmp_path / "c.py",
+        "hatch_autotune.d": tmp_path / "d.py",
+    }
     src = tmp_path / "x.py"
     src.write_text(
         "from typing import TYPE_CHECKING\nfrom . import y\nif TYPE_CHECKING:\n    from ..b import Thing\n"
         "def f():\n    from hatch_autotune.c import g\n    import hatch_autotune.d\n"
     )
-    assert imports_of("hatch_autotune.a.x", src, known) == {"hatch_autotune.a.y", "hatch_autotune.b", "hatch_autotune.c", "hatch_autotune.d"}
+    assert imports_of("hatch_autotune.a.x", src, known) == {
+        "hatch_autotune.a.y",
+        "hatch_autotune.b",
+        "hatch_autotune.c",
+        "hatch_autotune.d",
+    }
 
 
 def test_every_module_belongs_to_a_stage():
@@ -125,7 +136,11 @@ def circles(g: dict[str, set[str]]) -> list[str]:
 
 def test_the_checks_find_a_circle_and_a_backward_arrow():
     """The two checks below can fail."""
-    g = {"hatch_autotune.compile.a": {"hatch_autotune.compile.b"}, "hatch_autotune.compile.b": {"hatch_autotune.compile.a"}, "hatch_autotune.declare.x": set()}
+    g = {
+        "hatch_autotune.compile.a": {"hatch_autotune.compile.b"},
+        "hatch_autotune.compile.b": {"hatch_autotune.compile.a"},
+        "hatch_autotune.declare.x": set(),
+    }
     assert circles(g) == ["hatch_autotune.compile.a -> hatch_autotune.compile.b -> hatch_autotune.compile.a"]
     g["hatch_autotune.declare.x"] = {"hatch_autotune.wheel.stub"}
     assert backward_arrows(g) == ["hatch_autotune.declare.x (declare) imports hatch_autotune.wheel.stub (wheel)"]

@@ -11,12 +11,11 @@ import multiprocessing
 import time
 
 import pytest
+from conftest import hook_table, write_tiny_project
 
+from hatch_autotune.declare.config import DEFAULT_MAX_CONFIGS, ConfigError, parse_project
 from hatch_autotune.lock import LockFile, LockFormatError
 from hatch_autotune.runtime import IntegrityError, Library, as_compute_capability, parse_arch
-from hatch_autotune.declare.config import DEFAULT_MAX_CONFIGS, ConfigError, parse_project
-
-from conftest import hook_table, write_tiny_project
 
 P = "tool.hatch.build.targets.wheel.hooks.autotune"
 K = f"{P}.kernels.scale"
@@ -81,15 +80,34 @@ def _rename_kernel(t, k):
 
 CASES = [
     # (what, mutation of (project table, kernel table), expected fragment)
-    ("unbounded power in a constraint", lambda t, k: k.update(constraints=["9**9**9 > 0"]),
-     f"{K}.constraints[0]: '9**9**9 > 0' cannot be evaluated for"),
+    (
+        "unbounded power in a constraint",
+        lambda t, k: k.update(constraints=["9**9**9 > 0"]),
+        f"{K}.constraints[0]: '9**9**9 > 0' cannot be evaluated for",
+    ),
     ("... and the bound is named", lambda t, k: k.update(constraints=["9**9**9 > 0"]), "has more than 1024 bits"),
     ("unbounded power in the grid", lambda t, k: k.update(grid=["9**9**9"]), f"{K}: grid expression '9**9**9' fails for"),
-    ("unbounded power in shared", lambda t, k: k.update(shared="2 ** (BLOCK * 1000)"), f"{K}: shared expression '2 ** (BLOCK * 1000)' fails"),
+    (
+        "unbounded power in shared",
+        lambda t, k: k.update(shared="2 ** (BLOCK * 1000)"),
+        f"{K}: shared expression '2 ** (BLOCK * 1000)' fails",
+    ),
     ("a string axis in arithmetic", _string_axis, "`*` applied to a string ('a' * 10000000000); arithmetic takes numbers"),
-    ("a huge literal", lambda t, k: k.update(constraints=["1" + "0" * 400 + " > 0"]), f"{K}.constraints[0]: an integer literal of more than 1024 bits"),
-    ("a huge number as an expression", lambda t, k: k.update(grid=[10**400]), f"{K}.grid[0]: an integer literal of more than 1024 bits in expression '1000"),
-    ("5000 unary minuses", lambda t, k: k.update(constraints=["-" * 5000 + "1"]), f"{K}.constraints[0]: expression of 5001 characters; at most 1000"),
+    (
+        "a huge literal",
+        lambda t, k: k.update(constraints=["1" + "0" * 400 + " > 0"]),
+        f"{K}.constraints[0]: an integer literal of more than 1024 bits",
+    ),
+    (
+        "a huge number as an expression",
+        lambda t, k: k.update(grid=[10**400]),
+        f"{K}.grid[0]: an integer literal of more than 1024 bits in expression '1000",
+    ),
+    (
+        "5000 unary minuses",
+        lambda t, k: k.update(constraints=["-" * 5000 + "1"]),
+        f"{K}.constraints[0]: expression of 5001 characters; at most 1000",
+    ),
     ("100k terms", lambda t, k: k.update(constraints=["+".join(["1"] * 100_000)]), f"{K}.constraints[0]: expression of 199999 characters"),
     ("deep unary nesting", lambda t, k: k.update(constraints=["-" * 900 + "1"]), "is nested too deeply (at most 64 levels)"),
     ("deep not nesting", lambda t, k: k.update(grid=["not " * 200 + "1"]), f"{K}.grid[0]: expression 'not not"),
@@ -99,11 +117,26 @@ CASES = [
     ("division by zero", lambda t, k: k.update(constraints=["BLOCK // (FACTOR - 2) > 1"]), "ZeroDivisionError"),
     ("a space too large to walk", _big_space, f"{K}.space: 68,343,750 configs (3 BLOCK x 2 FACTOR x 1 BAD x 15 A0"),
     ("... and how to allow it", _big_space, f"more than `max-configs` ({DEFAULT_MAX_CONFIGS:,}) allows"),
-    ("too many tuning points", lambda t, k: k["key"]["n"].update(buckets=list(range(1, 20_001))), f"{K}.key: the buckets make 20,000 tuning points"),
-    ("a bucket above int64", lambda t, k: k["key"]["n"].update(buckets=[1024, 2**63]), f"{K}.key.n.buckets[1]: expected an integer <= {2**63 - 1}"),
-    ("a bucket overflowing an int32 value", lambda t, k: k["key"]["n"].update(buckets=[1024, 2**62]),
-     f"{K}: value of argument 'n' (int32): 'n' gives {2**62}, outside [-2147483648, 2147483647]"),
-    ("a bucket overflowing an int32 key scalar", _scalar_key, f"{K}: key dim 'n' has bucket {2**40}, which does not fit in argument 'n' (int32"),
+    (
+        "too many tuning points",
+        lambda t, k: k["key"]["n"].update(buckets=list(range(1, 20_001))),
+        f"{K}.key: the buckets make 20,000 tuning points",
+    ),
+    (
+        "a bucket above int64",
+        lambda t, k: k["key"]["n"].update(buckets=[1024, 2**63]),
+        f"{K}.key.n.buckets[1]: expected an integer <= {2**63 - 1}",
+    ),
+    (
+        "a bucket overflowing an int32 value",
+        lambda t, k: k["key"]["n"].update(buckets=[1024, 2**62]),
+        f"{K}: value of argument 'n' (int32): 'n' gives {2**62}, outside [-2147483648, 2147483647]",
+    ),
+    (
+        "a bucket overflowing an int32 key scalar",
+        _scalar_key,
+        f"{K}: key dim 'n' has bucket {2**40}, which does not fit in argument 'n' (int32",
+    ),
     ("a negative shape", lambda t, k: k["args"][0].update(shape=["n - 2048"]), f"{K}: shape[0] of argument 'x': 'n - 2048' gives -1024"),
     ("a grid of more than 2**32 blocks", lambda t, k: k.update(grid=["n * 2**30"]), "expected an integer from 1 to 2147483647"),
     ("a block of more than 1024 threads", lambda t, k: k.update(block=["BLOCK * 64"]), "expected an integer from 1 to 1024"),
@@ -111,13 +144,29 @@ CASES = [
     ("module with a newline", lambda t, k: t.update(module="tinypkg.kernels\n"), f"{P}.module: expected a dotted module path"),
     ("entry with a newline", lambda t, k: k.update(entry="scale\n"), f"{K}.entry: expected an identifier"),
     ("argument with a newline", lambda t, k: k["args"][0].update(name="x\n"), f"{K}.args[0].name: expected an identifier"),
-    ("axis with a newline", lambda t, k: (k["space"].update({"W\n": [1]}), k["default"].update({"W\n": 1})), f'{K}.space."W\n": expected an identifier'),
+    (
+        "axis with a newline",
+        lambda t, k: (k["space"].update({"W\n": [1]}), k["default"].update({"W\n": 1})),
+        f'{K}.space."W\n": expected an identifier',
+    ),
     ("key dim with a newline", lambda t, k: k["key"].update({"n\n": k["key"].pop("n")}), f'{K}.key."n\n": expected an identifier'),
     ("type parameter with a newline", lambda t, k: k.update(types={"T\n": ["float32"]}), f'{K}.types."T\n": expected an identifier'),
     ("arch with a newline", lambda t, k: t.update(archs=["sm_90\n"]), f"{P}.archs[0]: expected a CUDA arch"),
-    ("a wheel tag that is a path", lambda t, k: t.update({"wheel-tag": "../../evil"}), f"{P}.wheel-tag: expected a wheel tag 'python-abi-platform'"),
-    ("a lock file outside the project", lambda t, k: t.update({"lock-file": "/etc/passwd"}), f"{P}.lock-file: '/etc/passwd' is outside the project"),
-    ("... also through ..", lambda t, k: t.update({"lock-file": "../elsewhere.json"}), "unless `lock-file-outside-project = true` says otherwise"),
+    (
+        "a wheel tag that is a path",
+        lambda t, k: t.update({"wheel-tag": "../../evil"}),
+        f"{P}.wheel-tag: expected a wheel tag 'python-abi-platform'",
+    ),
+    (
+        "a lock file outside the project",
+        lambda t, k: t.update({"lock-file": "/etc/passwd"}),
+        f"{P}.lock-file: '/etc/passwd' is outside the project",
+    ),
+    (
+        "... also through ..",
+        lambda t, k: t.update({"lock-file": "../elsewhere.json"}),
+        "unless `lock-file-outside-project = true` says otherwise",
+    ),
     ("a lock file that is a directory", lambda t, k: t.update({"lock-file": "tinypkg"}), f"{P}.lock-file: 'tinypkg' is a directory"),
     ("a huge value in a message is cut", lambda t, k: t.update(module="x" * 100_000), "xxx..."),
 ]

@@ -10,17 +10,16 @@ import json
 import sys
 
 import pytest
-
-from hatch_autotune.compile.entry import CacheEntry
-from hatch_autotune.compile.cache import CompileCache
-from hatch_autotune.lock import LockEntry, LockFile
-from hatch_autotune.wheel.payload import write_package
-from hatch_autotune.errors import BuildError
-from hatch_autotune.compile.render import TemplateError
-from hatch_autotune.runtime import IntegrityError, Library
+from conftest import SCALE_TEMPLATE, build, load_project, write_lock, write_tiny_project
 from cuda_standin import cubin_sm
 
-from conftest import SCALE_TEMPLATE, build, load_project, write_lock, write_tiny_project
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.compile.entry import CacheEntry
+from hatch_autotune.compile.render import TemplateError
+from hatch_autotune.errors import BuildError
+from hatch_autotune.lock import LockEntry, LockFile
+from hatch_autotune.runtime import IntegrityError, Library
+from hatch_autotune.wheel.payload import write_package
 
 
 def failing_default(root):
@@ -61,7 +60,9 @@ def test_default_may_fail_falls_back_to_the_first_config_that_compiles(tmp_path)
     assert len(bad) == 6 and {r.job.label for r in failed} == set(bad)  # 3 BLOCK x 2 FACTOR,
     assert {(r.job.label, r.job.arch) for r in failed} == {(b, a) for b in bad for a in ("sm_80", "sm_90")}  # each failing on both archs
     assert all("this_is_not_cuda" in r.log for r in failed)
-    warning = next(m for m in logs if m.startswith("warning: scale: 12 variant binaries failed to compile (on sm_80, sm_90) and are not in the wheel"))
+    warning = next(
+        m for m in logs if m.startswith("warning: scale: 12 variant binaries failed to compile (on sm_80, sm_90) and are not in the wheel")
+    )
     assert "this_is_not_cuda" in warning
     assert "hatch-autotune: the lock's winners and the default configs: 0 variant binaries compiled, 0 from the cache, 2 failed" in logs
     assert "hatch-autotune: compiling 22 variant binaries with NVRTC (0 found in the cache)" in logs
@@ -107,7 +108,11 @@ def test_an_offline_build_compiles_only_what_it_ships(tmp_path):
     kb = fallback.kernels[0]
     assert {r.job.label for r in kb.binaries.values() if not r.ok} == {"scale[BLOCK=256, FACTOR=3, BAD=true]"}
     assert {(c.status, c.variant_index, c.reason) for c in kb.choices.values()} == {
-        ("default", kb.variants["-"].index(next(v for v in kb.variants["-"] if v.config_dict == {"BLOCK": 128, "FACTOR": 2, "BAD": False})), "the lock's winner scale[BLOCK=256, FACTOR=3, BAD=true] failed to compile")
+        (
+            "default",
+            kb.variants["-"].index(next(v for v in kb.variants["-"] if v.config_dict == {"BLOCK": 128, "FACTOR": 2, "BAD": False})),
+            "the lock's winner scale[BLOCK=256, FACTOR=3, BAD=true] failed to compile",
+        )
     }
     assert not any("the rest of" in m for m in logs)
     # the default's cubins come from the cache (the build before compiled them), its PTX is new, the winner failed on 2 archs
@@ -237,7 +242,9 @@ def test_corrupt_or_foreign_lock_is_a_warning_not_a_crash(tiny, tmp_path):
 def test_a_lock_file_of_a_newer_schema_is_refused_and_left_alone(tiny, tmp_path):
     newer = '{"schema": 2, "entries": {}}'
     (tiny / "autotune.lock.json").write_text(newer)
-    with pytest.raises(BuildError, match=r"lock file schema 2 is newer than this hatch-autotune .* reads \(schema 1\); upgrade hatch-autotune"):
+    with pytest.raises(
+        BuildError, match=r"lock file schema 2 is newer than this hatch-autotune .* reads \(schema 1\); upgrade hatch-autotune"
+    ):
         build(tiny, tmp_path / "cache")
     assert (tiny / "autotune.lock.json").read_text() == newer  # never overwritten by an older writer
 
@@ -383,7 +390,11 @@ def test_configs_sharing_a_source_keep_their_own_launch_config(tmp_path):
 
 def test_a_doc_with_quotes_and_backslashes_gives_an_importable_module(tmp_path):
     root = write_tiny_project(tmp_path / "p")
-    text = (root / "pyproject.toml").read_text().replace('template = "scale.cu.j2"', 'template = "scale.cu.j2"\ndoc = \'y = """x""" \\\\N{oops} \\\\\'')
+    text = (
+        (root / "pyproject.toml")
+        .read_text()
+        .replace('template = "scale.cu.j2"', 'template = "scale.cu.j2"\ndoc = \'y = """x""" \\\\N{oops} \\\\\'')
+    )
     (root / "pyproject.toml").write_text(text)
     project = load_project(root)
     assert '"""' in project.kernels["scale"].doc
@@ -421,7 +432,10 @@ def test_the_first_failure_log_is_shown(tmp_path):
     build(root, tmp_path / "cache", logs)
     (warning,) = [m for m in logs if "variant binaries failed to compile" in m and m.startswith("warning:")]  # one per kernel
     head, *log = warning.splitlines()
-    assert head == "warning: scale: 12 variant binaries failed to compile (on sm_80, sm_90) and are not in the wheel; the first, scale[BLOCK=64, FACTOR=2, BAD=true] on sm_80:"
+    assert (
+        head
+        == "warning: scale: 12 variant binaries failed to compile (on sm_80, sm_90) and are not in the wheel; the first, scale[BLOCK=64, FACTOR=2, BAD=true] on sm_80:"
+    )
     assert "this_is_not_cuda" in warning and "error" in log[0] and len(log) <= 4  # the first lines of its log
 
 

@@ -57,13 +57,25 @@ def test_type_parameter_is_inferred_from_the_arrays(kernels):
     "make,exc,fragment",
     [
         (lambda: (1.0, FakeGPUArray((8,)), FakeGPUArray((8,), "<f2")), TypeError, "argument 'y' has dtype float16 but 'x' has float32"),
-        (lambda: (1.0, FakeGPUArray((8,), "<f8"), FakeGPUArray((8,), "<f8")), TypeError, "argument 'x' has dtype float64; expected one of ['float32', 'float16']"),
+        (
+            lambda: (1.0, FakeGPUArray((8,), "<f8"), FakeGPUArray((8,), "<f8")),
+            TypeError,
+            "argument 'x' has dtype float64; expected one of ['float32', 'float16']",
+        ),
         (lambda: (1.0, FakeGPUArray((8,), ">f4"), FakeGPUArray((8,))), TypeError, "argument 'x' has dtype unsupported"),
         (lambda: (1.0, FakeGPUArray((8,)), FakeGPUArray((9,))), ValueError, "argument 'y' has shape (9,); expected (8,) (from n=8)"),
         (lambda: (1.0, FakeGPUArray((8, 1)), FakeGPUArray((8,))), ValueError, "argument 'x' has 2 dimension(s)"),
         (lambda: (1.0, FakeGPUArray((8,), strides=(8,)), FakeGPUArray((8,))), ValueError, "argument 'x' must be C-contiguous"),
-        (lambda: (1.0, FakeGPUArray((8,)), FakeGPUArray((8,), readonly=True)), ValueError, "argument 'y' is read-only but the kernel writes it (intent inout)"),
-        (lambda: (1.0, [1.0] * 8, FakeGPUArray((8,))), TypeError, "argument 'x' must be a GPU array exposing __cuda_array_interface__ or DLPack"),
+        (
+            lambda: (1.0, FakeGPUArray((8,)), FakeGPUArray((8,), readonly=True)),
+            ValueError,
+            "argument 'y' is read-only but the kernel writes it (intent inout)",
+        ),
+        (
+            lambda: (1.0, [1.0] * 8, FakeGPUArray((8,))),
+            TypeError,
+            "argument 'x' must be a GPU array exposing __cuda_array_interface__ or DLPack",
+        ),
         (lambda: ("2", FakeGPUArray((8,)), FakeGPUArray((8,))), TypeError, "argument 'a' must be a number (float32), got str"),
         (lambda: (True, FakeGPUArray((8,)), FakeGPUArray((8,))), TypeError, "argument 'a' must be a number"),
     ],

@@ -20,14 +20,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, build, write_tiny_project
 
 from hatch_autotune import cli
-from hatch_autotune.compile.entry import CacheEntry
 from hatch_autotune.compile.cache import CompileCache
-from hatch_autotune.lock import LOCK_SCHEMA, EntryId, LockEntry, LockFile
+from hatch_autotune.compile.entry import CacheEntry
 from hatch_autotune.inspection.fmt import fmt_bytes, fmt_ms
-
-from conftest import ROOT, build, write_tiny_project
+from hatch_autotune.lock import LOCK_SCHEMA, EntryId, LockEntry, LockFile
 
 CHROMIUM = Path("/usr/bin/chromium")
 FIXTURE_GPU = "TEST FIXTURE GPU (made-up numbers, not measurements)"
@@ -164,7 +163,7 @@ def tiny_wheel(tiny_lock, session_cache, tmp_path_factory) -> Path:
 def table_rows(out: str) -> list[list[str]]:
     """The body rows of the ASCII tables in `out`, as lists of cells."""
     return [
-        [c.strip() for c in line.strip()[1:-1].split(" | ")]  # entry ids hold '|' too, not ' | ' 
+        [c.strip() for c in line.strip()[1:-1].split(" | ")]  # entry ids hold '|' too, not ' | '
         for line in out.splitlines()
         if line.startswith("|") and not line.startswith(("| arch", "| entry", "|-"))
     ]
@@ -221,7 +220,10 @@ def test_show_wheel_built_by_pip(tiny_wheel, capsys):
     rows = table_rows(out)
     assert len(rows) == 6 and all(r[5] == "tuned" for r in rows), out  # the lock's winners made it in
     assert all(r[2] == "BAD=false BLOCK=256 FACTOR=2" for r in rows)
-    assert f"{tiny_wheel}!tinypkg/kernels/table.json (wheel): 6 entries, 6 tuned, 0 default; 0 variant binaries failed to compile; 3 binaries shipped" in out
+    assert (
+        f"{tiny_wheel}!tinypkg/kernels/table.json (wheel): 6 entries, 6 tuned, 0 default; 0 variant binaries failed to compile; 3 binaries shipped"
+        in out
+    )
     assert "a selection table has no measurements" in out
     assert "untuned entries" not in out and "compile failures:" not in out  # nothing to say: not said
 
@@ -238,7 +240,9 @@ def test_show_installed_package_without_importing_it(tiny_wheel, tmp_path):
     assert "(package)" in proc.stdout and str(site / "tinypkg" / "kernels" / "table.json") in proc.stdout
     assert len(table_rows(proc.stdout)) == 6
     # and as the console script's module form, for a name that is not installed
-    proc = subprocess.run([sys.executable, "-m", "hatch_autotune", "show", "no_such_pkg"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hatch_autotune", "show", "no_such_pkg"], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
     assert_one_line_error(proc.returncode, proc.stderr, "no_such_pkg: no such file, directory or installed package")
 
 
@@ -262,7 +266,10 @@ def test_show_installed_package_by_its_distribution_name(tmp_path, monkeypatch, 
         code, out, err = run_cli(capsys, "show", name)
         assert code == 0, (name, err)
         # the package's outcome record read too
-        assert f"{site / 'tinypkg' / 'kernels' / 'table.json'} (package): 6 entries, 0 tuned, 6 default; 0 variant binaries failed to compile; 3 binaries shipped" in out, name
+        assert (
+            f"{site / 'tinypkg' / 'kernels' / 'table.json'} (package): 6 entries, 0 tuned, 6 default; 0 variant binaries failed to compile; 3 binaries shipped"
+            in out
+        ), name
     code, _, err = run_cli(capsys, "show", "stencil-kits")
     assert_one_line_error(code, err, "stencil-kits: no such file, directory or installed package")
     code, _, err = run_cli(capsys, "show", "Jinja2")  # a distribution, not an import name (jinja2)
@@ -286,17 +293,35 @@ def _zip(path: Path, files: dict[str, bytes]) -> Path:
         (lambda d: d / "missing.lock.json", "no such file"),
         (lambda d: (d / "x.json").write_text('{"schema": 1, "entries": {') and d / "x.json", "corrupt lock file: not valid JSON"),
         (lambda d: (d / "x.json").write_bytes(b"\x80\x81garbage") and d / "x.json", "not JSON text"),
-        (lambda d: (d / "package.json").write_text('{"name": "left-pad", "version": "1.3.0"}') and d / "package.json", "not a hatch-autotune lock file"),
+        (
+            lambda d: (d / "package.json").write_text('{"name": "left-pad", "version": "1.3.0"}') and d / "package.json",
+            "not a hatch-autotune lock file",
+        ),
         (lambda d: (d / "x.json").write_text("[1, 2, 3]") and d / "x.json", "not a hatch-autotune lock file"),
-        (lambda d: write_lock(d / "x.json", {}, schema=LOCK_SCHEMA + 1), f"lock file schema {LOCK_SCHEMA + 1} is newer than this hatch-autotune"),
+        (
+            lambda d: write_lock(d / "x.json", {}, schema=LOCK_SCHEMA + 1),
+            f"lock file schema {LOCK_SCHEMA + 1} is newer than this hatch-autotune",
+        ),
         (lambda d: write_lock(d / "x.json", {}, schema=0), "lock file schema 0 is not supported"),
-        (lambda d: write_lock(d / "x.json", {"scale|-|sm_90|n=1024": {"config": {}}}), "entry 'scale|-|sm_90|n=1024' is malformed (no checksum)"),
-        (lambda d: write_lock(d / "x.json", {"scale-sm_90": {"checksum": "", "config": {}, "tuned": True}}), "entry id 'scale-sm_90' is not"),
+        (
+            lambda d: write_lock(d / "x.json", {"scale|-|sm_90|n=1024": {"config": {}}}),
+            "entry 'scale|-|sm_90|n=1024' is malformed (no checksum)",
+        ),
+        (
+            lambda d: write_lock(d / "x.json", {"scale-sm_90": {"checksum": "", "config": {}, "tuned": True}}),
+            "entry id 'scale-sm_90' is not",
+        ),
         (lambda d: (d / "x.whl").write_bytes(b"PK\x03\x04 truncated") and d / "x.whl", "not a wheel"),
         (lambda d: _zip(d / "x.whl", {"pkg/__init__.py": b""}), "no hatch-autotune selection table in this wheel"),
         (lambda d: _zip(d / "x.whl", {"p/k/table.json": b"{oops", "p/k/_runtime.py": b""}), "corrupt selection table"),
-        (lambda d: _zip(d / "x.whl", {"p/k/table.json": b'{"schema": 7, "kernels": {}}', "p/k/_runtime.py": b""}), "selection table schema 7 is newer"),
-        (lambda d: _zip(d / "x.whl", {"p/k/table.json": b'{"schema": 1, "kernels": {"k": {"select": 3}}}', "p/k/_runtime.py": b""}), "malformed selection table"),
+        (
+            lambda d: _zip(d / "x.whl", {"p/k/table.json": b'{"schema": 7, "kernels": {}}', "p/k/_runtime.py": b""}),
+            "selection table schema 7 is newer",
+        ),
+        (
+            lambda d: _zip(d / "x.whl", {"p/k/table.json": b'{"schema": 1, "kernels": {"k": {"select": 3}}}', "p/k/_runtime.py": b""}),
+            "malformed selection table",
+        ),
         (lambda d: (d / "proj").mkdir() or d / "proj", "neither a project"),
         (lambda d: (d / "pyproject.toml").write_text("[project\n") and d, "not valid TOML"),
         (lambda d: (d / "pyproject.toml").write_text('[project]\nname = "x"\n') and d, "not a hatch-autotune project"),
@@ -328,7 +353,12 @@ def test_console_script_and_module_form(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hatch_autotune", "--version"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip() == "hatch-autotune 0.1.0"
     (tmp_path / "bad.json").write_text("{")
-    proc = subprocess.run([sys.executable, "-m", "hatch_autotune", "diff", tmp_path / "bad.json", tmp_path / "bad.json"], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hatch_autotune", "diff", tmp_path / "bad.json", tmp_path / "bad.json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert_one_line_error(proc.returncode, proc.stderr, "bad.json: corrupt lock file")
 
 
@@ -823,4 +853,3 @@ def test_a_lock_entry_that_names_its_default_is_read_as_such():
     assert row.default_config == {"B": 3} and row.speedup == 2.0
     del raw["default"]  # without it, a tie on the default's time leaves the default unknown
     assert row_from_lock(where, LockEntry.from_json(raw)).default_config is None
-

@@ -129,7 +129,9 @@ def test_retries_are_bounded_and_what_no_slot_finished_is_reported_lost():
     assert list(result.lost) == [eid] and result.lost[eid].count("died") == 3  # the first try and 2 retries
     assert sum(s.jobs for s in result.slots) == 2  # the sm_80 jobs are unaffected
     # every slot of an arch gone: its jobs are lost, each with the reason
-    result = run_schedule(jobs("sm_90", 3), [ScriptedSlot("only", "sm_90", {jobs("sm_90", 3)[0].eid: "lost"})], lambda j, e, s: None, log=lambda m: None)
+    result = run_schedule(
+        jobs("sm_90", 3), [ScriptedSlot("only", "sm_90", {jobs("sm_90", 3)[0].eid: "lost"})], lambda j, e, s: None, log=lambda m: None
+    )
     assert sorted(result.lost) == sorted(j.eid for j in jobs("sm_90", 3))
     assert "no sm_90 GPU was left" in result.lost[jobs("sm_90", 3)[2].eid]
 
@@ -276,7 +278,9 @@ def mixed_cluster(ray_env):
 def test_a_cluster_of_mixed_gpus_tunes_every_arch_in_one_run_as_a_local_machine_would(mixed_cluster, tmp_path):
     root = project(tmp_path / "p")
     logs: list[str] = []
-    summary = tune_on_ray(load_project(root), mixed_cluster.address, mode="auto", workers=workers(), cache=CompileCache(tmp_path / "c"), log=logs.append)
+    summary = tune_on_ray(
+        load_project(root), mixed_cluster.address, mode="auto", workers=workers(), cache=CompileCache(tmp_path / "c"), log=logs.append
+    )
     lock = LockFile.load(root / "autotune.lock.json")
     assert len(summary.tuned) == 6 and len(lock.entries) == 6
     for eid, entry in lock.entries.items():  # each arch measured on its own GPUs
@@ -284,7 +288,9 @@ def test_a_cluster_of_mixed_gpus_tunes_every_arch_in_one_run_as_a_local_machine_
     # the same verification, choice and lock entries as the local engine, crash and hang included
     local = local_tune(project(tmp_path / "local"), tmp_path / "c", {0: "sm_90", 1: "sm_80"})
     assert comparable(lock) == comparable(local)
-    assert any(m.startswith("tuning on the Ray cluster at") and "2 x sm_80, 2 x sm_90" in m and m.endswith("mode tune") for m in logs)  # auto: tune
+    assert any(
+        m.startswith("tuning on the Ray cluster at") and "2 x sm_80, 2 x sm_90" in m and m.endswith("mode tune") for m in logs
+    )  # auto: tune
     table = logs[logs.index(next(m for m in logs if m.startswith("tuning: buckets per GPU")))]
     assert table.count("sm_80") == 2 and table.count("sm_90") == 2  # progress per node and arch
     # run again: every entry is valid, nothing is sent to the cluster
@@ -327,7 +333,13 @@ def test_a_node_lost_mid_run_costs_only_its_work_in_flight_and_the_lock_is_the_s
         ops = tmp_path / "ops.txt"
         watcher = remove_when_measuring(cluster, doomed, ops, after=4)
         logs: list[str] = []
-        summary = tune_on_ray(load_project(root), cluster.address, workers=workers(sleep_ms=150, log=str(ops)), cache=CompileCache(tmp_path / "c"), log=logs.append)
+        summary = tune_on_ray(
+            load_project(root),
+            cluster.address,
+            workers=workers(sleep_ms=150, log=str(ops)),
+            cache=CompileCache(tmp_path / "c"),
+            log=logs.append,
+        )
         watcher.join(5)
     finally:
         cluster.shutdown()
@@ -346,7 +358,13 @@ def test_when_no_gpu_of_an_arch_is_left_the_run_says_what_was_lost_and_a_rerun_r
         watcher = remove_when_measuring(cluster, doomed, ops, after=2)
         started = time.monotonic()
         with pytest.raises(TuningError, match="were not tuned because their GPUs were lost") as exc:
-            tune_on_ray(load_project(root), cluster.address, workers=workers(sleep_ms=150, log=str(ops)), cache=CompileCache(tmp_path / "c"), log=lambda m: None)
+            tune_on_ray(
+                load_project(root),
+                cluster.address,
+                workers=workers(sleep_ms=150, log=str(ops)),
+                cache=CompileCache(tmp_path / "c"),
+                log=lambda m: None,
+            )
         assert time.monotonic() - started < 120
         watcher.join(5)
         saved = LockFile.load(root / "autotune.lock.json").entries
@@ -356,7 +374,9 @@ def test_when_no_gpu_of_an_arch_is_left_the_run_says_what_was_lost_and_a_rerun_r
         # a new sm_90 node joins: running again tunes only what is missing
         cluster.add_node(num_cpus=1, num_gpus=1, resources={"hatch-autotune:sm_90": 1}, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
-        summary = tune_on_ray(load_project(root), cluster.address, workers=workers(), cache=CompileCache(tmp_path / "c"), log=lambda m: None)
+        summary = tune_on_ray(
+            load_project(root), cluster.address, workers=workers(), cache=CompileCache(tmp_path / "c"), log=lambda m: None
+        )
     finally:
         cluster.shutdown()
     assert sorted(eid for eid, _ in summary.tuned) == sorted(missing) and summary.skipped == 6 - len(missing)

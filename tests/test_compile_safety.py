@@ -16,12 +16,11 @@ import sys
 import textwrap
 
 import pytest
+from conftest import ROOT, build, load_project, write_tiny_project
 
 from hatch_autotune.compile import nvrtc as compile_mod
-from hatch_autotune.wheel import table as package
 from hatch_autotune.errors import BuildError
-
-from conftest import ROOT, build, load_project, write_tiny_project
+from hatch_autotune.wheel import table as package
 
 
 def run_python(script: str, tmp_path, *, stdin: bool = False, env: dict | None = None) -> dict:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import build, load_project, write_tiny_project
 
 import hatch_autotune.compile.nvrtc as compile_mod
 from hatch_autotune import cli
@@ -21,8 +22,6 @@ from hatch_autotune.declare.config import ConfigError
 from hatch_autotune.lock import LockFile, NvrtcPolicy
 from hatch_autotune.tuning import tune
 from hatch_autotune.tuning.worker import WorkerClient
-
-from conftest import build, load_project, write_tiny_project
 
 FAKE = [sys.executable, str(Path(__file__).with_name("fake_worker.py"))]
 SM90 = {"HATCH_AUTOTUNE_ARCHS": "sm_90"}  # the arch the stand-in worker "is": every entry tuned
@@ -48,7 +47,9 @@ def tune_with(root: Path, tmp_path: Path, monkeypatch, nvrtc: str | None = None)
 
 def set_exact(root: Path, value: str) -> None:
     text = (root / "pyproject.toml").read_text()
-    (root / "pyproject.toml").write_text(text.replace('archs = ["sm_80", "sm_90"]\n', f'archs = ["sm_80", "sm_90"]\nexact-nvrtc = {value}\n'))
+    (root / "pyproject.toml").write_text(
+        text.replace('archs = ["sm_80", "sm_90"]\n', f'archs = ["sm_80", "sm_90"]\nexact-nvrtc = {value}\n')
+    )
 
 
 @pytest.fixture

@@ -5,10 +5,9 @@ from __future__ import annotations
 import copy
 
 import pytest
+from conftest import EXAMPLE, hook_table, write_tiny_project
 
 from hatch_autotune.declare.config import ConfigError, parse_project
-
-from conftest import EXAMPLE, hook_table, write_tiny_project
 
 P = "tool.hatch.build.targets.wheel.hooks.autotune"
 K = f"{P}.kernels.scale"
@@ -98,7 +97,11 @@ BAD_INPUTS = [
     ("kernels.scale.constraints", ["BLOCK > 1024"], f"{K}.constraints: the constraints exclude every config"),
     ("kernels.scale.constraints", ["BLOCK != 128"], f"{K}.default: the default"),
     ("kernels.scale.constraints", ["BLOCK < WIDTH"], f"{K}.constraints[0]: unknown name(s) WIDTH"),
-    ("kernels.scale.constraints", ["__import__('os').system('x')"], f"{K}.constraints[0]: calling __import__('os').system() is not allowed"),
+    (
+        "kernels.scale.constraints",
+        ["__import__('os').system('x')"],
+        f"{K}.constraints[0]: calling __import__('os').system() is not allowed",
+    ),
     ("kernels.scale.constraints", ["BLOCK <"], f"{K}.constraints[0]: invalid expression 'BLOCK <'"),
     ("kernels.scale.constraints", ["[BLOCK]"], f"{K}.constraints[0]: List is not allowed"),
     ("kernels.scale.constraints", ["BLOCK.bit_length() > 1"], f"{K}.constraints[0]: calling BLOCK.bit_length() is not allowed"),
@@ -123,7 +126,11 @@ BAD_INPUTS = [
     ("kernels.scale.types", {"T": []}, f"{K}.types.T: expected a non-empty array"),
     ("kernels.scale.types", {"T": ["float32", "bfloat7"]}, f"{K}.types.T[1]: expected one of"),
     ("kernels.scale.types", {"BLOCK": ["float32"]}, f"{K}: axis 'BLOCK' has the same name as type parameter BLOCK"),
-    ("kernels.scale.key.entry", {"from": "x", "axis": 0, "buckets": [1]}, f"{K}: key dim 'entry' has the same name as the template variable `entry`"),
+    (
+        "kernels.scale.key.entry",
+        {"from": "x", "axis": 0, "buckets": [1]},
+        f"{K}: key dim 'entry' has the same name as the template variable `entry`",
+    ),
     ("kernels.scale.key.BLOCK", {"from": "x", "axis": 0, "buckets": [1]}, f"{K}: key dim 'BLOCK' has the same name as axis BLOCK"),
     ("kernels.scale.nvrtc-options", ["-I/usr/include"], f"{K}.nvrtc-options: '-I/usr/include' is not supported"),
     ("kernels.scale.default.BAD", 0, f"{K}.default.BAD: default 0 is not in the space [False]"),

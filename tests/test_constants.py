@@ -12,20 +12,19 @@ import shutil
 import sys
 from pathlib import Path
 
+import cuda_standin
 import numpy as np
 import pytest
-
-import cuda_standin
+from conftest import load_project, tune_over_standin
 from cuda_standin import DeviceArray, install
+
 from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.compile.nvrtc import CompileJob
-from hatch_autotune.plan.planner import make_plan
 from hatch_autotune.compile.render import TemplateError, render_kernel
-from hatch_autotune.runtime import choose_arch
 from hatch_autotune.declare.config import ConfigError
+from hatch_autotune.plan.planner import make_plan
+from hatch_autotune.runtime import choose_arch
 from hatch_autotune.tuning.inputs import bucket_inputs, reference_outputs
-
-from conftest import load_project, tune_over_standin
 
 CONSUMER = Path(__file__).parent / "consumers" / "stencil_kit"
 
@@ -38,8 +37,8 @@ def copy_consumer(dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def stencil_kit(session_cache, tmp_path_factory):
     """stencil_kit's generated package for sm_90, built by the real pipeline and imported."""
-    from hatch_autotune.wheel.payload import write_package
     from hatch_autotune.wheel.assemble import build_payload
+    from hatch_autotune.wheel.payload import write_package
 
     site = tmp_path_factory.mktemp("stencil-site")
     project = load_project(CONSUMER, {"HATCH_AUTOTUNE_ARCHS": "sm_90"})
@@ -115,7 +114,13 @@ class FakeGPUArray:
     def __init__(self, shape, typestr="<f4"):
         FakeGPUArray._next += 1 << 20
         self.ptr = FakeGPUArray._next
-        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (self.ptr, False), "strides": None, "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape),
+            "typestr": typestr,
+            "data": (self.ptr, False),
+            "strides": None,
+            "version": 3,
+        }
 
 
 def test_shapes_and_computed_scalars_use_the_constants(stencil_kit):
@@ -165,7 +170,9 @@ def test_booleans_render_as_cpp_and_still_test_as_booleans(tmp_path):
     root = copy_consumer(tmp_path / "kit")
     t = root / "cuda" / "transpose.cu.j2"
     t.write_text(t.read_text() + "// {{ PAD }} {{ PAD is true }} {{ 'on' if PAD else 'off' }} {{ TILE > 16 }} {{ PAD | int }}\n")
-    sources = {v.config_dict["PAD"]: v.source for v in render_kernel(load_project(root).kernels["transpose"])["-"] if v.config_dict["TILE"] == 32}
+    sources = {
+        v.config_dict["PAD"]: v.source for v in render_kernel(load_project(root).kernels["transpose"])["-"] if v.config_dict["TILE"] == 32
+    }
     assert sources[True].endswith("// true true on true 1\n") and sources[False].endswith("// false false off true 0\n")
     variants = render_kernel(load_project(CONSUMER).kernels["transpose"])["-"]
     by_pad = {v.config_dict["PAD"]: v.source for v in variants if v.config_dict["TILE"] == 32}
@@ -216,7 +223,16 @@ def _kit_with(tmp_path, template_head: str, files: dict[str, str] | None = None)
     [
         ('#include "missing.cuh"', {}, '#include "missing.cuh" not found (looked for'),
         ('#include "../../outside.cuh"', {"../outside.cuh": "#pragma once\n"}, "outside the project"),
-        ('#include "sub/a.cuh"\n#include "sub2/b.cuh"', {"cuda/sub/a.cuh": '#include "x.cuh"\n', "cuda/sub/x.cuh": "", "cuda/sub2/b.cuh": '#include "x.cuh"\n', "cuda/sub2/x.cuh": "// another\n"}, 'means'),
+        (
+            '#include "sub/a.cuh"\n#include "sub2/b.cuh"',
+            {
+                "cuda/sub/a.cuh": '#include "x.cuh"\n',
+                "cuda/sub/x.cuh": "",
+                "cuda/sub2/b.cuh": '#include "x.cuh"\n',
+                "cuda/sub2/x.cuh": "// another\n",
+            },
+            "means",
+        ),
     ],
     ids=["missing", "outside", "one-name-two-files"],
 )
@@ -235,7 +251,7 @@ def test_commented_out_includes_are_ignored(tmp_path):
 
 def _table(extra: str) -> str:
     text = (CONSUMER / "pyproject.toml").read_text()
-    return text.replace('constants = { RADIUS = [2, 4] }', extra)
+    return text.replace("constants = { RADIUS = [2, 4] }", extra)
 
 
 @pytest.mark.parametrize(
@@ -248,7 +264,10 @@ def _table(extra: str) -> str:
         ("constants = { RADIUS = [2], x = [1] }", "constant 'x' has the same name as argument x"),
         ("constants = { RADIUS = [2], stream = [1] }", "constant 'stream' has the same name as the call's `stream=`; rename it"),
         ("constants = { RADIUS = [2], arch = [1] }", "constant 'arch' has the same name as select()'s `arch=`"),
-        ('constants = { RADIUS = [2] }\ntypes = { self = ["float32"] }', "type parameter 'self' has the same name as the kernel object's `self`"),
+        (
+            'constants = { RADIUS = [2] }\ntypes = { self = ["float32"] }',
+            "type parameter 'self' has the same name as the kernel object's `self`",
+        ),
         ("constants = { RADIUS = [2], BLOCK = [1] }", "axis 'BLOCK' has the same name as constant BLOCK"),
         ("constants = { float32 = [1] }", "a constant may not be named like a dtype"),
         ("", "unknown name(s) RADIUS in 'n - 2 * RADIUS'; shapes may use the key dims and constants"),
@@ -271,18 +290,30 @@ def test_constants_are_checked_in_shapes_and_geometry_for_every_value(tmp_path):
 
 def test_the_default_violating_a_constraint_names_it_once(tmp_path):
     root = copy_consumer(tmp_path / "kit")
-    text = (root / "pyproject.toml").read_text().replace('constraints = ["BLOCK >= 2 * RADIUS"]', 'constraints = ["BLOCK >= 2 * RADIUS", "BLOCK < 200"]')
+    text = (
+        (root / "pyproject.toml")
+        .read_text()
+        .replace('constraints = ["BLOCK >= 2 * RADIUS"]', 'constraints = ["BLOCK >= 2 * RADIUS", "BLOCK < 200"]')
+    )
     (root / "pyproject.toml").write_text(text)
     with pytest.raises(ConfigError) as info:
         load_project(root)
     lines = [e for e in info.value.errors if "violates" in e]
-    assert lines == ["tool.hatch.build.targets.wheel.hooks.autotune.kernels.stencil.default: the default {'BLOCK': 256, 'USE_SMEM': True} violates constraints[1] 'BLOCK < 200'"]
+    assert lines == [
+        "tool.hatch.build.targets.wheel.hooks.autotune.kernels.stencil.default: the default {'BLOCK': 256, 'USE_SMEM': True} violates constraints[1] 'BLOCK < 200'"
+    ]
 
 
 def test_tuning_inputs_and_the_reference_see_the_constants(tmp_path):
     root = copy_consumer(tmp_path / "kit")
-    (root / "ref.py").write_text("def halo(x, y, RADIUS):\n    return {'y': sum(x[d:len(x) - 2 * RADIUS + d] for d in range(2 * RADIUS + 1))}\n")
-    (root / "pyproject.toml").write_text((root / "pyproject.toml").read_text().replace('constants = { RADIUS = [2, 4] }', 'constants = { RADIUS = [2, 4] }\nreference = "ref:halo"'))
+    (root / "ref.py").write_text(
+        "def halo(x, y, RADIUS):\n    return {'y': sum(x[d:len(x) - 2 * RADIUS + d] for d in range(2 * RADIUS + 1))}\n"
+    )
+    (root / "pyproject.toml").write_text(
+        (root / "pyproject.toml")
+        .read_text()
+        .replace("constants = { RADIUS = [2, 4] }", 'constants = { RADIUS = [2, 4] }\nreference = "ref:halo"')
+    )
     spec = load_project(root).kernels["halo_sum"]
     inputs = bucket_inputs(spec, {"RADIUS": 4}, {"n": 4096}, root)
     assert inputs["x"].shape == (4096,) and inputs["y"].shape == (4088,)
@@ -341,7 +372,9 @@ def test_each_constant_value_is_tuned_and_verified_through_the_real_worker(tmp_p
     (root / "src" / "halopkg").mkdir(parents=True)
     (root / "src" / "halopkg" / "__init__.py").write_text("")
     (root / "halo.cu.j2").write_text(HALO_TEMPLATE)
-    (root / "ref.py").write_text("def halo(x, y, RADIUS):\n    m = len(x) - 2 * RADIUS\n    return sum(x[d:m + d] for d in range(2 * RADIUS + 1))\n")
+    (root / "ref.py").write_text(
+        "def halo(x, y, RADIUS):\n    m = len(x) - 2 * RADIUS\n    return sum(x[d:m + d] for d in range(2 * RADIUS + 1))\n"
+    )
     (root / "pyproject.toml").write_text('[project]\nname = "halopkg"\nversion = "0"\n\n' + HALO_TABLE)
     summary = tune_over_standin(root, tmp_path / "cache")
     assert sorted(eid for eid, _ in summary.tuned) == ["halo|RADIUS=1|sm_90|n=5000", "halo|RADIUS=2|sm_90|n=5000"]
@@ -350,7 +383,6 @@ def test_each_constant_value_is_tuned_and_verified_through_the_real_worker(tmp_p
         status = {(m.config["BLOCK"], m.config["SKEW"]): m.status for m in entry.measurements}
         assert status[(128, True)] == status[(256, True)] == "rejected", (eid, status)  # SKEW is wrong for every RADIUS
         assert entry.config == {"BLOCK": 256, "SKEW": False}  # the verified, (synthetically) fastest
-
 
 
 def _section(text: str, kernel: str) -> tuple[int, int]:
@@ -365,7 +397,7 @@ def test_names_a_call_or_select_cannot_take_by_keyword_are_refused(tmp_path):
     a, b = _section(text, "halo_sum")
     renamed_arg = text[:a] + text[a:b].replace('{ name = "y"', '{ name = "stream"') + text[b:]
     a, b = _section(text, "stencil")
-    stencil = text[a:b].replace('n = { from', 'arch = { from').replace('["n"]', '["arch"]').replace('value = "n"', 'value = "arch"')
+    stencil = text[a:b].replace("n = { from", "arch = { from").replace('["n"]', '["arch"]').replace('value = "n"', 'value = "arch"')
     renamed_dim = text[:a] + stencil.replace("cdiv(n,", "cdiv(arch,") + text[b:]
     for table, message in (
         (renamed_arg, "kernels.halo_sum: argument 'stream' has the same name as the call's `stream=`; rename it"),
@@ -382,8 +414,16 @@ def test_header_bounds_and_unreadable_headers_are_named(tmp_path):
 
     many = "".join(f'#include "h{i}.cuh"\n' for i in range(MAX_HEADERS + 1))
     cases = [
-        ({"cuda/many.cuh": many, **{f"cuda/h{i}.cuh": "" for i in range(MAX_HEADERS + 1)}}, '#include "many.cuh"', f"more than {MAX_HEADERS} headers reached by #include"),
-        ({"cuda/big.cuh": "/" * ((MAX_HEADER_MIB << 20) + 1)}, '#include "big.cuh"', f"is larger than {MAX_HEADER_MIB} MiB, the most a header may have"),
+        (
+            {"cuda/many.cuh": many, **{f"cuda/h{i}.cuh": "" for i in range(MAX_HEADERS + 1)}},
+            '#include "many.cuh"',
+            f"more than {MAX_HEADERS} headers reached by #include",
+        ),
+        (
+            {"cuda/big.cuh": "/" * ((MAX_HEADER_MIB << 20) + 1)},
+            '#include "big.cuh"',
+            f"is larger than {MAX_HEADER_MIB} MiB, the most a header may have",
+        ),
     ]
     for n, (files, head, message) in enumerate(cases):
         root = _kit_with(tmp_path / str(n), head, files)
@@ -404,4 +444,7 @@ def test_too_many_instances_are_refused_before_anything_is_rendered(tmp_path):
     (root / "pyproject.toml").write_text(_table(f"constants = {{ RADIUS = [2], A = [{many}], B = [{many}] }}"))
     with pytest.raises(ConfigError) as info:
         load_project(root)
-    assert f"the type parameters and constants make 1,600 instances, each rendered, compiled and tuned apart; at most {MAX_INSTANCES:,} are allowed" in str(info.value)
+    assert (
+        f"the type parameters and constants make 1,600 instances, each rendered, compiled and tuned apart; at most {MAX_INSTANCES:,} are allowed"
+        in str(info.value)
+    )

@@ -15,7 +15,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from test_wheel import fresh_venv, pip_env, pip_into, run
 
 pytestmark = pytest.mark.slow
@@ -42,7 +41,12 @@ def test_the_wheel_ships_each_instance_and_no_header(stencil_wheel):
     assert not any(n.endswith(".cuh") or n.endswith(".j2") for n in names)  # headers are compiled in, not shipped
     stencil = table["kernels"]["stencil"]
     assert stencil["constants"] == [{"name": "RADIUS", "values": [1, 3]}, {"name": "PERIODIC", "values": [False, True]}]
-    assert sorted(stencil["select"]) == ["PERIODIC=false,RADIUS=1", "PERIODIC=false,RADIUS=3", "PERIODIC=true,RADIUS=1", "PERIODIC=true,RADIUS=3"]
+    assert sorted(stencil["select"]) == [
+        "PERIODIC=false,RADIUS=1",
+        "PERIODIC=false,RADIUS=3",
+        "PERIODIC=true,RADIUS=1",
+        "PERIODIC=true,RADIUS=3",
+    ]
     assert sorted(table["kernels"]["halo_sum"]["select"]) == ["RADIUS=2", "RADIUS=4"]
 
 

@@ -18,15 +18,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import build, copy_example, write_lock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hatch_autotune.compile.entry import CacheEntry
 from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.compile.entry import CacheEntry, Resources
 from hatch_autotune.compile.nvrtc import CompileJob, compile_all
-from hatch_autotune.compile.entry import Resources
-
-from conftest import build, copy_example, write_lock
 
 RESOURCE_FIELDS = [f.name for f in fields(Resources)]
 DEEP_LIST = b"[" * 100_000 + b"]" * 100_000
@@ -148,7 +146,9 @@ def content_damages(meta: bytes, binary: bytes | None) -> list[tuple[str, bytes 
             out.append((f"{field} removed (re-sealed)", dumps(seal(without)), KEEP))
     out.append(("an unknown field", dumps({**record, "extra": 1}), KEEP))
     out.append(("an unknown field (re-sealed)", dumps(seal({**record, "extra": 1})), KEEP))
-    out.append(("not sealed (metadata_sha256 removed, the old format)", dumps({k: v for k, v in record.items() if k != "metadata_sha256"}), KEEP))
+    out.append(
+        ("not sealed (metadata_sha256 removed, the old format)", dumps({k: v for k, v in record.items() if k != "metadata_sha256"}), KEEP)
+    )
     if binary is not None:
         out += [("binary empty", KEEP, b""), ("binary removed", KEEP, REMOVE), ("binary with a byte appended", KEEP, binary + b"\0")]
         out += [(f"binary truncated to {n} bytes", KEEP, binary[:n]) for n in (1, len(binary) // 2, len(binary) - 1)]

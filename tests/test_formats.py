@@ -106,8 +106,15 @@ def test_the_strict_reader_refuses_what_the_build_reader_skips(tmp_path):
     ]
     with pytest.raises(LockFormatError, match="lock.json: entry 'not an id' is malformed"):
         LockFile.parse(data, "lock.json")
-    for foreign, why in (([1], "not a hatch-autotune lock file"), ({"schema": 0, "entries": {}}, "schema 0 is not supported"), ({"schema": True, "entries": {}}, "no valid schema version")):
-        assert LockFile.parse(foreign, "f", strict=False).warnings[0].startswith("f: ") and why in LockFile.parse(foreign, "f", strict=False).warnings[0]
+    for foreign, why in (
+        ([1], "not a hatch-autotune lock file"),
+        ({"schema": 0, "entries": {}}, "schema 0 is not supported"),
+        ({"schema": True, "entries": {}}, "no valid schema version"),
+    ):
+        assert (
+            LockFile.parse(foreign, "f", strict=False).warnings[0].startswith("f: ")
+            and why in LockFile.parse(foreign, "f", strict=False).warnings[0]
+        )
         with pytest.raises(LockFormatError, match=why):
             LockFile.parse(foreign, "f")
     path = tmp_path / "bad.json"  # the command's file errors: tests/test_cli.py (read_json)
@@ -119,7 +126,10 @@ def test_the_strict_reader_refuses_what_the_build_reader_skips(tmp_path):
 
 @pytest.mark.parametrize("strict", [True, False])
 def test_both_lock_readers_refuse_a_newer_schema(strict):
-    with pytest.raises(LockFormatError, match=rf"x.json: lock file schema {LOCK_SCHEMA + 1} is newer than this hatch-autotune .* reads \(schema {LOCK_SCHEMA}\); upgrade"):
+    with pytest.raises(
+        LockFormatError,
+        match=rf"x.json: lock file schema {LOCK_SCHEMA + 1} is newer than this hatch-autotune .* reads \(schema {LOCK_SCHEMA}\); upgrade",
+    ):
         LockFile.parse(lock_json({}, LOCK_SCHEMA + 1), "x.json", strict=strict)
 
 
@@ -140,7 +150,10 @@ def test_the_table_round_trips_with_a_stable_layout():
         (b"[]", "t: not a hatch-autotune selection table"),
         (json.dumps({**TABLE, "schema": "1"}), "t: selection table has no valid schema version"),
         (json.dumps({**TABLE, "schema": 0}), "t: selection table schema 0 is not supported"),
-        (json.dumps({**TABLE, "schema": TABLE_SCHEMA + 1}), rf"t: selection table schema {TABLE_SCHEMA + 1} is newer than this reader understands \(schema {TABLE_SCHEMA}\); upgrade"),
+        (
+            json.dumps({**TABLE, "schema": TABLE_SCHEMA + 1}),
+            rf"t: selection table schema {TABLE_SCHEMA + 1} is newer than this reader understands \(schema {TABLE_SCHEMA}\); upgrade",
+        ),
     ],
 )
 def test_the_table_reader_refuses_with_a_clear_message(data, message):
@@ -157,7 +170,15 @@ def test_the_runtime_refuses_a_table_of_a_newer_schema(tmp_path):
 def test_a_re_saved_lock_keeps_what_this_version_did_not_write(tmp_path):
     """The tuner re-saves the whole lock after every bucket: entries it did not tune keep their
     bytes (keys a newer writer added, ints, empty lists), and merge keeps a 0 ms winner."""
-    odd = {"checksum": "c" * 64, "config": {"B": 1}, "tuned": True, "default_ms": 2, "measurements": [], "provenance": {}, "future_key": [1]}
+    odd = {
+        "checksum": "c" * 64,
+        "config": {"B": 1},
+        "tuned": True,
+        "default_ms": 2,
+        "measurements": [],
+        "provenance": {},
+        "future_key": [1],
+    }
     path = tmp_path / "autotune.lock.json"
     text = json.dumps(lock_json({"k|-|sm_90|n=1": odd}), sort_keys=True, indent=1) + "\n"
     path.write_text(text)
@@ -165,7 +186,9 @@ def test_a_re_saved_lock_keeps_what_this_version_did_not_write(tmp_path):
     lock.entries["k|-|sm_90|n=2"] = LockEntry("d" * 64, {"B": 2}, tuned=True)  # what a tuner adds
     lock.save(path)
     assert json.loads(path.read_text())["entries"]["k|-|sm_90|n=1"] == odd
-    assert LockFile.load(path).entries["k|-|sm_90|n=1"].default_ms == 2 and isinstance(LockFile.load(path).entries["k|-|sm_90|n=1"].default_ms, int)
+    assert LockFile.load(path).entries["k|-|sm_90|n=1"].default_ms == 2 and isinstance(
+        LockFile.load(path).entries["k|-|sm_90|n=1"].default_ms, int
+    )
     changed = dataclasses.replace(lock.entries["k|-|sm_90|n=1"], config={"B": 3})  # a changed entry is written anew
     assert changed.to_json()["config"] == {"B": 3} and "future_key" not in changed.to_json()
 
@@ -190,4 +213,11 @@ def test_a_measurement_reads_what_a_lenient_reader_accepted_as_not_recorded():
     assert (m.index, m.samples, m.median_ms, m.timed) == (None, None, None, False)
     assert Measurement.from_json({"config": {"B": 1}}).status == ""
     exact = Measurement(3, {"B": 1}, "ok", 5, 0.0123456789, 0.00012345678)
-    assert exact.as_recorded().to_json() == {"index": 3, "config": {"B": 1}, "status": "ok", "samples": 5, "median_ms": 0.012346, "spread_ms": 0.000123}
+    assert exact.as_recorded().to_json() == {
+        "index": 3,
+        "config": {"B": 1},
+        "status": "ok",
+        "samples": 5,
+        "median_ms": 0.012346,
+        "spread_ms": 0.000123,
+    }

@@ -10,11 +10,9 @@ import os
 
 import numpy as np
 import pytest
-
-from hatch_autotune.plan.devices import detect_gpu_arch
-
 from conftest import device_sync
 
+from hatch_autotune.plan.devices import detect_gpu_arch
 
 GPU_ARCH = detect_gpu_arch()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPU_ARCH is None, reason="needs a CUDA GPU")]
@@ -263,7 +261,12 @@ def test_two_processes_calling_at_once_both_get_their_results(kernels, cp, tmp_p
     barrier = tmp_path / "ready"
     barrier.mkdir()
     script = TWO_PROCESSES.format(calls=3000)
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(seed), str(barrier)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (31, 32)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(seed), str(barrier)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for seed in (31, 32)
+    ]
     try:
         outs = [p.communicate(timeout=120) for p in procs]
     finally:

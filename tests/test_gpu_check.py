@@ -13,10 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 from hatch_autotune.plan.devices import detect_gpu_arch
-
-from conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
@@ -25,8 +24,19 @@ BENCH = ROOT / "benchmarks"
 @pytest.mark.skipif(detect_gpu_arch() is not None, reason="checks gpu_check's behaviour without a GPU")
 def test_gpu_check_without_a_gpu_fails_every_gpu_stage_and_goes_on(tmp_path):
     out = tmp_path / "out"
-    cmd = [sys.executable, str(BENCH / "gpu_check.py"), str(out), "--quick", "--no-standin",
-           "--wheels", str(tmp_path / "no-wheels-here"), "--stage-timeout", "45", "--budget-s", "240"]
+    cmd = [
+        sys.executable,
+        str(BENCH / "gpu_check.py"),
+        str(out),
+        "--quick",
+        "--no-standin",
+        "--wheels",
+        str(tmp_path / "no-wheels-here"),
+        "--stage-timeout",
+        "45",
+        "--budget-s",
+        "240",
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -66,7 +76,9 @@ def test_gpu_check_without_a_gpu_fails_every_gpu_stage_and_goes_on(tmp_path):
 
 
 def test_gpu_check_rejects_an_unknown_stage(tmp_path):
-    proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), str(tmp_path), "--only", "tunes"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "gpu_check.py"), str(tmp_path), "--only", "tunes"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and "no stage named 'tunes'" in proc.stderr
 
 

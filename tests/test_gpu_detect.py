@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_project, write_tiny_project
 from cuda.bindings import driver
 from cuda.pathfinder import DynamicLibNotFoundError
 
@@ -21,8 +22,6 @@ from hatch_autotune.plan.planner import resolve_archs
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.tuner import plan_tuning
 from hatch_autotune.tuning.worker import WorkerClient
-
-from conftest import load_project, write_tiny_project
 
 OK = driver.CUresult.CUDA_SUCCESS
 MAJOR = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
@@ -104,7 +103,9 @@ def test_the_tuning_plan_takes_every_target_arch_with_a_device(tmp_path):
 
     # no device of a target arch: `auto` builds from the lock, saying why; `tune` refuses
     plan = plan_tuning(declared, gpus(L4), "auto")
-    assert plan.archs == () and plan.warnings == ("no GPU here is of a target arch (sm_80, sm_90); devices: 0 (NVIDIA L4, sm_89); not tuning",)
+    assert plan.archs == () and plan.warnings == (
+        "no GPU here is of a target arch (sm_80, sm_90); devices: 0 (NVIDIA L4, sm_89); not tuning",
+    )
     with pytest.raises(TuningError, match=r"no GPU here is of a target arch \(sm_80, sm_90\); devices: 0 \(NVIDIA L4, sm_89\)"):
         plan_tuning(declared, gpus(L4), "tune")
     # no GPU at all: `auto` quietly builds from the lock; `tune` and `retune` need one
@@ -139,7 +140,9 @@ def test_tune_measures_each_target_arch_on_its_own_devices(monkeypatch, tmp_path
         client_factory=lambda d: ReportsCC(d, ccs[d], tmp_path / f"ops{d}.txt"),
         cache=CompileCache(tmp_path / "cache"),
     )
-    assert sorted(eid for eid, _ in summary.tuned) == sorted(f"scale|-|{a}|n={n}" for a in ("sm_80", "sm_90") for n in (1024, 65536, 1048576))
+    assert sorted(eid for eid, _ in summary.tuned) == sorted(
+        f"scale|-|{a}|n={n}" for a in ("sm_80", "sm_90") for n in (1024, 65536, 1048576)
+    )
     assert [m for m in logs if m.startswith("warning:")] == [
         "warning: device 1 (NVIDIA L4, sm_89) is not of a target arch (sm_80, sm_90): not tuning on it"
     ]

@@ -8,12 +8,11 @@ import json
 import shutil
 
 import pytest
+from conftest import EXAMPLE, build, load_project, write_tiny_project
 
 from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.plan.devices import detect_gpu_arch
 from hatch_autotune.tuning import tune
-
-from conftest import EXAMPLE, build, load_project, write_tiny_project
 
 GPU_ARCH = detect_gpu_arch()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPU_ARCH is None, reason="needs a CUDA GPU")]

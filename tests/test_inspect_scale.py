@@ -12,12 +12,11 @@ import sys
 from collections import defaultdict
 
 import pytest
+from conftest import ROOT
 
 from hatch_autotune import cli
-from hatch_autotune.lock import EntryId
 from hatch_autotune.inspection.fmt import fmt_bucket
-
-from conftest import ROOT
+from hatch_autotune.lock import EntryId
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from inspect_scale import big_lock, retuned, write_lock  # noqa: E402
@@ -50,7 +49,9 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
 def body_rows(out: str) -> list[list[str]]:
     """The body rows of the plain tables in `out`, as cells."""
     header = ("| arch", "| entry", "|-")
-    return [[c.strip() for c in line[1:-1].split(" | ")] for line in out.splitlines() if line.startswith("|") and not line.startswith(header)]
+    return [
+        [c.strip() for c in line[1:-1].split(" | ")] for line in out.splitlines() if line.startswith("|") and not line.startswith(header)
+    ]
 
 
 def test_show_prints_a_limit_and_says_how_many_more(locks, capsys):
@@ -99,7 +100,10 @@ def test_diff_of_two_big_locks_counts_every_change(locks, capsys):
     assert code == 1  # the regressions count whether listed or not
     assert body_rows(out) == rows[:50] and summary in out
     hidden_regressions = sum(r[-1] == "REGRESSION" for r in rows[50:])
-    assert f"... {listed - 50} more changes not shown (the first 50 of {listed}; {hidden_regressions} of those not shown are regressions)" in out
+    assert (
+        f"... {listed - 50} more changes not shown (the first 50 of {listed}; {hidden_regressions} of those not shown are regressions)"
+        in out
+    )
 
 
 def test_report_draws_one_chart_per_kernel_and_arch_with_every_bucket(locks, tmp_path, capsys):

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_project, tune_over_standin, write_tiny_project
 
 from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.errors import BuildError
 from hatch_autotune.tuning import tune
 from hatch_autotune.tuning.inputs import InputError, bucket_inputs, random_inputs, reference_outputs, resolved_dtype
 from hatch_autotune.tuning.worker import WorkerClient
-
-from conftest import load_project, tune_over_standin, write_tiny_project
 
 HERE = Path(__file__).parent
 
@@ -59,7 +58,7 @@ extern "C" __global__ void {{ entry }}(float alpha, const {{ T }}* x, {{ T }}* y
 }
 """
 
-GOOD_HOOKS = '''\
+GOOD_HOOKS = """\
 import numpy as np
 
 CALLS = []
@@ -79,7 +78,7 @@ def make_inputs(key, types, rng):
 def expected(alpha, x, y, n):
     y[:] = alpha * x + 1  # may write into its own copy of y
     return y
-'''
+"""
 
 
 def write_axpb_project(root: Path, hooks_module: str | None = GOOD_HOOKS, *, module_dir: str = "", **refs: str) -> Path:
@@ -254,7 +253,11 @@ def test_a_wrong_reference_hook_is_a_clear_error(tmp_path, body):
         (None, "hooks_missing:make", "no module named 'hooks_missing' (looked in "),
         ("import numpy as np\n", "hooks_nofn:make", "module 'hooks_nofn' ("),
         ("make = 42\n", "hooks_notfn:make", "hooks_notfn.make is a int, not a function"),
-        ("import not_a_module_anywhere\n", "hooks_dep:make", "importing module 'hooks_dep' failed: ModuleNotFoundError: No module named 'not_a_module_anywhere'"),
+        (
+            "import not_a_module_anywhere\n",
+            "hooks_dep:make",
+            "importing module 'hooks_dep' failed: ModuleNotFoundError: No module named 'not_a_module_anywhere'",
+        ),
         ("def make(:\n", "hooks_syntax:make", "importing module 'hooks_syntax' failed: SyntaxError: "),
         ("1 / 0\n", "hooks_boom:make", "importing module 'hooks_boom' failed: ZeroDivisionError: division by zero ("),
     ],
@@ -291,7 +294,7 @@ extern "C" __global__ void {{ entry }}(const float* __restrict__ x, float* __res
 
 # The user's reference says y = 3x: only FACTOR=3 is right, although the default is FACTOR=2 (which
 # is what variants would be checked against without a reference).
-SCALE_HOOKS = '''\
+SCALE_HOOKS = """\
 import numpy as np
 
 
@@ -302,7 +305,7 @@ def make_inputs(key, types, rng):
 
 def triple(x, y):
     return {"y": 3 * x}
-'''
+"""
 
 
 def scale_project_with_hooks(tmp_path: Path, name: str) -> Path:
@@ -374,7 +377,10 @@ def test_a_broken_hook_stops_tune_with_its_message(tmp_path):
     root = scale_project_with_hooks(tmp_path, "stop")
     (root / "stop_hooks.py").write_text(SCALE_HOOKS.replace('"y": np.zeros(n, np.float32)', '"y": np.zeros(n + 1, np.float32)'))
     fake = [sys.executable, str(HERE / "fake_worker.py")]
-    with pytest.raises(BuildError, match=r"kernel 'scale': inputs = 'stop_hooks:make_inputs' \(n=5000\): argument 'y' must be a float32 array of shape \(5000,\), got a float32 array of shape \(5001,\)"):
+    with pytest.raises(
+        BuildError,
+        match=r"kernel 'scale': inputs = 'stop_hooks:make_inputs' \(n=5000\): argument 'y' must be a float32 array of shape \(5000,\), got a float32 array of shape \(5001,\)",
+    ):
         tune(
             load_project(root),
             log=lambda m: None,

@@ -11,19 +11,18 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import SCALE_TEMPLATE, build, load_project, write_tiny_project
 from hatchling.builders.wheel import WheelBuilder
 
 from hatch_autotune import cli
 from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.errors import BuildError
 from hatch_autotune.lock import EntryId
 from hatch_autotune.text import LOG_LINES, log_excerpt
-from hatch_autotune.wheel.outcome import LOGS_PER_GROUP, OUTCOME_FILE, CompileFailure, EntryOutcome, Outcome
-from hatch_autotune.wheel.payload import write_package
-from hatch_autotune.errors import BuildError
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.worker import WorkerClient
-
-from conftest import SCALE_TEMPLATE, build, load_project, write_tiny_project
+from hatch_autotune.wheel.outcome import LOGS_PER_GROUP, OUTCOME_FILE, CompileFailure, EntryOutcome, Outcome
+from hatch_autotune.wheel.payload import write_package
 
 FAKE = [sys.executable, str(Path(__file__).with_name("fake_worker.py"))]
 # The default (BLOCK=256) does not compile; every other config does.
@@ -118,10 +117,18 @@ def test_failure_logs_are_bounded():
 
 def test_configs_of_one_source_are_one_failure_as_in_the_counts():
     failures = Outcome.failures_of(
-        [("k", "-", arch, f"k[B={b}, G={g}]", {"B": b, "G": g}, f"src{b}", "k.cu(1): error") for arch in ("sm_80", "sm_90") for b in (1, 2) for g in (1, 2, 3)]
+        [
+            ("k", "-", arch, f"k[B={b}, G={g}]", {"B": b, "G": g}, f"src{b}", "k.cu(1): error")
+            for arch in ("sm_80", "sm_90")
+            for b in (1, 2)
+            for g in (1, 2, 3)
+        ]
     )
     assert [(f.arch, f.variant, f.configs) for f in failures] == [
-        ("sm_80", "k[B=1, G=1]", 3), ("sm_80", "k[B=2, G=1]", 3), ("sm_90", "k[B=1, G=1]", 3), ("sm_90", "k[B=2, G=1]", 3)
+        ("sm_80", "k[B=1, G=1]", 3),
+        ("sm_80", "k[B=2, G=1]", 3),
+        ("sm_90", "k[B=1, G=1]", 3),
+        ("sm_90", "k[B=2, G=1]", 3),
     ]
     assert Outcome.read(Outcome((), failures).to_bytes(), "x").failures == failures
 
@@ -163,7 +170,11 @@ def test_default_may_fail_ships_a_fallback_that_the_wheel_records_and_show_print
     wheel = wheel_of(root, tmp_path / "dist")
     build_log = capsys.readouterr().err
     assert "warning: scale: 2 untuned entries use a fallback config" in build_log
-    assert build_log.rstrip().splitlines()[-1].startswith(f"hatch-autotune: the wheel records this build's outcome: `hatch-autotune show {wheel.name}`")
+    assert (
+        build_log.rstrip()
+        .splitlines()[-1]
+        .startswith(f"hatch-autotune: the wheel records this build's outcome: `hatch-autotune show {wheel.name}`")
+    )
     with zipfile.ZipFile(wheel) as zf:
         record = json.loads(zf.read(f"tinypkg/kernels/{OUTCOME_FILE}"))
     assert record["default_may_fail"] is True and record["shipped"] == 2  # BLOCK=64's cubin and its PTX
@@ -171,7 +182,12 @@ def test_default_may_fail_ships_a_fallback_that_the_wheel_records_and_show_print
         (f"scale|-|sm_90|n={n}", "fallback", {"BAD": False, "BLOCK": 64, "FACTOR": 2}, LOCKLESS_FALLBACK) for n in (1024, 65536)
     ]
     ((failure),) = record["failures"]
-    assert (failure["kernel"], failure["types"], failure["arch"], failure["variant"]) == ("scale", "-", "sm_90", "scale[BLOCK=256, FACTOR=2, BAD=false]")
+    assert (failure["kernel"], failure["types"], failure["arch"], failure["variant"]) == (
+        "scale",
+        "-",
+        "sm_90",
+        "scale[BLOCK=256, FACTOR=2, BAD=false]",
+    )
     assert "this_is_not_cuda" in failure["log"]
 
     code, out, err = show(capsys, wheel)
@@ -182,7 +198,10 @@ def test_default_may_fail_ships_a_fallback_that_the_wheel_records_and_show_print
     at = lines.index("untuned entries, by kernel and reason:")
     assert lines[at + 1] == f"  scale: 2 entries run a fallback config: {LOCKLESS_FALLBACK}"
     at = lines.index("compile failures: 1 variant binary did not compile (none of them ships):")
-    assert lines[at + 1 : at + 3] == ["  scale (no type parameters or constants) on sm_90: 1 variant(s)", "    scale[BLOCK=256, FACTOR=2, BAD=false]"]
+    assert lines[at + 1 : at + 3] == [
+        "  scale (no type parameters or constants) on sm_90: 1 variant(s)",
+        "    scale[BLOCK=256, FACTOR=2, BAD=false]",
+    ]
     assert lines[at + 3].startswith("      scale.cu(5): error:") and any("this_is_not_cuda" in line for line in lines[at + 3 :])
     assert (
         f"{wheel}!tinypkg/kernels/table.json (wheel): 2 entries, 0 tuned, 0 default, 2 fallback (the default config does not compile); "
@@ -212,7 +231,10 @@ def test_show_of_a_project_lists_its_compile_failures(tmp_path, capsys):
     code, out, err = show(capsys, root)
     assert code == 0, err
     assert "compile failures: 1 variant binary did not compile (none of them ships):" in out
-    assert f"{root} (project): 2 entries, 0 tuned, 0 default, 2 fallback (the default config does not compile); 1 variant binary failed to compile" in out
+    assert (
+        f"{root} (project): 2 entries, 0 tuned, 0 default, 2 fallback (the default config does not compile); 1 variant binary failed to compile"
+        in out
+    )
 
 
 # ---- the tuner --------------------------------------------------------------------------------
@@ -223,7 +245,13 @@ def test_the_tuner_stops_before_measuring_when_the_default_does_not_compile(tmp_
     ops = tmp_path / "ops.txt"
     monkeypatch.setenv("FAKE_WORKER", json.dumps({"log": str(ops)}))
     with pytest.raises(TuningError) as info:
-        tune(load_project(root), gpu_arch="sm_90", client_factory=lambda d: WorkerClient(FAKE), cache=CompileCache(tmp_path / "c"), log=lambda m: None)
+        tune(
+            load_project(root),
+            gpu_arch="sm_90",
+            client_factory=lambda d: WorkerClient(FAKE),
+            cache=CompileCache(tmp_path / "c"),
+            log=lambda m: None,
+        )
     assert "the default config of kernel 'scale' (no type parameters or constants) does not compile for sm_90" in str(info.value)
     assert "measure" not in ops.read_text() and not (root / "autotune.lock.json").exists()  # no GPU time spent, no lock written
 
@@ -231,8 +259,17 @@ def test_the_tuner_stops_before_measuring_when_the_default_does_not_compile(tmp_
 def test_the_tuner_measures_the_others_with_default_may_fail(tmp_path):
     root = breaking_project(tmp_path / "p", may_fail=True, mode="tune")
     logs: list[str] = []
-    summary = tune(load_project(root), gpu_arch="sm_90", client_factory=lambda d: WorkerClient(FAKE), cache=CompileCache(tmp_path / "c"), log=logs.append)
-    assert "warning: the default config of scale (no type parameters or constants) does not compile for sm_90; measuring the others (default-may-fail = true)" in logs
+    summary = tune(
+        load_project(root),
+        gpu_arch="sm_90",
+        client_factory=lambda d: WorkerClient(FAKE),
+        cache=CompileCache(tmp_path / "c"),
+        log=logs.append,
+    )
+    assert (
+        "warning: the default config of scale (no type parameters or constants) does not compile for sm_90; measuring the others (default-may-fail = true)"
+        in logs
+    )
     assert len(summary.tuned) == 2
     for _, entry in summary.tuned:
         statuses = {m.config["BLOCK"]: m.status for m in entry.measurements}

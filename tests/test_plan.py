@@ -7,16 +7,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_project, write_tiny_project
 
 from hatch_autotune.compile import render
 from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.lock import EntryId, LockEntry, LockFile, entry_checksum
-from hatch_autotune.wheel.assemble import build_payload
 from hatch_autotune.plan.planner import make_plan
 from hatch_autotune.tuning import tune
 from hatch_autotune.tuning.worker import WorkerClient
-
-from conftest import load_project, write_tiny_project
+from hatch_autotune.wheel.assemble import build_payload
 
 FAKE = [sys.executable, str(Path(__file__).with_name("fake_worker.py"))]
 WINNER = {"BLOCK": 256, "FACTOR": 3, "BAD": False}
@@ -127,7 +126,9 @@ def test_tuning_and_building_share_one_plan(project, tmp_path, monkeypatch):
     plan = summary.plan
     assert len(summary.tuned) == 3 and all(eid in plan.lock.entries for eid, _ in summary.tuned)
     assert plan.archs == project.archs  # planned for every target, tuned where a device is
-    assert tune(project, kernels=["scale"], gpu_arch="sm_90", client_factory=lambda d: WorkerClient(FAKE), cache=cache, log=quiet).plan is None
+    assert (
+        tune(project, kernels=["scale"], gpu_arch="sm_90", client_factory=lambda d: WorkerClient(FAKE), cache=cache, log=quiet).plan is None
+    )
 
     def no_rendering(*a, **k):
         raise AssertionError("the build rendered again")
@@ -151,11 +152,17 @@ def test_show_agrees_with_the_build_when_a_winner_no_longer_compiles(project, tm
     points = plan.instances[0].points["sm_90"]
     lock_with(plan, {points[0].eid: BROKEN, points[1].eid: WINNER}).save(project.lock_file)
     result = build_payload(project, cache=CompileCache(tmp_path / "cache"), log=quiet)
-    built = {eid: result.kernels[0].variants["-"][result.kernels[0].choices[key].variant_index].config_dict for key, (eid, _) in result.kernels[0].lock_ids.items()}
+    built = {
+        eid: result.kernels[0].variants["-"][result.kernels[0].choices[key].variant_index].config_dict
+        for key, (eid, _) in result.kernels[0].lock_ids.items()
+    }
     shown = readers.load_source(str(project.root)).rows
     assert {eid: row.config for eid, row in shown.items()} == built
     assert built[points[0].eid] == dict(project.kernels["scale"].default) and built[points[1].eid] == WINNER
-    assert shown[points[0].eid].note == f"the lock's winner {plan.instances[0].variants[plan.instances[0].configs.index(BROKEN)].label} failed to compile"
+    assert (
+        shown[points[0].eid].note
+        == f"the lock's winner {plan.instances[0].variants[plan.instances[0].configs.index(BROKEN)].label} failed to compile"
+    )
     assert shown[points[0].eid].status == "default"
 
 

@@ -13,12 +13,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import SCALE_TEMPLATE, write_tiny_project
 from hatchling.builders.sdist import SdistBuilder
 from hatchling.builders.wheel import WheelBuilder
 
 from hatch_autotune.hatch.plugin import EDITABLE_MARKER, AutotuneBuildHook
-
-from conftest import SCALE_TEMPLATE, write_tiny_project
 
 TARGET_TABLE = "[tool.hatch.build.targets.wheel.hooks.autotune]"
 GLOBAL_TABLE = "[tool.hatch.build.hooks.autotune]"
@@ -36,7 +35,9 @@ def small_project(root: Path, *, extra: str = "", template: str = SCALE_TEMPLATE
         assert old in text
         text = text.replace(old, new)
     if global_table:  # the table every target's hooks get (hatchling: a target's own table replaces it)
-        text = text.replace(TARGET_TABLE, GLOBAL_TABLE).replace("[tool.hatch.build.targets.wheel.hooks.autotune.", "[tool.hatch.build.hooks.autotune.")
+        text = text.replace(TARGET_TABLE, GLOBAL_TABLE).replace(
+            "[tool.hatch.build.targets.wheel.hooks.autotune.", "[tool.hatch.build.hooks.autotune."
+        )
     (root / "pyproject.toml").write_text(text)
     return root
 
@@ -116,7 +117,9 @@ def test_a_whole_in_process_wheel_build(tmp_path, build_env):
         wheel_meta = zf.read("tinypkg-0.1.0.dist-info/WHEEL").decode()
     assert {"tinypkg/__init__.py", "tinypkg/kernels/__init__.py", "tinypkg/kernels/_runtime/__init__.py"} <= names
     shipped = {n for n in names if n.startswith("tinypkg/kernels/bin/")}
-    assert shipped == {f"tinypkg/kernels/{info['file']}" for v in table["kernels"]["scale"]["variants"].values() for info in v["binaries"].values()}
+    assert shipped == {
+        f"tinypkg/kernels/{info['file']}" for v in table["kernels"]["scale"]["variants"].values() for info in v["binaries"].values()
+    }
     assert "Tag: py3-none-manylinux_2_28_x86_64" in wheel_meta and "Root-Is-Purelib: true" in wheel_meta
     assert staged(build_env) == []  # finalize ran
 
@@ -282,7 +285,9 @@ def test_a_wheel_build_refuses_an_in_tree_generated_copy(tmp_path, build_env):
     builder = WheelBuilder(str(root))
     hook_of(builder, tmp_path / "dist").initialize("editable", fresh_build_data(builder))
     build_data = fresh_build_data(builder)
-    with pytest.raises(SystemExit, match="holds the generated package of an editable install, and a wheel built now would contain it twice"):
+    with pytest.raises(
+        SystemExit, match="holds the generated package of an editable install, and a wheel built now would contain it twice"
+    ):
         hook_of(builder, tmp_path / "dist").initialize("standard", build_data)
     assert build_data["force_include"] == {} and staged(build_env) == []
     shutil.rmtree(root / "tinypkg" / "kernels")  # what the message says to do

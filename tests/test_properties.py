@@ -12,16 +12,15 @@ import os
 import re
 
 import pytest
+from conftest import hook_table, write_tiny_project
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from test_formats import ENTRY
 
-from hatch_autotune.lock import LockFile, LockFormatError
-from hatch_autotune.runtime import ExpressionError, compile_expr
 from hatch_autotune.declare.config import ConfigError, parse_project
 from hatch_autotune.declare.expr import ExprSyntaxError, parse
-
-from conftest import hook_table, write_tiny_project
-from test_formats import ENTRY
+from hatch_autotune.lock import LockFile, LockFormatError
+from hatch_autotune.runtime import ExpressionError, compile_expr
 
 # HATCH_AUTOTUNE_EXAMPLES=5000 for a longer hunt (CI keeps the default)
 EXAMPLES = int(os.environ.get("HATCH_AUTOTUNE_EXAMPLES", "300"))
@@ -72,7 +71,10 @@ JSON = st.recursive(
 )
 TREE = st.recursive(
     st.integers(min_value=-(2**40), max_value=2**40) | st.sampled_from([["n", name] for name in NAMES]) | JSON,
-    lambda inner: st.tuples(st.sampled_from(["+", "-", "*", "/", "//", "%", "**", "neg", "not", "and", "or", "cmp", "if", "call", "n", "cdiv", "min"]), st.lists(inner | st.sampled_from(["min", "cdiv", "max", "<", "=="]), max_size=4)).map(lambda t: [t[0], *t[1]]),
+    lambda inner: st.tuples(
+        st.sampled_from(["+", "-", "*", "/", "//", "%", "**", "neg", "not", "and", "or", "cmp", "if", "call", "n", "cdiv", "min"]),
+        st.lists(inner | st.sampled_from(["min", "cdiv", "max", "<", "=="]), max_size=4),
+    ).map(lambda t: [t[0], *t[1]]),
     max_leaves=40,
 )
 
@@ -97,7 +99,11 @@ def test_any_tree_from_a_table_compiles_or_is_refused_and_evaluates_within_bound
 # ---- the config table ------------------------------------------------------------------------
 
 TOML_VALUE = st.recursive(
-    st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12) | st.sampled_from(["9**9**9", "n\n", "../x", "sm_90\n", "S * 10**10", ""]),
+    st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(max_size=12)
+    | st.sampled_from(["9**9**9", "n\n", "../x", "sm_90\n", "S * 10**10", ""]),
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=6), inner, max_size=5),
     max_leaves=20,
 )

@@ -18,25 +18,25 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import load_project, write_tiny_project
 from hatchling.builders.wheel import WheelBuilder
+from test_damage import KEEP, REMOVE, content_damages, dumps, flip, seal
 
-from hatch_autotune.compile.entry import MAX_METADATA_BYTES, CacheEntry
 from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.compile.entry import MAX_METADATA_BYTES, CacheEntry, Resources
+from hatch_autotune.compile.remote_cache import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, DEFAULT_TTL_S, RemoteCache, redact
 from hatch_autotune.compile.tiers import open_compile_cache
 from hatch_autotune.declare.settings import read_cache_settings
-from hatch_autotune.compile.entry import Resources
-from hatch_autotune.wheel.assemble import build_payload
-from hatch_autotune.compile.remote_cache import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, DEFAULT_TTL_S, RemoteCache, redact
 from hatch_autotune.errors import BuildError
-
-from conftest import load_project, write_tiny_project
-from test_damage import KEEP, REMOVE, content_damages, dumps, flip, seal
+from hatch_autotune.wheel.assemble import build_payload
 
 KEY = "ab" * 32
 OTHER_KEY = "cd" * 32
 THIRD_KEY = "ef" * 32
 RESOURCES = {f: n for n, f in enumerate(Resources.__dataclass_fields__)}
-COMPILED = CacheEntry(ok=True, log="ptxas info: Used 8 registers", label="scale BLOCK=128", resources=RESOURCES, binary=bytes(range(256)) * 40)
+COMPILED = CacheEntry(
+    ok=True, log="ptxas info: Used 8 registers", label="scale BLOCK=128", resources=RESOURCES, binary=bytes(range(256)) * 40
+)
 FAILED = CacheEntry(ok=False, log="error: expected a ';'", label="scale BAD=true", resources=None, binary=None)
 REDIS_SERVER = shutil.which("redis-server")
 
@@ -119,7 +119,9 @@ def server(redis_server):
 
 
 def env_for(cache_dir: Path, url: str, **settings: str) -> dict[str, str]:
-    return {"HATCH_AUTOTUNE_CACHE_DIR": str(cache_dir), "HATCH_AUTOTUNE_CACHE_URL": url} | {f"HATCH_AUTOTUNE_CACHE_{k.upper()}": v for k, v in settings.items()}
+    return {"HATCH_AUTOTUNE_CACHE_DIR": str(cache_dir), "HATCH_AUTOTUNE_CACHE_URL": url} | {
+        f"HATCH_AUTOTUNE_CACHE_{k.upper()}": v for k, v in settings.items()
+    }
 
 
 def remote_keys(key: str) -> tuple[str, str]:
@@ -418,7 +420,9 @@ def test_the_size_limit_refuses_to_store_a_larger_binary(server, tmp_path):
     exact = open_compile_cache(read_cache_settings(env_for(tmp_path / "b", server.url, max_bytes=str(size))))
     exact.put(KEY, COMPILED)
     assert server.raw.strlen(remote_keys(KEY)[1]) == size
-    assert open_compile_cache(read_cache_settings(env_for(tmp_path / "c", server.url, max_bytes=str(size - 1)))).get(KEY) is None  # nor read
+    assert (
+        open_compile_cache(read_cache_settings(env_for(tmp_path / "c", server.url, max_bytes=str(size - 1)))).get(KEY) is None
+    )  # nor read
 
 
 # ---- settings ----------------------------------------------------------------------------------
@@ -427,9 +431,15 @@ def test_the_size_limit_refuses_to_store_a_larger_binary(server, tmp_path):
 def test_the_settings_and_their_defaults(tmp_path):
     pytest.importorskip("redis")
     assert open_compile_cache(read_cache_settings({"HATCH_AUTOTUNE_CACHE_DIR": str(tmp_path)})).remote is None
-    assert open_compile_cache(read_cache_settings({"HATCH_AUTOTUNE_CACHE_DIR": str(tmp_path), "HATCH_AUTOTUNE_CACHE_URL": " "})).remote is None
+    assert (
+        open_compile_cache(read_cache_settings({"HATCH_AUTOTUNE_CACHE_DIR": str(tmp_path), "HATCH_AUTOTUNE_CACHE_URL": " "})).remote is None
+    )
     remote = open_compile_cache(read_cache_settings(env_for(tmp_path, "rediss://cache.internal:6380/2"))).remote
-    assert (remote.timeout, remote.max_bytes, remote.ttl) == (DEFAULT_TIMEOUT_S, DEFAULT_MAX_BYTES, DEFAULT_TTL_S) == (2.0, 64 << 20, 30 * 24 * 3600)
+    assert (
+        (remote.timeout, remote.max_bytes, remote.ttl)
+        == (DEFAULT_TIMEOUT_S, DEFAULT_MAX_BYTES, DEFAULT_TTL_S)
+        == (2.0, 64 << 20, 30 * 24 * 3600)
+    )
     remote = open_compile_cache(read_cache_settings(env_for(tmp_path, "redis://h", timeout="0.25", max_bytes="1000", ttl="60"))).remote
     assert (remote.timeout, remote.max_bytes, remote.ttl) == (0.25, 1000, 60)
 

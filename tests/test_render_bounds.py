@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, SCALE_TEMPLATE, load_project, write_tiny_project
 
 from hatch_autotune.compile.render import TemplateError, render_kernel
-
-from conftest import ROOT, SCALE_TEMPLATE, load_project, write_tiny_project
 
 HANG_S = 30  # the bounded renders below take well under a second; a hang is a failure, not a wait
 

@@ -78,7 +78,9 @@ def test_arch_specific_cubin_runs_only_on_its_own_device():
         choose_arch((7, 5), ["sm_80"], ["compute_80"])  # PTX newer than the device cannot JIT
 
 
-@pytest.mark.parametrize("arch,cc", [("sm_86", (8, 6)), ("8.6", (8, 6)), (86, (8, 6)), ((9, 0), (9, 0)), ("sm_120", (12, 0)), ("sm_90a", (9, 0))])
+@pytest.mark.parametrize(
+    "arch,cc", [("sm_86", (8, 6)), ("8.6", (8, 6)), (86, (8, 6)), ((9, 0), (9, 0)), ("sm_120", (12, 0)), ("sm_90a", (9, 0))]
+)
 def test_as_compute_capability(arch, cc):
     assert as_compute_capability(arch) == cc
 

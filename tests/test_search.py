@@ -271,7 +271,9 @@ def test_auto_with_another_gpus_results_as_its_prior_finds_the_optimum_sooner():
     assert speed[max(range(len(space)), key=related.__getitem__)] == pytest.approx(0.8)  # its optimum is not this one's
 
     def found(prior: list[list[float | None]], seed: int) -> bool:
-        return best in run_search(make_strategy("auto", space, seed, prior=prior), lambda i: 1.0 / speed[i], Budget(configs=30), clock=lambda: 0.0)
+        return best in run_search(
+            make_strategy("auto", space, seed, prior=prior), lambda i: 1.0 / speed[i], Budget(configs=30), clock=lambda: 0.0
+        )
 
     assert sum(found([related], seed) for seed in range(10)) >= 8
     assert sum(found([], seed) for seed in range(10)) <= 2
@@ -348,7 +350,13 @@ def test_batches_are_prepared_before_they_are_measured():
         events.append(("measure", i))
         return 1.0
 
-    run_search(make_strategy("exhaustive", space), measure, Budget(configs=5), lambda: 0.0, prepare=lambda b: events.extend(("prepare", i) for i in b))
+    run_search(
+        make_strategy("exhaustive", space),
+        measure,
+        Budget(configs=5),
+        lambda: 0.0,
+        prepare=lambda b: events.extend(("prepare", i) for i in b),
+    )
     assert events == [("prepare", i) for i in range(5)] + [("measure", i) for i in range(5)]  # the batch, cut to the budget
 
 
@@ -458,7 +466,13 @@ def test_budget_shares_round_up_and_old_lock_checksums_stay_valid():
     assert SearchSpec(budget=50).configs_budget(10) == 50
     assert SearchSpec().checksum_fields() == ["exhaustive", None, 0]  # what every existing lock entry hashed
     assert SearchSpec("random", 40, 1).checksum_fields() == ["random", 40, 1]
-    assert SearchSpec("auto", Share.parse("5%"), seconds=30.0, warm_start=False).checksum_fields() == ["auto", "5%", 0, ["seconds", 30.0], ["warm_start", False]]
+    assert SearchSpec("auto", Share.parse("5%"), seconds=30.0, warm_start=False).checksum_fields() == [
+        "auto",
+        "5%",
+        0,
+        ["seconds", 30.0],
+        ["warm_start", False],
+    ]
 
 
 # ---- warm starts ---------------------------------------------------------------------------
@@ -496,20 +510,29 @@ def test_a_lock_hands_the_search_its_related_results_as_speeds():
 
     def put(arch: str, n: int, measured: list[tuple[int, str, float | None]], winner: int = 0) -> None:
         ms = [{"config": {"X": x}, "status": status, **({"median_ms": t} if t is not None else {})} for x, status, t in measured]
-        lock.entries[str(EntryId.of("k", "-", arch, {"n": n}))] = LockEntry(checksum="c", config={"X": winner}, tuned=True, measurements=tuple(map(Measurement.from_json, ms)))
+        lock.entries[str(EntryId.of("k", "-", arch, {"n": n}))] = LockEntry(
+            checksum="c", config={"X": winner}, tuned=True, measurements=tuple(map(Measurement.from_json, ms))
+        )
 
-    put("sm_80", 1024, [(0, "ok", 2.0), (1, "eliminated", 8.0), (2, "failed", None), (3, "rejected", 1.0), (4, "skipped", None), (99, "ok", 0.5)])
+    put(
+        "sm_80",
+        1024,
+        [(0, "ok", 2.0), (1, "eliminated", 8.0), (2, "failed", None), (3, "rejected", 1.0), (4, "skipped", None), (99, "ok", 0.5)],
+    )
     put("sm_90", 1024, [(5, "ok", 1.0), (1, "ok", 4.0), (0, "pruned", None)], winner=5)  # this entry's previous run
     put("sm_90", 4096, [(2, "ok", 3.0), (3, "ok", "3.0")], winner=2)  # a damaged time reads as not run
     put("sm_90", 2048, [(4, "ok", 1.0)], winner=4)  # measured only its winner: tells nothing
     put("sm_90", 65536, [(0, "ok", 1.0), (1, "ok", 2.0)])
     point = Point(EntryId.of("k", "-", "sm_90", {"n": 1024}), "c")
     warm = warm_start(lock, point, configs)
-    assert warm.prior == (
-        (0.0, 0.25, None, None, None, 1.0),
-        (1.0, 0.25, 0.0, 0.0, None, None),
-        (None, None, 1.0, 0.0, None, None),
-    )[:MAX_PRIORS]
+    assert (
+        warm.prior
+        == (
+            (0.0, 0.25, None, None, None, 1.0),
+            (1.0, 0.25, 0.0, 0.0, None, None),
+            (None, None, 1.0, 0.0, None, None),
+        )[:MAX_PRIORS]
+    )
     assert warm.first == (5, 0, 4, 2) and len(warm.prior) == MAX_PRIORS
     assert WarmStart.from_json(json.loads(json.dumps(warm.to_json()))) == warm
     assert warm_start(lock, point, configs, "tpe") == WarmStart(warm.first, ())  # only auto uses a prior
@@ -543,7 +566,9 @@ def test_replayed_measurements_draw_recorded_runtimes_and_eliminate_like_the_tim
     assert clock > data.records[best].compile_s + data.records[slow].compile_s  # compiles and runs cost simulated time
     device.measure(best, None)
     assert device.clock_s - clock < data.records[best].compile_s  # compiled once
-    assert ReplayDevice(data, TuningSpec(), seed=0).measure(best, None)[1] == ReplayDevice(data, TuningSpec(), seed=0).measure(best, None)[1]
+    assert (
+        ReplayDevice(data, TuningSpec(), seed=0).measure(best, None)[1] == ReplayDevice(data, TuningSpec(), seed=0).measure(best, None)[1]
+    )
 
 
 def test_replay_data_errors_are_named(tmp_path):
@@ -555,7 +580,10 @@ def test_replay_data_errors_are_named(tmp_path):
     with pytest.raises(ReplayDataError, match="missing use_shmem.*not in the data: BLOCK"):
         data.matcher(["block_size_x", "block_size_y", "tile_size_x", "tile_size_y", "read_only", "use_padding", "BLOCK"])
     assert data.matcher(list(data.axes)).find(data.configs[7]) == 7
-    assert data.matcher([a for a in data.axes if a != "filter_width"]).find({k: v for k, v in data.configs[7].items() if k != "filter_width"}) == 7
+    assert (
+        data.matcher([a for a in data.axes if a != "filter_width"]).find({k: v for k, v in data.configs[7].items() if k != "filter_width"})
+        == 7
+    )
 
 
 CONV_TEMPLATE = """\
@@ -633,7 +661,9 @@ def test_the_engine_tunes_on_replayed_data_within_its_budget_and_deterministical
         assert len(tried) == math.ceil(0.15 * 432) == 65
         assert {m.status for m in ms} <= {"ok", "eliminated", "failed", "skipped"}
         assert sum(m.status == "eliminated" for m in ms) > 10  # the leader cut clear losers short
-        assert all(m.reason.startswith("not tried by the search (strategy auto, budget 15% of the space)") for m in ms if m.status == "skipped")
+        assert all(
+            m.reason.startswith("not tried by the search (strategy auto, budget 15% of the space)") for m in ms if m.status == "skipped"
+        )
         assert entry.tuned and entry.provenance["gpu"] == "NVIDIA A100-PCIE-40GB (replayed)" and entry.provenance["driver"] == "replay"
         true_ms = [truth[json.dumps(m.config, sort_keys=True)] for m in tried if m.status == "ok"]
         winner_ms = truth[json.dumps(entry.config, sort_keys=True)]
@@ -688,7 +718,9 @@ def test_a_bucket_warm_starts_from_the_winners_before_it(tmp_path, conv_cache):
         assert winners[eid] in tried  # this entry's previous winner (its checksum is stale now)
     tuned = [line for line in logs if line.startswith("tuned ")]
     assert len(tuned) == 2 and all("; prior: the times of 2 earlier result(s)" in line for line in tuned)  # its own and the other bucket's
-    (root / "pyproject.toml").write_text(text.replace("search = { budget = 2 }", "search = { budget = 2, warm-start = false, strategy = 'exhaustive' }"))
+    (root / "pyproject.toml").write_text(
+        text.replace("search = { budget = 2 }", "search = { budget = 2, warm-start = false, strategy = 'exhaustive' }")
+    )
     _, cold = replay_tune(root, conv_cache)
     for eid, entry in cold.entries.items():
         tried = [m.config for m in entry.measurements if m.status != "skipped"]
@@ -711,13 +743,36 @@ def test_search_quality_benchmark_runs_on_a_dataset_and_compares_with_kernel_tun
     data = ReplayData.load(DATA)
     slowest = max(r.mean_ms for r in data.records if r.mean_ms)
     kt_runs = [
-        {"kernel": "convolution_milo", "gpu": "A100", "strategy": "lucky", "seed": 0, "evaluated": 5, "improvements": [[1, slowest], [3, data.optimum_ms()]]},
+        {
+            "kernel": "convolution_milo",
+            "gpu": "A100",
+            "strategy": "lucky",
+            "seed": 0,
+            "evaluated": 5,
+            "improvements": [[1, slowest], [3, data.optimum_ms()]],
+        },
         {"kernel": "convolution_milo", "gpu": "A100", "strategy": "stuck", "seed": 0, "evaluated": 80, "improvements": [[1, slowest]]},
     ]
     kt = tmp_path / "kt.json"
     kt.write_text(json.dumps({"kernel_tuner": "1.5.0", "runs": kt_runs}))
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "search_quality.py"
-    cmd = [sys.executable, str(script), "--dataset", str(tmp_path / "hub"), "--seeds", "2", "--strategies", "random", "auto", "--jobs", "1", "--kernel-tuner", str(kt), "--out", str(tmp_path / "out")]
+    cmd = [
+        sys.executable,
+        str(script),
+        "--dataset",
+        str(tmp_path / "hub"),
+        "--seeds",
+        "2",
+        "--strategies",
+        "random",
+        "auto",
+        "--jobs",
+        "1",
+        "--kernel-tuner",
+        str(kt),
+        "--out",
+        str(tmp_path / "out"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "out" / "search_quality.json").read_text())
@@ -743,7 +798,12 @@ def test_search_quality_benchmark_runs_on_a_dataset_and_compares_with_kernel_tun
     scores = result["methodology_score"]
     assert scores["kt:lucky"]["all"] == pytest.approx(1.0)  # the optimum within every budget
     assert scores["kt:stuck"]["all"] < 0  # worse than random sampling
-    assert all(math.isfinite(v["all"]) and v["all"] <= 1 for v in scores.values()) and set(scores) == {"random", "auto", "kt:lucky", "kt:stuck"}
+    assert all(math.isfinite(v["all"]) and v["all"] <= 1 for v in scores.values()) and set(scores) == {
+        "random",
+        "auto",
+        "kt:lucky",
+        "kt:stuck",
+    }
 
 
 def test_random_sampling_expectation_is_exact():

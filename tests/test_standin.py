@@ -16,12 +16,10 @@ import sys
 import threading
 from pathlib import Path
 
+import cuda_standin
 import numpy as np
 import pytest
-
 from cuda.core._utils.cuda_utils import CUDAError
-
-import cuda_standin
 from cuda_standin import DeviceArray, install
 
 SAXPY_SIZES = [1, 7, 4095, 4096, 4097, 100_000, 262_144, 1_000_003, 3_000_001]
@@ -68,7 +66,11 @@ def check_launch(launch, kernel, cc, types: dict, key: dict, values: dict, stand
     assert launch.shmem == shared
     assert launch.params == expected_params(kernel, {**values, "_types": types})
     binary = kernel.binary(sel)
-    declared = cuda_standin.ptx_params(binary.decode(), kernel.entry) if sel.binary.startswith("compute_") else cuda_standin.cubin_params(binary, kernel.entry)
+    declared = (
+        cuda_standin.ptx_params(binary.decode(), kernel.entry)
+        if sel.binary.startswith("compute_")
+        else cuda_standin.cubin_params(binary, kernel.entry)
+    )
     assert [len(p) for p in launch.params] == declared  # in order and size, as the binary declares
 
 
@@ -87,12 +89,28 @@ def test_every_kernel_and_type_launches_as_its_binary_declares(fresh, monkeypatc
         x, y = DeviceArray.empty(standin, (rows, cols)), DeviceArray.empty(standin, (rows, cols))
         kernels["row_softmax"](x, y)
         launches += 1
-        check_launch(standin.launches[-1], kernels["row_softmax"], cc, {}, {"rows": rows, "cols": cols}, {"x": x, "y": y, "rows": rows, "cols": cols}, standin)
+        check_launch(
+            standin.launches[-1],
+            kernels["row_softmax"],
+            cc,
+            {},
+            {"rows": rows, "cols": cols},
+            {"x": x, "y": y, "rows": rows, "cols": cols},
+            standin,
+        )
     for m, n, k in SGEMM_SHAPES:
         a, b, c = (DeviceArray.empty(standin, s) for s in ((m, k), (k, n), (m, n)))
         kernels["sgemm"](a, b, c)
         launches += 1
-        check_launch(standin.launches[-1], kernels["sgemm"], cc, {}, {"m": m, "n": n, "k": k}, {"A": a, "B": b, "C": c, "m": m, "n": n, "k": k}, standin)
+        check_launch(
+            standin.launches[-1],
+            kernels["sgemm"],
+            cc,
+            {},
+            {"m": m, "n": n, "k": k},
+            {"A": a, "B": b, "C": c, "m": m, "n": n, "k": k},
+            standin,
+        )
     assert len(standin.launches) == launches and standin.refused == []
     assert all(launch.device == 0 and launch.context_depth == 1 for launch in standin.launches)
     assert standin.stack == []  # this thread had no context; the launches pushed one and popped it
@@ -341,9 +359,8 @@ def test_importing_a_generated_package_with_an_old_cuda_core_fails_clearly(tmp_p
 def test_device_sync_helper_sets_the_device_current_first(monkeypatch):
     """tests/test_gpu.py synchronises through conftest.device_sync: cuda.core refuses sync()
     on a device that was never made current in the thread."""
-    import cuda.core
-
     import conftest
+    import cuda.core
 
     install(monkeypatch)
     monkeypatch.setattr(cuda.core, "Device", cuda_standin.FakeDevice)  # the helper calls cuda.core itself
@@ -361,7 +378,12 @@ def test_the_stand_in_offers_only_what_cuda_core_and_the_driver_have(monkeypatch
     assert sorted(n for n in vars(api.driver) if not hasattr(driver, n)) == []
     assert all(hasattr(cuda.core, name) for name in api.__slots__ if name != "driver")
     assert api.LaunchConfig is cuda.core.LaunchConfig  # the real argument packing
-    real = {"FakeDevice": cuda.core.Device, "FakeStream": cuda.core.Stream, "FakeEvent": cuda.core.Event, "FakeObjectCode": cuda.core.ObjectCode}
+    real = {
+        "FakeDevice": cuda.core.Device,
+        "FakeStream": cuda.core.Stream,
+        "FakeEvent": cuda.core.Event,
+        "FakeObjectCode": cuda.core.ObjectCode,
+    }
     for fake_name, real_cls in real.items():
         fake = getattr(cuda_standin, fake_name)
         public = {n for n in dir(fake) if not n.startswith("_")} - fake.STANDIN_ONLY - {"STANDIN_ONLY"}

@@ -16,20 +16,18 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
+from conftest import EXAMPLE, copy_example, load_project
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hatch_autotune.wheel.payload import runtime_files
-from hatch_autotune.wheel.stub import module_docstring
-from hatch_autotune.wheel.stub import _docstring, render_stub, stub_files
 from hatch_autotune.declare.config import parse_project
-
-from conftest import EXAMPLE, copy_example, load_project
+from hatch_autotune.wheel.payload import runtime_files
+from hatch_autotune.wheel.stub import _docstring, module_docstring, render_stub, stub_files
 
 STENCIL = Path(__file__).parent / "consumers" / "stencil_kit"
 
@@ -104,8 +102,12 @@ def test_constants_are_keywords_required_with_several_values():
         "(self, x: _GpuArray, y: _GpuArray, *, RADIUS: _Literal[1, 3], PERIODIC: bool, stream: _Stream=None) -> None"
     )
     assert sig(tree, "stencil", "select") == "(self, arch: _Arch=None, *, n: int, RADIUS: _Literal[1, 3], PERIODIC: bool) -> _Selection"
-    assert sig(tree, "stencil", "prepare") == "(self, x: _GpuArray, y: _GpuArray, *, RADIUS: _Literal[1, 3], PERIODIC: bool) -> _PreparedCall"
-    assert sig(tree, "halo_sum", "__call__") == "(self, x: _GpuArray, y: _GpuArray, *, RADIUS: _Literal[2, 4], stream: _Stream=None) -> None"
+    assert (
+        sig(tree, "stencil", "prepare") == "(self, x: _GpuArray, y: _GpuArray, *, RADIUS: _Literal[1, 3], PERIODIC: bool) -> _PreparedCall"
+    )
+    assert (
+        sig(tree, "halo_sum", "__call__") == "(self, x: _GpuArray, y: _GpuArray, *, RADIUS: _Literal[2, 4], stream: _Stream=None) -> None"
+    )
     doc = ast.get_docstring(method(tree, "halo_sum", "__call__"))
     assert "  y: GPU array, float32, shape (n - 2 * RADIUS), C-contiguous, intent out\n" in doc
     assert "  RADIUS: constant, keyword only, one of [2, 4]\n" in doc and "Not passed (computed from the key): m = n - 2 * RADIUS" in doc
@@ -125,7 +127,7 @@ def test_any_doc_text_is_one_docstring(text):
 
 EDGE_TEMPLATE = 'extern "C" __global__ void {{ entry }}(float* x) {}\n'
 
-EDGE_TABLE = r'''
+EDGE_TABLE = r"""
 module = "edgepkg.kernels"
 archs = ["sm_90"]
 
@@ -147,7 +149,7 @@ space = { BLOCK = [64] }
 default = { BLOCK = 64 }
 grid = ["cdiv(n, BLOCK)"]
 block = ["BLOCK"]
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +183,8 @@ def test_the_stub_says_what_the_runtime_signature_says(session_cache, tmp_path):
     """write_package ships the stub next to the module, and each kernel's call in it has the
     names, kinds and defaults of inspect.signature() of the runtime's kernel."""
     from hatch_autotune.compile.cache import CompileCache
-    from hatch_autotune.wheel.payload import write_package
     from hatch_autotune.wheel.assemble import build_payload
+    from hatch_autotune.wheel.payload import write_package
 
     project = load_project(STENCIL, {"HATCH_AUTOTUNE_ARCHS": "sm_90"})
     result = build_payload(project, cache=CompileCache(session_cache), log=lambda m: None)
@@ -192,7 +194,9 @@ def test_the_stub_says_what_the_runtime_signature_says(session_cache, tmp_path):
     stub = (tmp_path / "stencil_kit" / "kernels" / "__init__.pyi").read_text()
     assert stub == render_stub(project) and (tmp_path / "stencil_kit" / "kernels" / "py.typed").read_bytes() == b""
     script = "import inspect, json; from stencil_kit import kernels; print(json.dumps({n: str(inspect.signature(getattr(kernels, n))) for n in kernels.__all__[:-1]}))"
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)}
+    )
     assert proc.returncode == 0, proc.stderr
     runtime = json.loads(proc.stdout)
     tree = stub_tree(stub)
@@ -266,11 +270,23 @@ count: int = 3
 """
 
 EDGE_BAD = [
-    ("kernels.int(a, 3.5, 0.5, NEG=-1)", 'Argument 2 to "__call__" of "_int_kernel" has incompatible type "float"; expected "SupportsIndex"'),
-    ("kernels.int(a, 3, 0.5, NEG=2)", 'Argument "NEG" to "__call__" of "_int_kernel" has incompatible type "Literal[2]"; expected "Literal[-1, 5]"'),
+    (
+        "kernels.int(a, 3.5, 0.5, NEG=-1)",
+        'Argument 2 to "__call__" of "_int_kernel" has incompatible type "float"; expected "SupportsIndex"',
+    ),
+    (
+        "kernels.int(a, 3, 0.5, NEG=2)",
+        'Argument "NEG" to "__call__" of "_int_kernel" has incompatible type "Literal[2]"; expected "Literal[-1, 5]"',
+    ),
     ("kernels.int(a, 3, 0.5)", 'Missing named argument "NEG" for "__call__" of "_int_kernel"'),
-    ("kernels.int.select(n=1, c=1, NEG=5, SCALE=3)", 'Argument "SCALE" to "select" of "_int_kernel" has incompatible type "Literal[3]"; expected "Literal[2]"'),
-    ("kernels.int.select(n=1, c=1, NEG=5, FAST=False)", 'Argument "FAST" to "select" of "_int_kernel" has incompatible type "Literal[False]"; expected "Literal[True]"'),
+    (
+        "kernels.int.select(n=1, c=1, NEG=5, SCALE=3)",
+        'Argument "SCALE" to "select" of "_int_kernel" has incompatible type "Literal[3]"; expected "Literal[2]"',
+    ),
+    (
+        "kernels.int.select(n=1, c=1, NEG=5, FAST=False)",
+        'Argument "FAST" to "select" of "_int_kernel" has incompatible type "Literal[False]"; expected "Literal[True]"',
+    ),
 ]
 
 
@@ -288,7 +304,9 @@ def test_mypy_checks_calls_against_the_stub(edge_project, mypy_run, tmp_path):
     (tmp_path / "good.py").write_text(EDGE_GOOD)
     text, expected = bad_script(EDGE_BAD, "\n".join(EDGE_GOOD.splitlines()[:11]))
     (tmp_path / "bad.py").write_text(text)
-    found = mypy_run([pkg / "__init__.pyi", tmp_path / "good.py", tmp_path / "bad.py"], tmp_path, "--follow-imports=silent", mypypath=tmp_path / "src")
+    found = mypy_run(
+        [pkg / "__init__.pyi", tmp_path / "good.py", tmp_path / "bad.py"], tmp_path, "--follow-imports=silent", mypypath=tmp_path / "src"
+    )
     assert not [k for k in found if k[0] != "bad.py"], found  # the stub itself and the right script are clean
     check_bad(found, "bad.py", expected)
 
@@ -342,21 +360,33 @@ chosen: list[Selection] = [kernels.saxpy.select(arch=a, n=4096, T="float32") for
 """
 
 BAD = [
-    ("kernels.saxpy(2.0, x, y, strem=None)", 'Unexpected keyword argument "strem" for "__call__" of "_saxpy_kernel"; did you mean "stream"?'),
+    (
+        "kernels.saxpy(2.0, x, y, strem=None)",
+        'Unexpected keyword argument "strem" for "__call__" of "_saxpy_kernel"; did you mean "stream"?',
+    ),
     ("kernels.saxpy(2.0, x)", 'Missing positional argument "y" in call to "__call__" of "_saxpy_kernel"'),
     ("kernels.sgemm(x, x)", 'Missing positional argument "C" in call to "__call__" of "_sgemm_kernel"'),
     ("kernels.saxpy(2.0, x, y, x)", 'Too many positional arguments for "__call__" of "_saxpy_kernel"'),
-    ('kernels.saxpy.select(arch="sm_90", n=1, T="float64")', 'Argument "T" to "select" of "_saxpy_kernel" has incompatible type "Literal[\'float64\']"; expected "Literal[\'float32\', \'float16\']"'),
+    (
+        'kernels.saxpy.select(arch="sm_90", n=1, T="float64")',
+        'Argument "T" to "select" of "_saxpy_kernel" has incompatible type "Literal[\'float64\']"; expected "Literal[\'float32\', \'float16\']"',
+    ),
     ('kernels.saxpy.select(arch="sm_90", n=1)', 'Missing named argument "T" for "select" of "_saxpy_kernel"'),
     ('kernels.row_softmax.select(arch="sm_90", rows=1)', 'Missing named argument "cols" for "select" of "_row_softmax_kernel"'),
     ('kernels.saxpy.select("sm_90", n=1, T="float32", k=2)', 'Unexpected keyword argument "k" for "select" of "_saxpy_kernel"'),
-    ('kernels.sgemm.select(arch="sm_90", m=1.5, n=1, k=1)', 'Argument "m" to "select" of "_sgemm_kernel" has incompatible type "float"; expected "int"'),
+    (
+        'kernels.sgemm.select(arch="sm_90", m=1.5, n=1, k=1)',
+        'Argument "m" to "select" of "_sgemm_kernel" has incompatible type "float"; expected "int"',
+    ),
     ("kernels.sgemm.select(arch=9.0, m=1, n=1, k=1)", 'Argument "arch" to "select" of "_sgemm_kernel" has incompatible type "float"'),
     ('kernels.saxpy("2.0", x, y)', 'Argument 1 to "__call__" of "_saxpy_kernel" has incompatible type "str"; expected "SupportsFloat"'),
     ("kernels.saxpy(2.0, [1.0], y)", 'Argument 2 to "__call__" of "_saxpy_kernel" has incompatible type "list[float]"'),
     ('kernels.saxpy(2.0, x, y, stream="default")', 'Argument "stream" to "__call__" of "_saxpy_kernel" has incompatible type "str"'),
     ("kernels.softmax(x, y)", 'Module has no attribute "softmax"'),
-    ("n: str = kernels.saxpy.select(n=1, T='float32').bucket['n']", 'Incompatible types in assignment (expression has type "int", variable has type "str")'),
+    (
+        "n: str = kernels.saxpy.select(n=1, T='float32').bucket['n']",
+        'Incompatible types in assignment (expression has type "int", variable has type "str")',
+    ),
 ]
 
 
@@ -373,7 +403,9 @@ def test_mypy_sees_the_kernels_of_the_installed_wheel(session_cache, mypy_run, t
     through its py.typed (numpy comes from this environment, through a .pth file)."""
     env = {**os.environ, "HATCH_AUTOTUNE_CACHE_DIR": str(session_cache), "HATCH_AUTOTUNE_MODE": "offline"}
     src = copy_example(tmp_path / "example")
-    run_ok([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src)], env=env)
+    run_ok(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src)], env=env
+    )
     (wheel,) = (tmp_path / "dist").glob("example_pkg-*.whl")
     project = load_project(EXAMPLE)
     with zipfile.ZipFile(wheel) as zf:
@@ -390,7 +422,11 @@ def test_mypy_sees_the_kernels_of_the_installed_wheel(session_cache, mypy_run, t
 
     (site / "_this_env.pth").write_text(str(Path(numpy.__file__).parents[1]) + "\n")
     signatures = run_ok(
-        [str(py), "-c", "import inspect, json; from example_pkg import kernels; print(json.dumps({n: str(inspect.signature(getattr(kernels, n))) for n in ('saxpy', 'row_softmax', 'sgemm')}))"],
+        [
+            str(py),
+            "-c",
+            "import inspect, json; from example_pkg import kernels; print(json.dumps({n: str(inspect.signature(getattr(kernels, n))) for n in ('saxpy', 'row_softmax', 'sgemm')}))",
+        ],
         cwd=tmp_path,
     )
     tree = stub_tree((site / "example_pkg" / "kernels" / "__init__.pyi").read_text())

@@ -80,6 +80,7 @@ def test_pruning_uses_compile_time_resources():
         None,  # did not compile
         Resources(registers=16),  # 2048 threads > 1024
     ]
+
     def prune(configs, res, block, shared, limits, prune_spills):
         reasons = {i: prune_reason(c, r, block, shared, limits, prune_spills) for i, (c, r) in enumerate(zip(configs, res))}
         return {i: r for i, r in reasons.items() if r}
@@ -206,7 +207,7 @@ def _tune(root, tmp_path, plan, mode="tune"):
 
 
 def test_tune_isolates_failures_and_writes_the_lock(tmp_path):
-    root = write_tiny_project(tmp_path / "p", extra='[tool.hatch.build.targets.wheel.hooks.autotune.tuning]\ntimeout-s = 2')
+    root = write_tiny_project(tmp_path / "p", extra="[tool.hatch.build.targets.wheel.hooks.autotune.tuning]\ntimeout-s = 2")
     plan = {
         "base_ms": 1.0,
         "ms": {"BLOCK=64": 1.0, "BLOCK=128": 0.3, "FACTOR=3": 0.2},  # synthetic: BLOCK=256, FACTOR=2 is fastest
@@ -289,7 +290,13 @@ def test_devices_of_another_arch_are_not_used(tmp_path):
     root = write_tiny_project(tmp_path / "p")
     logs: list[str] = []
     with pytest.raises(TuningError, match="no device of arch sm_80 answered"):
-        tune(load_project(root), gpu_arch="sm_80", log=logs.append, client_factory=lambda d: client({}), cache=CompileCache(tmp_path / "cache"))
+        tune(
+            load_project(root),
+            gpu_arch="sm_80",
+            log=logs.append,
+            client_factory=lambda d: client({}),
+            cache=CompileCache(tmp_path / "cache"),
+        )
     assert any("device 0 (Fake GPU (CPU stand-in), sm_90) is not sm_80; not using it" in m for m in logs)
 
 
@@ -315,7 +322,9 @@ def test_the_worker_protocol_messages_keep_their_wire_format():
     from hatch_autotune.tuning.protocol import DeviceInfo, Failure, Hello, HelloReply, Measure, Measured, Reference, Setup, parse_request
 
     settings = TuningSpec()
-    setup = Setup("scale", {"args": []}, {"T": "float32"}, Bucket.of({"n": 1024}), "/tmp/in.npz", {"a": 2.0}, None, {"y": (1e-4, 1e-5)}, settings)
+    setup = Setup(
+        "scale", {"args": []}, {"T": "float32"}, Bucket.of({"n": 1024}), "/tmp/in.npz", {"a": 2.0}, None, {"y": (1e-4, 1e-5)}, settings
+    )
     wire = {
         "op": "setup", "name": "scale", "kernel": {"args": []}, "binaries": {}, "types": {"T": "float32"}, "key": {"n": 1024},
         "inputs": "/tmp/in.npz", "scalars": {"a": 2.0}, "reference": None, "tolerances": {"y": [1e-4, 1e-5]}, "settings": dict(vars(settings)),
@@ -326,7 +335,12 @@ def test_the_worker_protocol_messages_keep_their_wire_format():
     assert Measure("v1", "/tmp/a.cubin", 0.5).to_json() == {"op": "measure", "variant": "v1", "binary": "/tmp/a.cubin", "leader_ms": 0.5}
     with pytest.raises(ValueError, match="unknown op 'nope'"):
         parse_request({"op": "nope"})
-    device = {"name": "G", "cc": [9, 0], "driver": "13.0", "limits": {"max_threads_per_block": 1024, "max_registers_per_block": 65536, "max_shared_memory_per_block": 49152}}
+    device = {
+        "name": "G",
+        "cc": [9, 0],
+        "driver": "13.0",
+        "limits": {"max_threads_per_block": 1024, "max_registers_per_block": 65536, "max_shared_memory_per_block": 49152},
+    }
     reply = HelloReply.from_json({"ok": True, "device": device})
     assert reply.device.arch == "sm_90" and reply.to_json() == {"ok": True, "device": device} and isinstance(reply.device, DeviceInfo)
     timed = {"ok": True, "status": "ok", "samples": [1.0, 1.5], "phases": {"run": 0.1}}
@@ -334,4 +348,6 @@ def test_the_worker_protocol_messages_keep_their_wire_format():
     replayed = {"ok": True, "status": "eliminated", "samples": [2.0], "seconds": 0.25}
     assert Measured.from_json(timed).to_json() == timed and Measured.from_json(rejected).to_json() == rejected
     assert Measured.from_json(replayed).seconds == 0.25 and Measured.from_json(replayed).samples == (2.0,)
-    assert Failure("boom", fatal=True).to_json() == {"ok": False, "fatal": True, "error": "boom"} and Failure.from_json({"ok": False, "error": "x"}) == Failure("x")
+    assert Failure("boom", fatal=True).to_json() == {"ok": False, "fatal": True, "error": "boom"} and Failure.from_json(
+        {"ok": False, "error": "x"}
+    ) == Failure("x")

@@ -15,11 +15,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from hatch_autotune.runtime import parse_arch
+from conftest import copy_example, pip_constraints
 from cuda_standin import cubin_sm
 
-from conftest import copy_example, pip_constraints
+from hatch_autotune.runtime import parse_arch
 
 pytestmark = pytest.mark.slow
 
@@ -121,7 +120,13 @@ def test_wheel_ships_exactly_the_referenced_binaries_each_valid(example_wheels):
         assert set(table["kernels"]) == {"saxpy", "row_softmax", "sgemm"}
         outcome = json.loads(zf.read("example_pkg/kernels/outcome.json"))
     # the build's outcome, recorded: every entry of the table, why it is untuned, nothing failed
-    selected = {(k, t, a, tuple(e["bucket"])) for k, kernel in table["kernels"].items() for t, per in kernel["select"].items() for a, es in per.items() for e in es}
+    selected = {
+        (k, t, a, tuple(e["bucket"]))
+        for k, kernel in table["kernels"].items()
+        for t, per in kernel["select"].items()
+        for a, es in per.items()
+        for e in es
+    }
     assert len(outcome["entries"]) == len(selected) == 60
     by_arch = {(e["id"].split("|")[2], e["status"], e["reason"]) for e in outcome["entries"]}
     assert by_arch == {("sm_80", "default", "no lock entry"), ("sm_90", "tuned", "")}, by_arch
@@ -196,7 +201,9 @@ def test_editable_install_generates_in_tree(plugin_dist, session_cache, tmp_path
     pip_into(py, "-e", str(src), env=env)  # build isolation, hatch-autotune from its wheel
     generated = src / "src" / "example_pkg" / "kernels"
     assert (generated / "table.json").is_file() and (generated / ".gitignore").read_text().endswith("*\n")
-    proc = run([str(py), "-c", "from example_pkg import kernels; print(kernels.sgemm.select(arch='sm_90', m=1, n=1, k=1).bucket)"], cwd=tmp_path)
+    proc = run(
+        [str(py), "-c", "from example_pkg import kernels; print(kernels.sgemm.select(arch='sm_90', m=1, n=1, k=1).bucket)"], cwd=tmp_path
+    )
     assert proc.stdout.strip() == "{'m': 256, 'n': 256, 'k': 256}"
     # A regular wheel built from the same tree would pack the in-tree copy a second time: refused.
     wheel = subprocess.run(

@@ -52,14 +52,15 @@ def _bounded_range(*args: int) -> range:
     MAX_RANGE_ITEMS (outside render_kernel, each call on its own)."""
     items = range(*args)
     step = items.step
-    n = max(0, (items.stop - items.start + step - 1) // step if step > 0 else (items.start - items.stop - step - 1) // -step)  # len() overflows past 2**63
+    n = max(
+        0, (items.stop - items.start + step - 1) // step if step > 0 else (items.start - items.stop - step - 1) // -step
+    )  # len() overflows past 2**63
     left = _range_left.get([MAX_RANGE_ITEMS])
     if n > left[0]:
         call = "range(" + ", ".join(str(a) for a in args) + ")"
         taken = f", and {MAX_RANGE_ITEMS - left[0]} are taken" if left[0] < MAX_RANGE_ITEMS else ""
         raise _RangeBudgetExceeded(
-            f"{call} asks for {n} items; a variant may use at most {MAX_RANGE_ITEMS} range() items in all{taken} "
-            "(a loop that never ends?)"
+            f"{call} asks for {n} items; a variant may use at most {MAX_RANGE_ITEMS} range() items in all{taken} (a loop that never ends?)"
         )
     left[0] -= n
     return items

@@ -45,7 +45,9 @@ class ArgSpec:
         return self.shape is not None
 
 
-def parse_args(t: Table, raw_args: list, key_names: set[str], constant_names: set[str], types: Mapping[str, tuple[str, ...]]) -> list[ArgSpec]:
+def parse_args(
+    t: Table, raw_args: list, key_names: set[str], constant_names: set[str], types: Mapping[str, tuple[str, ...]]
+) -> list[ArgSpec]:
     """Every argument of `args` (already checked to be a non-empty array), then their names distinct."""
     args: list[ArgSpec] = []
     for i, raw in enumerate(raw_args):

@@ -45,8 +45,8 @@ def _declaration_problem(spec: KernelSpec, t: Table) -> str | None:
     if bad_option:
         return (
             f"{t.sub('nvrtc-options')}: {bad_option!r} is not supported: included files would not be part of the cache key "
-            "or the lock checksum; `#include \"file\"` a header by its path relative to the template (or the including "
-            "header) instead, or `{% include \"file\" %}` it through Jinja"
+            'or the lock checksum; `#include "file"` a header by its path relative to the template (or the including '
+            'header) instead, or `{% include "file" %}` it through Jinja'
         )
     n_configs = count_points(spec.space.values())
     if n_configs > spec.max_configs:

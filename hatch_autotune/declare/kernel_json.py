@@ -26,10 +26,7 @@ def kernel_json(spec: KernelSpec) -> dict[str, Any]:
         "entry": spec.entry,
         "doc": spec.doc,
         "args": [_arg_json(a) for a in spec.args],
-        "key": [
-            {"name": k.name, "from": k.source, "axis": k.axis, "buckets": list(k.buckets), "mapping": k.mapping}
-            for k in spec.key
-        ],
+        "key": [{"name": k.name, "from": k.source, "axis": k.axis, "buckets": list(k.buckets), "mapping": k.mapping} for k in spec.key],
         "type_params": {tp: list(values) for tp, values in spec.types.items()},
         "constants": [{"name": c, "values": list(values)} for c, values in spec.constants.items()],  # a list: declared order
         "launch": {"grid": [e.tree for e in spec.grid], "block": [e.tree for e in spec.block], "shared": spec.shared.tree},

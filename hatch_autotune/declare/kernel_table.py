@@ -142,7 +142,9 @@ def _space(t: Table) -> dict[str, tuple[Any, ...]]:
 def _args_and_key(t: Table, constant_names: set[str], types: Mapping[str, tuple[str, ...]]) -> tuple[list[ArgSpec], list[KeyDim], set[str]]:
     """`args` and `key`, and the key dims' names: those are read first so that shapes can be
     checked against them, and each key dim then against the arguments."""
-    raw_args = t.get("args", lambda v, p, e: v if isinstance(v, list) and v else fail(e, p, "a non-empty array of tables", v), required=True)
+    raw_args = t.get(
+        "args", lambda v, p, e: v if isinstance(v, list) and v else fail(e, p, "a non-empty array of tables", v), required=True
+    )
     key_t = t.table("key", required=True)
     key_names = [k for k in key_t.data] if key_t is not None and key_t.ok else []
     args = parse_args(t, raw_args, set(key_names), constant_names, types) if raw_args is not BAD else []
@@ -150,12 +152,17 @@ def _args_and_key(t: Table, constant_names: set[str], types: Mapping[str, tuple[
     return args, key, set(key_names)
 
 
-def _launch(t: Table, config_names: set[str], key_names: set[str], type_size_names: set[str], constant_names: set[str]) -> tuple[Any, Any, Any, Any]:
+def _launch(
+    t: Table, config_names: set[str], key_names: set[str], type_size_names: set[str], constant_names: set[str]
+) -> tuple[Any, Any, Any, Any]:
     """`constraints` (over the space), then the launch geometry `grid`, `block` and `shared`
     (over the key, the space, <T>_size and the constants)."""
     constraints = t.get(
         "constraints",
-        v_list(v_expr(config_names | type_size_names | constant_names, "constraints may use the space axes, <T>_size and constants"), nonempty=False),
+        v_list(
+            v_expr(config_names | type_size_names | constant_names, "constraints may use the space axes, <T>_size and constants"),
+            nonempty=False,
+        ),
         default=(),
     )
     geometry_names = config_names | key_names | type_size_names | constant_names

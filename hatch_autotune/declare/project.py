@@ -107,7 +107,9 @@ def _parse_kernels(kernels_t: Table, root: Path) -> dict[str, KernelSpec]:
         if v_ident(name, kernels_t.sub(name), errors) is BAD:
             continue
         if name.startswith("_") or name == "provenance":
-            errors.append(f"{kernels_t.sub(name)}: a kernel may not be named 'provenance' or start with '_' (the generated module uses those names)")
+            errors.append(
+                f"{kernels_t.sub(name)}: a kernel may not be named 'provenance' or start with '_' (the generated module uses those names)"
+            )
             continue
         spec = parse_kernel(name, Table(kernels_t.data[name], kernels_t.sub(name), errors), root)
         if spec is not None:
@@ -141,7 +143,9 @@ def _module_path(value: Any, path: str, errors: list) -> Any:
 def v_wheel_tag(value: Any, path: str, errors: list) -> Any:
     if isinstance(value, str) and _WHEEL_TAG.fullmatch(value):
         return value
-    return fail(errors, path, "a wheel tag 'python-abi-platform' of letters, digits, '_' and '.' (e.g. 'py3-none-manylinux_2_28_x86_64')", value)
+    return fail(
+        errors, path, "a wheel tag 'python-abi-platform' of letters, digits, '_' and '.' (e.g. 'py3-none-manylinux_2_28_x86_64')", value
+    )
 
 
 # ---- outside a build ---------------------------------------------------------------------------

@@ -118,7 +118,9 @@ def parse_search(t: Table) -> SearchSpec:
     warm_start = t.get("warm-start", v_bool, default=True)
     t.finish()
     if strategy not in ("exhaustive", BAD) and not limited and t.ok:
-        t.errors.append(f"{t.sub('budget')}: strategy {strategy!r} needs a budget (configs, e.g. 200 or '5%') or `seconds`; without one it would measure every config")
+        t.errors.append(
+            f"{t.sub('budget')}: strategy {strategy!r} needs a budget (configs, e.g. 200 or '5%') or `seconds`; without one it would measure every config"
+        )
     return SearchSpec(strategy=strategy, budget=budget, seed=seed, seconds=seconds, warm_start=warm_start)
 
 

@@ -130,11 +130,19 @@ class CacheSettings:
     dir: Path | None = _setting("HATCH_AUTOTUNE_CACHE_DIR", _path, strip=False)  # None: the platform's user cache folder
     url: str | None = _setting("HATCH_AUTOTUNE_CACHE_URL", _cache_url)  # redis://, rediss://, unix://; None: no shared tier
     timeout_s: float = _setting(
-        "HATCH_AUTOTUNE_CACHE_TIMEOUT", _checked("a number of seconds > 0 (default 2)", float, lambda v: math.isfinite(v) and v > 0), DEFAULT_TIMEOUT_S
+        "HATCH_AUTOTUNE_CACHE_TIMEOUT",
+        _checked("a number of seconds > 0 (default 2)", float, lambda v: math.isfinite(v) and v > 0),
+        DEFAULT_TIMEOUT_S,
     )
-    max_bytes: int = _setting("HATCH_AUTOTUNE_CACHE_MAX_BYTES", _checked(f"a whole number of bytes > 0 (default {DEFAULT_MAX_BYTES})", int, lambda v: v > 0), DEFAULT_MAX_BYTES)
+    max_bytes: int = _setting(
+        "HATCH_AUTOTUNE_CACHE_MAX_BYTES",
+        _checked(f"a whole number of bytes > 0 (default {DEFAULT_MAX_BYTES})", int, lambda v: v > 0),
+        DEFAULT_MAX_BYTES,
+    )
     ttl_s: int = _setting(
-        "HATCH_AUTOTUNE_CACHE_TTL", _checked(f"a whole number of seconds, 0 for no expiry (default {DEFAULT_TTL_S}, 30 days)", int, lambda v: v >= 0), DEFAULT_TTL_S
+        "HATCH_AUTOTUNE_CACHE_TTL",
+        _checked(f"a whole number of seconds, 0 for no expiry (default {DEFAULT_TTL_S}, 30 days)", int, lambda v: v >= 0),
+        DEFAULT_TTL_S,
     )
 
 
@@ -144,7 +152,11 @@ class Settings:
 
     mode: str | None = _setting("HATCH_AUTOTUNE_MODE", _mode, strip=False)  # over the table's `mode`
     archs: tuple[str, ...] | None = _setting("HATCH_AUTOTUNE_ARCHS", _archs, strip=False)  # comma-separated; over the table's `archs`
-    jobs: int = _setting("HATCH_AUTOTUNE_JOBS", _checked("a whole number of compiles at once >= 1 (default: one per core)", int, lambda v: v >= 1), factory=_cores)
+    jobs: int = _setting(
+        "HATCH_AUTOTUNE_JOBS",
+        _checked("a whole number of compiles at once >= 1 (default: one per core)", int, lambda v: v >= 1),
+        factory=_cores,
+    )
     cache: CacheSettings = field(default_factory=CacheSettings, metadata={"section": CacheSettings})
     ray_address: str | None = _setting("HATCH_AUTOTUNE_RAY", _text, strip=False)  # tune on this Ray cluster (`tune --ray` overrides)
     debug: bool = _setting("HATCH_AUTOTUNE_DEBUG", _flag, False, strip=False)  # the command shows an internal error's traceback

@@ -59,7 +59,9 @@ class AutotuneBuildHook(BuildHookInterface):
                 from ..tuning.engine import run_engine
 
                 plan = run_engine(project, mode=project.mode, log=self._say, cache=cache, gpus=gpus).plan
-            result = build_payload(project, cache=cache, log=self._say, gpus=gpus, workers=settings.jobs, plan=plan)  # one pass: the tuner's plan
+            result = build_payload(
+                project, cache=cache, log=self._say, gpus=gpus, workers=settings.jobs, plan=plan
+            )  # one pass: the tuner's plan
         except BuildError as exc:  # the tuner's errors come without the prefix the build's have
             raise SystemExit(f"hatch-autotune: {str(exc).removeprefix('hatch-autotune: ')}") from None
 
@@ -67,7 +69,9 @@ class AutotuneBuildHook(BuildHookInterface):
         if version == "editable":
             target = self._editable_dir(root, relpath)
             self._write_in_tree(target, project, result)
-            self._say(f"hatch-autotune: editable install: generated package written to {target}; `hatch-autotune show {target}` lists what it runs, and why")
+            self._say(
+                f"hatch-autotune: editable install: generated package written to {target}; `hatch-autotune show {target}` lists what it runs, and why"
+            )
             return
         self._refuse_in_tree_copy(root, relpath)
         staging = self._staging = Path(tempfile.mkdtemp(prefix="hatch-autotune-"))

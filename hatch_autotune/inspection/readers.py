@@ -18,10 +18,10 @@ import zipfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..runtime import load_json
-from ..lock import Bucket, EntryId, LockEntry, LockFile, LockFormatError
 from ..declare.project import load_project
 from ..errors import CliError
+from ..lock import Bucket, EntryId, LockEntry, LockFile, LockFormatError
+from ..runtime import load_json
 from .model import LOCK_NO_RESOURCES, PROJECT_NO_RESOURCES, TABLE_NO_TIMES, Row, Source
 
 
@@ -174,7 +174,9 @@ def with_outcome(src: Source, data: bytes | None, label: str) -> Source:
 
     outcome = Outcome.read(data, label)
     if outcome is None:
-        src.notes.append("no outcome record (outcome.json) next to the table: built by an older hatch-autotune, so its compile failures are not recorded")
+        src.notes.append(
+            "no outcome record (outcome.json) next to the table: built by an older hatch-autotune, so its compile failures are not recorded"
+        )
         return src
     src.outcome = outcome
     src.notes += outcome.notes
@@ -225,7 +227,9 @@ def _find_distribution(name: str) -> Path | None:
         return None
     tables = generated_tables(f.as_posix() for f in dist.files or ())
     if not tables:
-        raise CliError(f"{name}: an installed distribution ({dist.metadata['Name']} {dist.version}) without a generated hatch-autotune package")
+        raise CliError(
+            f"{name}: an installed distribution ({dist.metadata['Name']} {dist.version}) without a generated hatch-autotune package"
+        )
     return Path(str(dist.locate_file(Path(tables[0]).parent)))
 
 
@@ -276,12 +280,12 @@ def project_source(root: Path) -> Source:
     from collections import Counter
 
     from ..compile.tiers import open_compile_cache
-    from ..plan.devices import detect_gpus
-    from ..lock import tuned_with
-    from ..wheel.assemble import compile_shipped, record_outcome
-    from ..plan.planner import make_plan, resolve_archs
     from ..errors import BuildError
+    from ..lock import tuned_with
+    from ..plan.devices import detect_gpus
+    from ..plan.planner import make_plan, resolve_archs
     from ..runtime import parse_arch
+    from ..wheel.assemble import compile_shipped, record_outcome
 
     project = load_project(root)
     lock_path = project.lock_file
@@ -319,8 +323,15 @@ def project_source(root: Path) -> Source:
             else:
                 config = inst.configs[choice.variant_index]
                 r = Row(
-                    inst.spec.name, inst.types_key, p.id.arch, p.id.bucket, config, False,
-                    note=choice.reason, fallback=choice.fallback, default_config=default,
+                    inst.spec.name,
+                    inst.types_key,
+                    p.id.arch,
+                    p.id.bucket,
+                    config,
+                    False,
+                    note=choice.reason,
+                    fallback=choice.fallback,
+                    default_config=default,
                 )
             rows[p.eid] = r
     mixed = plan.policy.warning(Counter(tuned_with(r.provenance) for r in rows.values() if r.tuned))

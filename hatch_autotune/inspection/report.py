@@ -110,7 +110,9 @@ def speedup_chart(kernel: str, rows: Sequence[Row], used: set[str]) -> Chart | N
     )
     missing = [_where(e) for e in rows if e.speedup is None]
     if missing:
-        chart.notes.append(f"no timing for {len(missing)} entr{'y' if len(missing) == 1 else 'ies'} (untuned or no default time): {_listing(missing)}")
+        chart.notes.append(
+            f"no timing for {len(missing)} entr{'y' if len(missing) == 1 else 'ies'} (untuned or no default time): {_listing(missing)}"
+        )
     return chart
 
 
@@ -223,12 +225,16 @@ def times_chart(rows: Sequence[Row], used: set[str]) -> Chart | None:
     notes = _untimed_notes(timed_buckets)
     hidden = sorted({key for _, ms in timed_buckets for key, m in ms.items() if m.timed} - set(drawn))
     if hidden:
-        notes.append(f"{len(hidden)} more timed config(s) not drawn, slower than the {len(drawn)} drawn in every bucket: {_listing(hidden, 8)}")
+        notes.append(
+            f"{len(hidden)} more timed config(s) not drawn, slower than the {len(drawn)} drawn in every bucket: {_listing(hidden, 8)}"
+        )
     timed_rows = {id(e) for e, _ in timed_buckets}
     untimed = [fmt_bucket(e.bucket) + f" ({'tuned' if e.tuned else 'default'} {_cfg(e.config)})" for e in rows if id(e) not in timed_rows]
     if untimed:
         notes.append(f"no measurements for {_listing(untimed, 8)}")
-    legend = [("winner", WINNER), ("default", DEFAULT), ("other configs", OTHER)] + ([("eliminated early", ELIMINATED)] if eliminated else [])
+    legend = [("winner", WINNER), ("default", DEFAULT), ("other configs", OTHER)] + (
+        [("eliminated early", ELIMINATED)] if eliminated else []
+    )
     title = _instance(first)
     return Chart(
         slug=_slug(f"times {title}", used),
@@ -343,7 +349,8 @@ def svg(chart: Chart) -> str:
         out.append(f'<text x="{x + 16}" y="60" fill="#495057">{_esc(label)}</text>')
         x += 16 + len(label) * 6.5 + 18
     labels = [
-        (f"<title>{_esc(b.label)}</title>" if len(b.label) > label_chars else "") + _esc(_clip(b.label, label_chars))  # full text on hover when cut
+        (f"<title>{_esc(b.label)}</title>" if len(b.label) > label_chars else "")
+        + _esc(_clip(b.label, label_chars))  # full text on hover when cut
         for b in chart.panels[0].bars
     ]
     for g in range(lay.grid_rows):
@@ -362,12 +369,16 @@ def _svg_panel(panel: Panel, x0: float, top: float, panel_w: float, plot_h: int)
     lock file draws hundreds of thousands of these)."""
     out = []
     if panel.title:
-        out.append(f'<text x="{x0:.1f}" y="{top - 8}" font-size="11" font-weight="600" fill="#343a40">{_esc(_clip(panel.title, int(panel_w / 7)))}</text>')
+        out.append(
+            f'<text x="{x0:.1f}" y="{top - 8}" font-size="11" font-weight="600" fill="#343a40">{_esc(_clip(panel.title, int(panel_w / 7)))}</text>'
+        )
     values = [b.value for b in panel.bars if b.value is not None] + ([panel.ref] if panel.ref is not None else [])
     ticks, vmax = _ticks(max(values, default=0.0), 5 if panel_w >= 300 else 3)
     scale = (panel_w - _VALUE_W) / vmax
     xs = [(t, x0 + t * scale) for t in ticks]
-    out.append('<g stroke="#e9ecef">' + "".join(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{top + plot_h}"/>' for _, x in xs) + "</g>")
+    out.append(
+        '<g stroke="#e9ecef">' + "".join(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{top + plot_h}"/>' for _, x in xs) + "</g>"
+    )
     out.append(
         '<g text-anchor="middle" font-size="10" fill="#868e96">'
         + "".join(f'<text x="{x:.1f}" y="{top + plot_h + 14}">{t:g}</text>' for t, x in xs)
@@ -378,7 +389,9 @@ def _svg_panel(panel: Panel, x0: float, top: float, panel_w: float, plot_h: int)
     for i, b in enumerate(panel.bars):
         y = top + i * _ROW + (_ROW - _BAR) / 2
         if b.value is None:  # not timed here: say why where the bar would be
-            texts.append(f'<text x="{x0 + 4:.1f}" y="{y + _BAR - 2:.1f}" font-style="italic" fill="#868e96"><title>{_esc(b.tip)}</title>{_esc(b.text)}</text>')
+            texts.append(
+                f'<text x="{x0 + 4:.1f}" y="{y + _BAR - 2:.1f}" font-style="italic" fill="#868e96"><title>{_esc(b.tip)}</title>{_esc(b.text)}</text>'
+            )
             continue
         w = max(b.value * scale, 1.0)
         bars.append(f'<rect x="{x0:.1f}" y="{y:.1f}" width="{w:.1f}" height="{_BAR}" fill="{b.color}"><title>{_esc(b.tip)}</title></rect>')
@@ -388,7 +401,9 @@ def _svg_panel(panel: Panel, x0: float, top: float, panel_w: float, plot_h: int)
     if panel.ref is not None:
         rx = x0 + panel.ref * scale
         out.append(f'<line x1="{rx:.1f}" y1="{top - 6}" x2="{rx:.1f}" y2="{top + plot_h + 2}" stroke="#343a40" stroke-dasharray="4 3"/>')
-    out.append(f'<text x="{x0 + (panel_w - _VALUE_W) / 2:.1f}" y="{top + plot_h + 32}" text-anchor="middle" fill="#495057">{_esc(panel.axis)}</text>')
+    out.append(
+        f'<text x="{x0 + (panel_w - _VALUE_W) / 2:.1f}" y="{top + plot_h + 32}" text-anchor="middle" fill="#495057">{_esc(panel.axis)}</text>'
+    )
     return out
 
 
@@ -465,7 +480,9 @@ def render_html(src: Source, charts: Sequence[Chart], *, title: str = "hatch-aut
         '<h2 id="speedup">Winner vs default</h2>',
     ]
     speedups = by_section.get("speedup", [])
-    parts += [figures[c.slug] for c in speedups] or ['<p class="missing">No timings: nothing was tuned, or the input has no measurements (a wheel alone has none; add the lock file).</p>']
+    parts += [figures[c.slug] for c in speedups] or [
+        '<p class="missing">No timings: nothing was tuned, or the input has no measurements (a wheel alone has none; add the lock file).</p>'
+    ]
     parts.append('<h2 id="resources">Resource usage</h2>')
     resources = by_section.get("resources", [])
     parts += [figures[c.slug] for c in resources] or [
@@ -479,7 +496,9 @@ def render_html(src: Source, charts: Sequence[Chart], *, title: str = "hatch-aut
         charted = {c.title for c in own}  # instances with a chart; its notes name its untimed buckets
         untimed = [_where(e) + f" ({'tuned' if e.tuned else 'default'} {_cfg(e.config)})" for e in rows if _instance(e) not in charted]
         if untimed:
-            parts.append(f'<p class="note">No measurements for {len(untimed)} entr{"y" if len(untimed) == 1 else "ies"}: {_esc(_listing(untimed, 20))}</p>')
+            parts.append(
+                f'<p class="note">No measurements for {len(untimed)} entr{"y" if len(untimed) == 1 else "ies"}: {_esc(_listing(untimed, 20))}</p>'
+            )
     parts.append("</body></html>\n")
     return "\n".join(parts)
 
@@ -521,7 +540,13 @@ def write_pngs(charts: Sequence[Chart], out_dir: Path, *, progress: Progress = l
         axes[0].invert_yaxis()
         fig.suptitle(f"{chart.title}\n{chart.subtitle}", fontsize=10, x=0.01, ha="left")
         if chart.legend:
-            fig.legend(handles=[Patch(color=c, label=label) for label, c in chart.legend], loc="outside lower center", ncols=len(chart.legend), fontsize=8, frameon=False)
+            fig.legend(
+                handles=[Patch(color=c, label=label) for label, c in chart.legend],
+                loc="outside lower center",
+                ncols=len(chart.legend),
+                fontsize=8,
+                frameon=False,
+            )
         path = out_dir / f"{chart.slug}.png"
         fig.savefig(path)
         written.append(path)

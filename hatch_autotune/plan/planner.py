@@ -15,15 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ..errors import BuildError
-from ..runtime import parse_arch
+from ..compile.nvrtc import CompileJob
+from ..compile.render import Variant, render_kernel
 from ..declare.config import KernelSpec, ProjectSpec
 from ..declare.space import bucket_points
-from ..compile.nvrtc import CompileJob
-from .devices import Gpu
+from ..errors import BuildError
 from ..lock import Bucket, EntryId, LockEntry, LockFile, NvrtcPolicy, entry_checksum
+from ..runtime import parse_arch
 from ..text import indent, instance_text, log_excerpt
-from ..compile.render import Variant, render_kernel
+from .devices import Gpu
 
 Log = Callable[[str], None]
 
@@ -44,8 +44,7 @@ def resolve_archs(project: ProjectSpec, gpus: Sequence[Gpu]) -> tuple[str, ...]:
         return archs
     why = "mode 'offline' does not look for a GPU" if project.mode == "offline" else "no GPU found on this machine"
     raise BuildError(
-        f"hatch-autotune: {why} and no `archs` declared; add e.g. "
-        "archs = [\"sm_80\", \"sm_90\"] to the hook table or set HATCH_AUTOTUNE_ARCHS"
+        f'hatch-autotune: {why} and no `archs` declared; add e.g. archs = ["sm_80", "sm_90"] to the hook table or set HATCH_AUTOTUNE_ARCHS'
     )
 
 

@@ -472,7 +472,9 @@ class Kernel:
             return None, None, True
         return self._kernel_handle(gpu, api, device, sel), api.LaunchConfig(grid=grid, block=block, shmem_size=shared), False
 
-    def geometry(self, config: Mapping[str, Any], types: Mapping[str, str], key: Mapping[str, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    def geometry(
+        self, config: Mapping[str, Any], types: Mapping[str, str], key: Mapping[str, int]
+    ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
         """(grid, block, dynamic shared bytes) of a config at a key: the declared expressions."""
         env = {**key, **config, **instance_env(types)}
         grid = tuple(int(f(env)) for f in self._grid)

@@ -49,7 +49,9 @@ class Library(Binaries):
         except (LookupError, TypeError, ValueError, AttributeError) as exc:
             # parse_table checks the frame; what is inside is read by the constructors, and a
             # table whose sha256 matched but whose content is malformed was built wrong
-            raise IntegrityError(f"{path}: malformed selection table ({type(exc).__name__}: {short_repr(str(exc), 200)}); rebuild the wheel") from None
+            raise IntegrityError(
+                f"{path}: malformed selection table ({type(exc).__name__}: {short_repr(str(exc), 200)}); rebuild the wheel"
+            ) from None
 
     def binary_for(self, cc: tuple[int, int]) -> tuple[str, str]:
         """(table arch, binary arch) for a compute capability, memoised per device."""

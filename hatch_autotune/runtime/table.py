@@ -76,7 +76,7 @@ def parse_table(data: Any, where: str) -> dict[str, Any]:
         except ValueError as exc:
             raise TableError(f"{where}: corrupt selection table: not valid JSON ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("kernels"), dict) or "schema" not in data:
-        raise TableError(f"{where}: not a hatch-autotune selection table (expected a JSON object with \"schema\" and \"kernels\")")
+        raise TableError(f'{where}: not a hatch-autotune selection table (expected a JSON object with "schema" and "kernels")')
     schema = data["schema"]
     if not isinstance(schema, int) or isinstance(schema, bool):
         raise TableError(f"{where}: selection table has no valid schema version (got {schema!r})")

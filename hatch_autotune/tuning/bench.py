@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..runtime import check_cuda, cuda_api
 from ..declare.config import TuningSpec
+from ..runtime import check_cuda, cuda_api
 
 BATCH = 5  # repetitions between host synchronisations
 STABLE_REPS = 20  # with this many samples, a spread under STABLE_SPREAD ends timing early

@@ -154,7 +154,17 @@ class BucketTuning:
     the worker stops a clear loser against it early), which config's outputs became the
     reference, the search's clock and the worker's time per phase."""
 
-    def __init__(self, session: WorkerSession, job: BucketJob, binaries: VariantBinaries, warm: WarmStart, root: Path, tmp: Path, log: Log, compiler: str):
+    def __init__(
+        self,
+        session: WorkerSession,
+        job: BucketJob,
+        binaries: VariantBinaries,
+        warm: WarmStart,
+        root: Path,
+        tmp: Path,
+        log: Log,
+        compiler: str,
+    ):
         self.session, self.job, self.binaries, self.warm = session, job, binaries, warm
         self.root, self.tmp, self.log, self.compiler = root, tmp, log, compiler
         self.configs = job.inst.configs
@@ -181,7 +191,9 @@ class BucketTuning:
         self.total = min(budget.configs or len(self.configs), len(self.configs))
         default_index = job.inst.default_index
         seed = zlib.crc32(f"{search.seed}:{job.eid}".encode())
-        strategy = make_strategy(search.strategy, SearchSpace(job.spec.space, self.configs), seed, [default_index, *self.warm.first], self.warm.prior)
+        strategy = make_strategy(
+            search.strategy, SearchSpace(job.spec.space, self.configs), seed, [default_index, *self.warm.first], self.warm.prior
+        )
         b = self.binaries
         run_search(strategy, self.measure, budget, clock=lambda: self.seconds, prepare=b.request, prefetch=b.prefetch, ahead=b.workers)
         return self._entry()
@@ -221,7 +233,11 @@ class BucketTuning:
     def _record(self, m: Measurement) -> float | None:
         """Keep a config's measurement; its time for the search (None: it did not run)."""
         self.measurements[m.index if m.index is not None else -1] = m
-        if m.status == "ok" and m.median_ms is not None and (self.best is None or self.best.median_ms is None or m.median_ms < self.best.median_ms):
+        if (
+            m.status == "ok"
+            and m.median_ms is not None
+            and (self.best is None or self.best.median_ms is None or m.median_ms < self.best.median_ms)
+        ):
             self.best = m
         done = len(self.measurements)
         if done % PROGRESS_EVERY == 0 and done < self.total:
@@ -283,13 +299,19 @@ class BucketTuning:
         winner = choose_winner(ordered, default_index)
         if winner is None or winner.median_ms is None:
             first = next((m for m in ordered if m.status in ("failed", "rejected", "pruned")), ordered[0])
-            detail = f":\n{log_excerpt(self.binaries.get(first.index).log)}" if first.reason == "did not compile" and first.index is not None else ""
+            detail = (
+                f":\n{log_excerpt(self.binaries.get(first.index).log)}"
+                if first.reason == "did not compile" and first.index is not None
+                else ""
+            )
             tried = "tried " if len(measurements) < len(configs) else ""
             raise TuningError(f"{job.eid}: every variant {tried}failed or was rejected; the first ({first.config}): {first.reason}{detail}")
         default = measurements.get(default_index)
         default_ms = default.median_ms if default is not None and default.status == "ok" else None
         counts = {s: sum(m.status == s for m in ordered) for s in ("ok", "eliminated", "rejected", "failed", "pruned")}
-        searched = f", {len(measurements)} tried ({strategy_text(search)}, {self.seconds:.1f} s)" if len(measurements) < len(configs) else ""
+        searched = (
+            f", {len(measurements)} tried ({strategy_text(search)}, {self.seconds:.1f} s)" if len(measurements) < len(configs) else ""
+        )
         self.log(
             f"tuned {job.eid}: {len(configs)} configs{searched}, {counts['ok'] + counts['eliminated']} measured "
             f"({counts['eliminated']} eliminated early), {counts['rejected']} rejected, {counts['failed']} failed, "

@@ -41,7 +41,12 @@ def plan_tuning(project: ProjectSpec, gpus: Sequence[Gpu], mode: str) -> TuningP
     if not gpus:
         if mode == "auto":
             lock = project.lock_file.name
-            return TuningPlan((), notes=(f"mode auto: no GPU found on this machine, so nothing is tuned; the build takes the valid winners of {lock} and the default configs elsewhere",))
+            return TuningPlan(
+                (),
+                notes=(
+                    f"mode auto: no GPU found on this machine, so nothing is tuned; the build takes the valid winners of {lock} and the default configs elsewhere",
+                ),
+            )
         raise TuningError(f"tuning (mode {mode!r}) needs a CUDA GPU on this machine and none was found")
     targets = resolve_archs(project, gpus)
     here = {g.arch for g in gpus}

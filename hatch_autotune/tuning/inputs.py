@@ -25,8 +25,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import BuildError
 from ..declare.config import KernelSpec
+from ..errors import BuildError
 
 
 class InputError(BuildError, ValueError):

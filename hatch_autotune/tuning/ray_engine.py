@@ -27,10 +27,10 @@ from typing import Any, Callable, Mapping, Sequence
 from .. import __version__
 from ..compile.cache import CompileCache
 from ..compile.tiers import open_compile_cache
-from ..plan.devices import Gpu
-from ..lock import LockEntry
-from ..plan.planner import make_plan, target_archs
 from ..declare.config import ProjectSpec
+from ..lock import LockEntry
+from ..plan.devices import Gpu
+from ..plan.planner import make_plan, target_archs
 from .binaries import InstanceBinaries, VariantBinaries
 from .bucket import BucketJob, tune_bucket
 from .decide import check_kernels
@@ -116,12 +116,16 @@ class TuneActor:
             began = time.monotonic()
             job = self.jobs.get(eid)
             if job is None:
-                raise TuningError(f"{eid}: not a point of the project this node received (is it the same project and hatch-autotune version?)")
+                raise TuningError(
+                    f"{eid}: not a point of the project this node received (is it the same project and hatch-autotune version?)"
+                )
             key = id(job.inst)
             if key not in self.binaries:
                 self.binaries[key] = VariantBinaries(job.inst, self.arch, self.cache)
             lines: list[str] = []
-            entry = tune_bucket(self.session, job, self.binaries[key], WarmStart.from_json(warm), self.root, self.tmp, lines.append, self.plan.compiler)
+            entry = tune_bucket(
+                self.session, job, self.binaries[key], WarmStart.from_json(warm), self.root, self.tmp, lines.append, self.plan.compiler
+            )
             return {"entry": entry.to_json(), "log": lines, "span": [began, time.monotonic()]}
 
     def close(self) -> None:
@@ -147,7 +151,12 @@ class RaySlot:
         return lambda: self._result(ray, ref, job)
 
     def _result(self, ray: Any, ref: Any, job: Job) -> LockEntry:
-        lost = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError)
+        lost = (
+            ray.exceptions.RayActorError,
+            ray.exceptions.WorkerCrashedError,
+            ray.exceptions.NodeDiedError,
+            ray.exceptions.ObjectLostError,
+        )
         try:
             reply = ray.get(ref)
         except lost as exc:
@@ -227,11 +236,21 @@ def tune_on_ray(
         wanted: dict[str, int] = {}
         for arch, _, points in todo:
             wanted[arch] = min(have[arch], wanted.get(arch, 0) + len(points))
-        log(f"tuning on the Ray cluster at {address}: " + ", ".join(f"{n} x {a}" for a, n in wanted.items()) + f" (NVRTC {plan.compiler}), mode {mode}")
+        log(
+            f"tuning on the Ray cluster at {address}: "
+            + ", ".join(f"{n} x {a}" for a, n in wanted.items())
+            + f" (NVRTC {plan.compiler}), mode {mode}"
+        )
         remote = ray.remote(TuneActor)
         for arch, n in wanted.items():
             for _ in range(n):
-                opts = {"num_gpus": 1, "num_cpus": 0, "resources": {RESOURCE_PREFIX + arch: 1}, "max_restarts": 0, "max_concurrency": RaySlot.depth}
+                opts = {
+                    "num_gpus": 1,
+                    "num_cpus": 0,
+                    "resources": {RESOURCE_PREFIX + arch: 1},
+                    "max_restarts": 0,
+                    "max_concurrency": RaySlot.depth,
+                }
                 actors.append((arch, remote.options(**opts).remote(arch, (workers or {}).get(arch))))
         slots = _ready_slots(ray, actors, plan.compiler, ready_timeout_s, log)
         run_tuning(plan, todo, slots, InstanceBinaries(cache or open_compile_cache()), summary, log)
@@ -257,7 +276,9 @@ def _probe(address: str, timeout_s: float = 5.0) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as exc:
-        raise TuningError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is `ray start --head` running there?)") from None
+        raise TuningError(
+            f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is `ray start --head` running there?)"
+        ) from None
 
 
 def _ready_slots(ray: Any, actors: list[tuple[str, Any]], compiler: str, timeout_s: float, log: Log) -> list[RaySlot]:

@@ -245,7 +245,9 @@ class ParzenSearch(_ModelSearch):
         n_rest = len(self.times) - n_good
         uniform = self.prior / math.prod(n for n in self.space.sizes)
         with np.errstate(divide="ignore"):
-            score = np.log((good + uniform) / (n_good + self.prior)) - np.log(np.maximum((self._sum_all - good + uniform) / (n_rest + self.prior), 1e-300))
+            score = np.log((good + uniform) / (n_good + self.prior)) - np.log(
+                np.maximum((self._sum_all - good + uniform) / (n_rest + self.prior), 1e-300)
+            )
         score[~self._free] = -np.inf
         self._score = score
         return [int(np.argmax(score))]
@@ -452,7 +454,9 @@ class GaussianProcessSearch(_ModelSearch):
         if self._prior is not None:
             with_prior, without = loo_errors(self._chol_rows[:n, :n], [y - offset, y])
             self._prior_on = with_prior < without
-        self._proj_rows[:n] = np.linalg.solve(self._chol_rows[:n, :n], self._kernel(idx, self._candidates, self._tabs))  # numpy's threads: see __init__
+        self._proj_rows[:n] = np.linalg.solve(
+            self._chol_rows[:n, :n], self._kernel(idx, self._candidates, self._tabs)
+        )  # numpy's threads: see __init__
         self._var = np.maximum(1.0 - (self._proj_rows[:n] ** 2).sum(axis=0), 1e-12)
 
     def _extend(self, index: int) -> tuple[Any, float, Any]:
@@ -497,7 +501,9 @@ class GaussianProcessSearch(_ModelSearch):
         y = self._targets(self._train)
         prior = self._prior_mean(self._train, y) if self._prior_on else _no_prior
         n = len(self._train)
-        self._mean = self._lower_solve(self._chol_rows[:n, :n], y - prior(np.array(self._train))) @ self._proj_rows[:n] + prior(self._candidates)
+        self._mean = self._lower_solve(self._chol_rows[:n, :n], y - prior(np.array(self._train))) @ self._proj_rows[:n] + prior(
+            self._candidates
+        )
         self._best = y.max()
         score = self._acquisition(self._mean, self._var, self._best, len(self.times))
         best = int(np.argmax(score))
@@ -615,7 +621,9 @@ def _strategy_class(name: str) -> type[Strategy]:
     return _CLASSES[name]
 
 
-def make_strategy(name: str, space: SearchSpace, seed: int = 0, first: Sequence[int] = (), prior: Sequence[Sequence[float | None]] = ()) -> Strategy:
+def make_strategy(
+    name: str, space: SearchSpace, seed: int = 0, first: Sequence[int] = (), prior: Sequence[Sequence[float | None]] = ()
+) -> Strategy:
     """The strategy called `name` (config.py's SEARCH_STRATEGIES); `auto` is the recommended one."""
     return _strategy_class(name)(space, seed, first, prior)
 

@@ -117,7 +117,9 @@ def tune(
             for arch in dict.fromkeys(a for a, _, _ in todo):
                 # none detected (a stand-in worker, or a driver that would not say): device 0, whose worker says what it is
                 devices = [g.ordinal for g in gpus if g.arch == arch] or [0]
-                log(f"tuning {arch} on device{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))} (NVRTC {plan.compiler}), mode {mode}")
+                log(
+                    f"tuning {arch} on device{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))} (NVRTC {plan.compiler}), mode {mode}"
+                )
                 arch_sessions = [WorkerSession(factory(d), d, project.tuning) for d in devices]
                 sessions += arch_sessions
                 slots += [LocalSlot(s, arch, binaries, plan, Path(tmpdir), log) for s in matching_sessions(arch_sessions, arch, log)]
@@ -166,7 +168,9 @@ class LocalSlot:
     def start(self, job: Job) -> Callable[[], LockEntry]:
         bucket: BucketJob = job.payload
         root, compiler = self.plan.project.root, self.plan.compiler
-        return lambda: tune_bucket(self.session, bucket, self.binaries(bucket.inst, self.arch), job.warm, root, self.workdir, self.log, compiler)
+        return lambda: tune_bucket(
+            self.session, bucket, self.binaries(bucket.inst, self.arch), job.warm, root, self.workdir, self.log, compiler
+        )
 
 
 def run_tuning(plan: Plan, todo: Todo, slots: Sequence[Slot], binaries: InstanceBinaries, summary: TuneSummary, log: Log) -> None:
@@ -187,7 +191,9 @@ def run_tuning(plan: Plan, todo: Todo, slots: Sequence[Slot], binaries: Instance
             if not plan.project.default_may_fail:
                 raise TuningError(plan.default_failure([(inst, arch, default.log)]))
             log(f"warning: the default config of {named} does not compile for {arch}; measuring the others (default-may-fail = true)")
-        log(f"tuning {named} on {arch}: {len(points)} bucket(s) x {len(inst.variants)} configs on {per_arch.get(arch, 0)} GPU(s), {strategy_text(inst.spec.search)}")
+        log(
+            f"tuning {named} on {arch}: {len(points)} bucket(s) x {len(inst.variants)} configs on {per_arch.get(arch, 0)} GPU(s), {strategy_text(inst.spec.search)}"
+        )
         measured = min(inst.spec.search.configs_budget(len(inst.configs)) or len(inst.configs), len(inst.configs))
         for p in points:
             warm = warm_start(plan.lock, p, inst.configs, inst.spec.search.strategy) if inst.spec.search.warm_start else WarmStart()

@@ -206,7 +206,9 @@ class _DeviceArray:
         if poisoned:
             check_cuda(self._driver.cuMemsetD8Async(self.ptr, self._poison, self._host.nbytes, stream), "cuMemsetD8Async (poison)")
         elif self._pristine is not None:
-            check_cuda(self._driver.cuMemcpyDtoDAsync(self.ptr, self._pristine, self._host.nbytes, stream), "cuMemcpyDtoDAsync (restore input)")
+            check_cuda(
+                self._driver.cuMemcpyDtoDAsync(self.ptr, self._pristine, self._host.nbytes, stream), "cuMemcpyDtoDAsync (restore input)"
+            )
         else:
             check_cuda(self._driver.cuMemcpyHtoD(self.ptr, self._host.ctypes.data, self._host.nbytes), "cuMemcpyHtoD")
 
@@ -301,7 +303,17 @@ class _WorkerState:
             with np.load(msg.reference, allow_pickle=False) as data:
                 reference = {k: data[k] for k in data.files}
         self.bucket = _Bucket(
-            kernel, arrays, dict(msg.scalars), outputs, poisoned, reference, msg.tolerances, cubins, dict(msg.types), msg.key.as_dict(), msg.settings
+            kernel,
+            arrays,
+            dict(msg.scalars),
+            outputs,
+            poisoned,
+            reference,
+            msg.tolerances,
+            cubins,
+            dict(msg.types),
+            msg.key.as_dict(),
+            msg.settings,
         )
         return Done()
 

@@ -10,17 +10,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..errors import BuildError
-from ..runtime import parse_arch
-from ..declare.config import ProjectSpec
 from ..compile import nvrtc as compile_mod
 from ..compile.cache import CompileCache
-from ..plan.devices import Gpu
+from ..compile.render import Variant
+from ..declare.config import ProjectSpec
+from ..errors import BuildError
 from ..lock import tuned_with
+from ..plan.devices import Gpu
+from ..plan.planner import Choice, Instance, Plan, Point, make_plan, resolve_archs
+from ..runtime import parse_arch
 from ..text import examples, indent, instance_text, log_excerpt
 from .outcome import CompileFailure, EntryOutcome, Outcome
-from ..plan.planner import Choice, Instance, Plan, Point, make_plan, resolve_archs
-from ..compile.render import Variant
 
 Log = Callable[[str], None]
 
@@ -81,10 +81,14 @@ def counts_text(counts: dict[str, int]) -> str:
     (now or in the build that filled the cache) reported an error. Each distinct binary is in
     exactly one of the three, so they add up."""
     compiled = counts["compiled"]
-    return f"{compiled} variant binar{'y' if compiled == 1 else 'ies'} compiled, {counts['cached']} from the cache, {counts['failed']} failed"
+    return (
+        f"{compiled} variant binar{'y' if compiled == 1 else 'ies'} compiled, {counts['cached']} from the cache, {counts['failed']} failed"
+    )
 
 
-def _compile_step(jobs: Sequence[compile_mod.CompileJob], cache: CompileCache | None, what: str, log: Log, workers: int | None) -> list[compile_mod.CompileResult]:
+def _compile_step(
+    jobs: Sequence[compile_mod.CompileJob], cache: CompileCache | None, what: str, log: Log, workers: int | None
+) -> list[compile_mod.CompileResult]:
     """Compile one step's jobs, with progress, and say in one line what became of them."""
     results = compile_mod.compile_all(jobs, cache, workers=workers, on_result=_progress(jobs, log))
     counts = compile_mod.count(results)
@@ -135,7 +139,11 @@ def compile_shipped(plan: Plan, cache: CompileCache | None, *, log: Log = print,
         {(n, arch): plan.shipped(inst, arch) for n, inst in enumerate(plan.instances) for arch in plan.archs},
         "the lock's winners and the default configs",
     )
-    broken = [(plan.instances[n], arch, shipping.binaries[(n, arch)][plan.instances[n].default_index].log) for (n, arch), ok in usable.items() if not ok[plan.instances[n].default_index]]
+    broken = [
+        (plan.instances[n], arch, shipping.binaries[(n, arch)][plan.instances[n].default_index].log)
+        for (n, arch), ok in usable.items()
+        if not ok[plan.instances[n].default_index]
+    ]
     if broken and not plan.project.default_may_fail:
         raise BuildError(plan.default_failure(broken))
     chosen = {k: choose(k) for k in usable}
@@ -164,7 +172,10 @@ def record_outcome(plan: Plan, shipping: Shipping, shipped: int | None = None) -
             for p, choice in shipping.choices.get((n, arch), {}).items():
                 entries.append(EntryOutcome(p.id, choice.status, inst.configs[choice.variant_index], choice.reason))
     failures = Outcome.failures_of(
-        [(inst.spec.name, inst.types_key, arch, v.label, v.config_dict, v.source_hash, r.log) for inst, arch, v, r in shipping.failures(plan)]
+        [
+            (inst.spec.name, inst.types_key, arch, v.label, v.config_dict, v.source_hash, r.log)
+            for inst, arch, v, r in shipping.failures(plan)
+        ]
     )
     return Outcome(tuple(entries), failures, shipped, plan.project.default_may_fail)
 
@@ -266,7 +277,9 @@ def build_payload(
     if versions:  # which NVRTC measured the winners in use, next to the one compiling them (above)
         n_tuned = sum(versions.values())
         named = ", ".join(v if len(versions) == 1 else f"{v} ({k})" for v, k in versions.most_common())
-        log(f"hatch-autotune: {n_tuned} entr{'y uses' if n_tuned == 1 else 'ies use'} tuned winners from {project.lock_file.name}, tuned with NVRTC {named}")
+        log(
+            f"hatch-autotune: {n_tuned} entr{'y uses' if n_tuned == 1 else 'ies use'} tuned winners from {project.lock_file.name}, tuned with NVRTC {named}"
+        )
     mixed = plan.policy.warning(versions)
     if mixed:
         log(f"warning: {mixed}")

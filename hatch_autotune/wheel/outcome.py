@@ -19,8 +19,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..runtime import load_json
 from ..lock import EntryId, LockFormatError
+from ..runtime import load_json
 from ..text import log_excerpt
 
 OUTCOME_FILE = "outcome.json"
@@ -64,8 +64,13 @@ class CompileFailure:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "kernel": self.kernel, "types": self.types, "arch": self.arch, "variant": self.variant,
-            "config": dict(self.config), "log": self.log, "configs": self.configs,
+            "kernel": self.kernel,
+            "types": self.types,
+            "arch": self.arch,
+            "variant": self.variant,
+            "config": dict(self.config),
+            "log": self.log,
+            "configs": self.configs,
         }
 
 
@@ -95,7 +100,9 @@ class Outcome:
                 continue
             n = logged.get((kernel, types, arch), 0)
             logged[(kernel, types, arch)] = n + 1
-            by_binary[(kernel, types, arch, source)] = CompileFailure(kernel, types, arch, label, dict(config), log_excerpt(log) if n < LOGS_PER_GROUP else "")
+            by_binary[(kernel, types, arch, source)] = CompileFailure(
+                kernel, types, arch, label, dict(config), log_excerpt(log) if n < LOGS_PER_GROUP else ""
+            )
         return tuple(by_binary.values())
 
     # ---- what the build log and `show` print ------------------------------------------------
@@ -158,7 +165,12 @@ class Outcome:
         if not isinstance(raw, dict) or not isinstance(raw.get("schema"), int) or isinstance(raw.get("schema"), bool):
             return cls((), notes=(f"{label}: not a hatch-autotune outcome record; not read",))
         if raw["schema"] > OUTCOME_SCHEMA:
-            return cls((), notes=(f"{label}: outcome record schema {raw['schema']} is newer than this hatch-autotune reads ({OUTCOME_SCHEMA}); upgrade hatch-autotune",))
+            return cls(
+                (),
+                notes=(
+                    f"{label}: outcome record schema {raw['schema']} is newer than this hatch-autotune reads ({OUTCOME_SCHEMA}); upgrade hatch-autotune",
+                ),
+            )
         entries, failures, skipped = [], [], 0
         listed = {k: raw[k] if isinstance(raw.get(k), list) else [] for k in ("entries", "failures")}
         for item in listed["entries"]:

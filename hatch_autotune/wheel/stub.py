@@ -20,15 +20,15 @@ import ast
 from typing import Any
 
 from .. import __version__
-from ..runtime import INT_RANGES
 from ..declare.config import ArgSpec, KernelSpec, ProjectSpec
+from ..runtime import INT_RANGES
 
 STUB_FILE = "__init__.pyi"
 TYPED_MARKER = "py.typed"  # empty: the stub is complete, not partial
 
 _BUILTINS_USED = ("bool", "bytes", "dict", "int", "list", "str", "tuple")
 
-_HEADER = '''\
+_HEADER = """\
 # Type stubs of the generated package, written by hatch-autotune from the kernels' declarations
 # (do not edit). Arrays are typed by protocol; their dtypes and shapes are in the docstrings.
 
@@ -42,7 +42,7 @@ from typing import (
 )
 
 from ._runtime import PreparedCall as _PreparedCall, Selection as _Selection
-'''
+"""
 
 _PROTOCOLS = '''\
 class _CudaArrayInterface(_Protocol):
@@ -240,15 +240,20 @@ def _call_doc(spec: KernelSpec) -> str:
     if spec.types:
         lines.append("Type parameters (from the arrays' dtypes): " + "; ".join(f"{t} in {{{', '.join(v)}}}" for t, v in spec.types.items()))
     lines.append(
-        "Key (selects the variant): "
-        + ", ".join(f"{k.name} = {_key_source(spec, k)} in {list(k.buckets)} ({k.mapping})" for k in spec.key)
+        "Key (selects the variant): " + ", ".join(f"{k.name} = {_key_source(spec, k)} in {list(k.buckets)} ({k.mapping})" for k in spec.key)
     )
     return "\n".join(lines)
 
 
 def _select_doc(spec: KernelSpec) -> str:
     kw = [k.name for k in spec.key] + list(spec.types) + list(spec.constants)
-    lines = [f"{spec.name}.select(arch=None, *, {', '.join(kw)}) -> Selection", "", "Which variant runs for these sizes on this arch, and why.", "", _ARCH_DOC]
+    lines = [
+        f"{spec.name}.select(arch=None, *, {', '.join(kw)}) -> Selection",
+        "",
+        "Which variant runs for these sizes on this arch, and why.",
+        "",
+        _ARCH_DOC,
+    ]
     lines.append("Key dims (sizes, each mapped to a bucket):")
     for k in spec.key:
         lines.append(f"  {k.name}: buckets {list(k.buckets)} ({k.mapping}); a call reads it from {_key_source(spec, k)}")

@@ -42,9 +42,7 @@ def kernel_table(kb: KernelBuild, result: BuildResult, files: dict[str, bytes]) 
     for (tkey, arch, point), choice in sorted(kb.choices.items()):
         v = kb.variants[tkey][choice.variant_index]
         vid = v.id
-        var = variants.setdefault(
-            vid, {"config": v.config_dict, "types": v.types_dict, "index": v.index, "binaries": {}, "resources": {}}
-        )
+        var = variants.setdefault(vid, {"config": v.config_dict, "types": v.types_dict, "index": v.index, "binaries": {}, "resources": {}})
         for bin_arch in [arch] + ([result.ptx[arch]] if arch in result.ptx else []):
             r = kb.binaries[(v.source_hash, bin_arch)]
             ext = "ptx" if bin_arch.startswith("compute_") else "cubin"
