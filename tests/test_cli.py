@@ -133,14 +133,10 @@ def run(cmd: list, **kw) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def tiny_wheel(tiny_lock, session_cache, tmp_path_factory) -> Path:
+def tiny_wheel(tiny_lock, plugin_dist, session_cache, tmp_path_factory) -> Path:
     """The tiny project's wheel, built by `pip wheel` (build isolation, hatch-autotune from a
     wheel of this checkout), with its fixture lock file: so its entries are tuned."""
     tmp = tmp_path_factory.mktemp("wheels")
-    src = tmp / "plugin-src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "dist", "__pycache__", "example_pkg", "tests"))
-    plugin_dist = tmp / "plugin-dist"
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", plugin_dist, src])
     root, _ = tiny_lock
     links = " ".join(filter(None, [str(plugin_dist), os.environ.get("PIP_FIND_LINKS", "")]))
     # The build environment gets this NVRTC, so that the lock's checksums (made here) match there.

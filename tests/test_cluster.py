@@ -25,9 +25,6 @@ from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.schedule import Job, SlotLost, run_schedule
 from hatch_autotune.tuning.worker import WorkerClient
 
-# One pytest-xdist worker runs every test here: local Ray clusters share default ports.
-pytestmark = pytest.mark.xdist_group("ray")
-
 FAKE = [sys.executable, str(Path(__file__).with_name("fake_worker.py"))]
 CC = {"sm_80": [8, 0], "sm_90": [9, 0]}
 # crashes (SIGSEGV) and hangs past timeout-s inside the worker, wherever it runs
