@@ -1,4 +1,4 @@
-"""The build's outcome record (build/outcome.py): what a plain `pip wheel .` hides (pip shows a
+"""The build's outcome record (wheel/outcome.py): what a plain `pip wheel .` hides (pip shows a
 backend's output only with -v) is in the wheel, and `hatch-autotune show` prints it. A default
 config that does not compile stops the build, the tuner too, unless `default-may-fail = true`.
 Real NVRTC compiles, hatchling's own WheelBuilder, no GPU (the tuner talks to the fake worker)."""

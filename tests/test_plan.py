@@ -1,4 +1,4 @@
-"""The one planner (build/plan.py): what each mode compiles and ships, and the build, the tuner
+"""The one planner (plan/planner.py): what each mode compiles and ships, and the build, the tuner
 and `hatch-autotune show` agreeing because they all ask it."""
 
 from __future__ import annotations

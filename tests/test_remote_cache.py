@@ -1,4 +1,4 @@
-"""The compile cache shared through Redis (build/remote_cache.py): a real redis-server on
+"""The compile cache shared through Redis (compile/remote_cache.py): a real redis-server on
 127.0.0.1 (a free port, no persistence, in a temporary directory), real NVRTC compiles. What the
 server holds is untrusted: every damaged entry is a miss and the next put repairs it. A server
 that is down, hung or misused costs one warning and a bounded wait, never the build."""
