@@ -70,6 +70,10 @@ class SearchSpec:
             return self.budget.configs(space_size)
         return self.budget
 
+    def configs_tried(self, space_size: int) -> int:
+        """How many configs of a space of this size a search measures at most."""
+        return min(self.configs_budget(space_size) or space_size, space_size)
+
     def budget_for(self, space_size: int) -> Budget:
         """What a search of a space of this size may spend."""
         return Budget(self.configs_budget(space_size), self.seconds)

@@ -283,8 +283,7 @@ def project_source(root: Path) -> Source:
     from ..errors import BuildError
     from ..lock import tuned_with
     from ..plan.devices import detect_gpus
-    from ..plan.planner import make_plan, resolve_archs
-    from ..runtime import parse_arch
+    from ..plan.planner import make_plan, resolve_archs, target_archs
     from ..wheel.assemble import compile_shipped, record_outcome
 
     project = load_project(root)
@@ -296,7 +295,7 @@ def project_source(root: Path) -> Source:
         archs = resolve_archs(project, gpus)  # what a build here would target
     else:  # a build here would stop for want of targets; show what the lock was tuned for
         ids = [EntryId.parse(eid) for eid in lock.entries]
-        archs = tuple(sorted({i.arch for i in ids if i.kernel in project.kernels}, key=lambda a: parse_arch(a)[1:]))
+        archs = target_archs(project, (i.arch for i in ids if i.kernel in project.kernels))
         notes.append(
             f"no archs declared and no GPU here: showing the archs of the lock file ({', '.join(archs)})"
             if archs

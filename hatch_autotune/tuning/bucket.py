@@ -27,7 +27,7 @@ from .binaries import VariantBinaries
 from .errors import TuningError
 from .inputs import bucket_inputs, reference_outputs
 from .protocol import DeviceInfo, Failure, Limits, Measure, Reference, Setup
-from .search import Budget, SearchSpace, WarmStart, make_strategy, run_search
+from .search import SearchSpace, WarmStart, make_strategy, run_search
 from .session import WorkerSession
 from .verify import tolerance
 from .worker import WorkerDied
@@ -187,8 +187,8 @@ class BucketTuning:
         self.info = self.session.info or self.session.hello()
         if self.user_reference:
             self.session.prepare([self.setup])
-        budget = Budget(search.configs_budget(len(self.configs)), search.seconds)
-        self.total = min(budget.configs or len(self.configs), len(self.configs))
+        budget = search.budget_for(len(self.configs))
+        self.total = search.configs_tried(len(self.configs))
         default_index = job.inst.default_index
         seed = zlib.crc32(f"{search.seed}:{job.eid}".encode())
         strategy = make_strategy(

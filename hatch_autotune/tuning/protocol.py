@@ -24,8 +24,6 @@ from typing import Any, ClassVar, Mapping, Union
 from ..declare.config import TuningSpec
 from ..lock import Bucket
 
-OPERATIONS = ("hello", "setup", "reference", "measure")
-
 
 @dataclass(frozen=True)
 class Hello:
@@ -169,7 +167,8 @@ class Measure:
 
 
 Request = Union[Hello, Setup, Reference, Measure]
-_REQUESTS: dict[str, Any] = {"hello": Hello, "setup": Setup, "reference": Reference, "measure": Measure}
+_REQUESTS: dict[str, Any] = {c.op: c for c in (Hello, Setup, Reference, Measure)}  # each message names its op
+OPERATIONS = tuple(_REQUESTS)
 
 
 def parse_request(raw: Mapping[str, Any]) -> Request:

@@ -194,7 +194,7 @@ def run_tuning(plan: Plan, todo: Todo, slots: Sequence[Slot], binaries: Instance
         log(
             f"tuning {named} on {arch}: {len(points)} bucket(s) x {len(inst.variants)} configs on {per_arch.get(arch, 0)} GPU(s), {strategy_text(inst.spec.search)}"
         )
-        measured = min(inst.spec.search.configs_budget(len(inst.configs)) or len(inst.configs), len(inst.configs))
+        measured = inst.spec.search.configs_tried(len(inst.configs))
         for p in points:
             warm = warm_start(plan.lock, p, inst.configs, inst.spec.search.strategy) if inst.spec.search.warm_start else WarmStart()
             cost = measured + input_bytes(inst.spec, p.bucket.as_dict(), inst.types) / HOST_BYTES_PER_CONFIG
