@@ -303,8 +303,8 @@ def project_source(root: Path) -> Source:
         )
     try:
         plan = make_plan(project, archs, lock=lock)
-        cache = open_compile_cache()
-        shipping = compile_shipped(plan, cache, log=lambda _: None)
+        cache = open_compile_cache(project.settings.cache)
+        shipping = compile_shipped(plan, cache, log=lambda _: None, workers=project.settings.jobs)
     except BuildError as exc:
         lines = str(exc).removeprefix("hatch-autotune: ").splitlines()
         raise CliError(lines[0], lines[1:]) from None
