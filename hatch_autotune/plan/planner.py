@@ -111,6 +111,8 @@ class Choice:
     provenance: Mapping[str, Any]
     reason: str  # for an untuned choice: why the default was taken
     fallback: bool = False  # the default did not compile: the first config that did (default-may-fail)
+    median_ms: float | None = None  # a tuned choice: the winner's median time, from the lock
+    default_ms: float | None = None  # and the default config's, so that `show` reports both from a wheel
 
     @property
     def status(self) -> str:
@@ -118,16 +120,11 @@ class Choice:
         return "tuned" if self.tuned else "fallback" if self.fallback else "default"
 
 
-def _provenance_with_times(entry: LockEntry) -> dict[str, Any]:
-    """What the wheel records of a tuned entry: where it was tuned, and the winner's and the
-    default's median times, so that `hatch-autotune show` can report them from a wheel alone."""
-    out = dict(entry.provenance)
+def _tuned_choice(index: int, entry: LockEntry) -> Choice:
+    """A lock entry's winner as the wheel records it: where it was tuned, and the winner's and
+    the default's median times."""
     winner = next((m for m in entry.measurements if m.median_ms is not None and m.config == dict(entry.config)), None)
-    if winner is not None:
-        out["median_ms"] = winner.median_ms
-    if entry.default_ms is not None:
-        out["default_ms"] = entry.default_ms
-    return out
+    return Choice(index, True, dict(entry.provenance), "", median_ms=winner.median_ms if winner else None, default_ms=entry.default_ms)
 
 
 @dataclass
@@ -176,7 +173,7 @@ class Plan:
             elif index not in usable:
                 return None
             elif usable[index]:
-                return Choice(index, True, _provenance_with_times(self.lock.entries[point.eid]), "")
+                return _tuned_choice(index, self.lock.entries[point.eid])
             else:
                 reason = f"the lock's winner {inst.variants[index].label} failed to compile"
         d = inst.default_index

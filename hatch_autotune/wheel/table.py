@@ -60,16 +60,14 @@ def kernel_table(kb: KernelBuild, result: BuildResult, files: dict[str, bytes]) 
 
 
 def table_entry(point: tuple[int, ...], variant: str, choice: Choice) -> TableEntry:
-    """A point's row: a tuned choice's provenance carries the winner's and the default's times
-    (the planner adds them from the lock), which the entry keeps in fields of their own."""
-    provenance = dict(choice.provenance) if choice.tuned else {}
+    """A point's row, the planner's choice field for field."""
     return TableEntry(
         bucket=tuple(point),
         variant=variant,
         tuned=choice.tuned,
-        median_ms=provenance.pop("median_ms", None),
-        default_ms=provenance.pop("default_ms", None),
-        provenance=provenance,
+        median_ms=choice.median_ms,
+        default_ms=choice.default_ms,
+        provenance=dict(choice.provenance) if choice.tuned else {},
         reason="" if choice.tuned else choice.reason,
     )
 
