@@ -201,7 +201,7 @@ def test_lock_winners_are_used_and_stale_entries_ignored(tiny, tmp_path):
     kb = tuned.kernels[0]
     assert all(c.tuned for c in kb.choices.values())
     assert {kb.variants["-"][c.variant_index].config_dict == winner for c in kb.choices.values()} == {True}
-    assert all(c.provenance["median_ms"] == 0.01 and c.provenance["gpu"] == "recorded-for-test" for c in kb.choices.values())
+    assert all(c.median_ms == 0.01 and c.provenance["gpu"] == "recorded-for-test" for c in kb.choices.values())
     assert oct((tiny / "autotune.lock.json").stat().st_mode & 0o777) == "0o644"
 
     # Changing the template changes every variant's source: all entries become stale.
