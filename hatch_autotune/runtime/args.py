@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .errors import ArrayInterfaceError, short_repr
 from .record import Record
-from .values import INT_RANGES, TYPESTRS
+from .values import DTYPE_SIZES, FLOAT_RANGES, INT_RANGES, MAX_SIZE, TYPESTRS
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
@@ -21,13 +21,21 @@ _DTYPE_OF_TYPESTR = {v: k for k, v in TYPESTRS.items()}
 class ArrayView(Record):
     """What a call needs of an array: pointer, shape, dtype, layout, and where it lives."""
 
-    __slots__ = ("ptr", "shape", "dtype", "contiguous", "readonly", "device")
+    __slots__ = ("ptr", "shape", "dtype", "contiguous", "readonly", "device", "given_dtype")
     ptr: int
     shape: tuple[int, ...]
     dtype: str | None  # None: a dtype hatch-autotune cannot pass (e.g. bfloat16, big-endian)
     contiguous: bool
     readonly: bool
     device: int | None  # None: unknown until asked (CAI); -1: host memory
+    given_dtype: str  # the dtype as the array states it (a CAI typestr such as '>f4'), for messages
+
+    def dtype_text(self) -> str:
+        """The dtype for a message: its name, or what was passed when it cannot be passed on."""
+        if self.dtype is not None:
+            return self.dtype
+        given = short_repr(self.given_dtype, 40)
+        return f"{given}{' (big-endian)' if given[1:2] == '>' else ''}, which hatch-autotune cannot pass"
 
 
 def _c_contiguous(shape: Sequence[int], strides: Sequence[int] | None, itemsize: int) -> bool:
@@ -54,12 +62,12 @@ def array_view(obj: Any, stream_ptr: int = -1) -> ArrayView | None:
     if cai is not None:
         typestr, shape, ptr, readonly, strides = _cai_fields(cai)
         dtype = _DTYPE_OF_TYPESTR.get(typestr[1:]) if typestr[:1] in ("<", "|", "=") else None
-        itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 0
-        return ArrayView(ptr, shape, dtype, _c_contiguous(shape, strides, itemsize), readonly, None)
+        itemsize = DTYPE_SIZES[dtype] if dtype is not None else 0  # no layout check without a dtype
+        return ArrayView(ptr, shape, dtype, _c_contiguous(shape, strides, itemsize), readonly, None, typestr)
     if hasattr(obj, "__dlpack__"):
         where = getattr(obj, "__dlpack_device__", None)
         if where is not None and where()[0] == _DLPACK_CPU:  # NumPy: host memory, and no stream allowed
-            return ArrayView(0, (), None, True, False, -1)
+            return ArrayView(0, (), None, True, False, -1, "")
         from cuda.core.utils import StridedMemoryView  # lazy: only DLPack-only arrays need it
 
         view = StridedMemoryView.from_dlpack(obj, stream_ptr=stream_ptr)
@@ -70,7 +78,9 @@ def array_view(obj: Any, stream_ptr: int = -1) -> ArrayView | None:
         shape = tuple(view.shape)
         strides = view.strides
         contiguous = _c_contiguous(shape, strides, 1)  # DLPack strides count elements, not bytes
-        return ArrayView(view.ptr, shape, dtype, contiguous, bool(view.readonly), view.device_id if view.is_device_accessible else -1)
+        device = view.device_id if view.is_device_accessible else -1
+        given = str(np_dtype) if np_dtype is not None else "unknown"  # e.g. bfloat16 without ml_dtypes
+        return ArrayView(view.ptr, shape, dtype, contiguous, bool(view.readonly), device, given)
     return None
 
 
@@ -89,10 +99,12 @@ def _cai_fields(cai: Any) -> tuple[str, tuple[int, ...], int, bool, tuple[int, .
     typestr, shape, data, strides = cai["typestr"], cai["shape"], cai["data"], cai.get("strides")
     if not isinstance(typestr, str):
         raise ArrayInterfaceError(f"__cuda_array_interface__['typestr'] is {short_repr(typestr)}, not a string such as '<f4'")
-    if not isinstance(shape, (tuple, list)) or not all(_is_int(d) and d >= 0 for d in shape):
-        raise ArrayInterfaceError(f"__cuda_array_interface__['shape'] is {short_repr(shape)}, not a tuple of sizes")
-    if not (isinstance(data, (tuple, list)) and len(data) == 2 and _is_int(data[0]) and data[0] >= 0):
-        raise ArrayInterfaceError(f"__cuda_array_interface__['data'] is {short_repr(data)}, not (pointer, read_only)")
+    if not isinstance(shape, (tuple, list)) or not all(_is_int(d) and 0 <= d <= MAX_SIZE for d in shape):
+        raise ArrayInterfaceError(f"__cuda_array_interface__['shape'] is {short_repr(shape)}, not a tuple of sizes (ints from 0)")
+    if not (isinstance(data, (tuple, list)) and len(data) == 2 and _is_int(data[0]) and 0 <= data[0] <= MAX_SIZE):
+        raise ArrayInterfaceError(
+            f"__cuda_array_interface__['data'] is {short_repr(data)}, not (pointer, read_only) with an int pointer from 0 to 2**63 - 1"
+        )
     if strides is not None and not (isinstance(strides, (tuple, list)) and len(strides) == len(shape) and all(map(_is_int, strides))):
         raise ArrayInterfaceError(f"__cuda_array_interface__['strides'] is {short_repr(strides)}, not None or one int per dim")
     return typestr, tuple(shape), data[0], bool(data[1]), None if strides is None else tuple(strides)
@@ -112,12 +124,19 @@ def stream_handle(stream: Any) -> int | None:
         return stream
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
-        version, handle = proto() if callable(proto) else proto
-        return int(handle)
+        given = proto() if callable(proto) else proto
+        if not (isinstance(given, tuple) and len(given) == 2 and _is_int(given[1]) and given[1] >= 0):
+            raise TypeError(
+                f"stream: __cuda_stream__ of {type(stream).__name__} gave {short_repr(given)}; "
+                "expected (version, handle) with the handle a non-negative int"
+            )
+        return int(given[1])
     for attr in ("cuda_stream", "ptr"):
         handle = getattr(stream, attr, None)
         if isinstance(handle, int) and not isinstance(handle, bool):
-            return handle
+            if handle < 0:
+                raise ValueError(f"stream: {type(stream).__name__}.{attr} is {handle}; a handle is a non-negative int")
+            return int(handle)
     raise TypeError(
         "stream: expected None, a cuda.core Stream, an object with __cuda_stream__ (CuPy), "
         f"a PyTorch stream, or a raw cudaStream_t handle (int); got {type(stream).__name__}"
@@ -146,30 +165,38 @@ def integral_types() -> tuple[type[int | numpy.integer[Any]], ...]:
 
 def scalar_converter(dtype: str, kernel: str, arg: str) -> Callable[[Any], Any]:
     """A fast scalar converter for the repeated-call path (its type was checked on the first
-    call); numpy raises OverflowError for an integer out of range, which is re-raised as
-    c_scalar's ValueError by the checked path."""
-
-    def convert(value: Any) -> Any:
-        try:
-            return fast(value)
-        except (OverflowError, ValueError, TypeError):
-            return c_scalar(value, dtype, kernel, arg)
-
+    call): a value within the dtype's range is converted at once; anything else (out of range,
+    inf or nan, a value numpy refuses) goes to c_scalar, which converts it or says what is wrong."""
     import numpy
 
-    if dtype == "float16":
-        fast = lambda v: numpy.float16(v).view(numpy.uint16)  # noqa: E731
-    else:
-        fast = numpy.dtype(dtype).type
-        if dtype in INT_RANGES:
-            (lo, hi), np_type = INT_RANGES[dtype], fast
+    np_type = numpy.dtype(dtype).type
+    if dtype in INT_RANGES:
+        lo, hi = INT_RANGES[dtype]  # checked explicitly: numpy casts numpy ints silently
 
-            def fast(v: Any) -> Any:  # noqa: F811 - bounds checked explicitly (numpy casts numpy ints silently)
-                if not lo <= v <= hi:
-                    raise OverflowError
-                return np_type(v)
+        def convert(value: Any) -> Any:
+            try:
+                if lo <= value <= hi:
+                    return np_type(value)
+            except (OverflowError, ValueError, TypeError):
+                pass
+            return c_scalar(value, dtype, kernel, arg)
 
-    return convert
+        return convert
+    from math import isfinite
+
+    limit = FLOAT_RANGES[dtype][1]  # from here numpy would give inf, with a RuntimeWarning
+    half = dtype == "float16"
+
+    def convert_float(value: Any) -> Any:
+        try:  # compared as a Python float: numpy would cast `limit` to a float16 argument's type
+            number = value if type(value) is float else float(value)
+            if -limit < number < limit or not isfinite(number):  # inf and nan are passed as given
+                return numpy.float16(value).view(numpy.uint16) if half else np_type(value)
+        except (OverflowError, ValueError, TypeError):
+            pass
+        return c_scalar(value, dtype, kernel, arg)
+
+    return convert_float
 
 
 def c_scalar(value: Any, dtype: str, kernel: str, arg: str) -> Any:
@@ -186,9 +213,20 @@ def c_scalar(value: Any, dtype: str, kernel: str, arg: str) -> Any:
         if not lo <= int(value) <= hi:
             raise ValueError(f"{kernel}(): argument {arg!r}={value} does not fit in {dtype} [{lo}, {hi}]")
         return np_type(int(value))
+    largest, limit = FLOAT_RANGES[dtype]
+    try:
+        number = float(value)  # exact for numpy floats
+        overflows = not -limit < number < limit and number - number == 0  # finite, yet it would become inf
+    except OverflowError:  # an int beyond any float
+        overflows = True
+    if overflows:
+        raise ValueError(
+            f"{kernel}(): argument {arg!r}={short_repr(value)} does not fit in {dtype} "
+            f"[{-largest:.8g}, {largest:.8g}]: it would become inf (pass inf itself if that is meant)"
+        )
     if dtype == "float16":
-        return numpy.float16(value).view(numpy.uint16)  # the kernel sees at_half: 16 raw bits
-    return np_type(value)
+        return numpy.float16(number).view(numpy.uint16)  # the kernel sees at_half: 16 raw bits
+    return np_type(number)
 
 
 def as_constant(value: Any, kind: type) -> Any:

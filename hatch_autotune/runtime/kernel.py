@@ -18,7 +18,7 @@ from .args import (
     stream_handle,
 )
 from .cuda_seam import CACHE_LIMIT, current_device_cc
-from .errors import ArrayInterfaceError, short_repr
+from .errors import ArrayInterfaceError, ExpressionError, short_repr
 from .expr import compile_expr, tree_text
 from .selection import Selection, as_compute_capability, map_to_bucket, ptx_driver_needed
 from .table import TableEntry
@@ -79,7 +79,8 @@ class Kernel:
         self._block = [compile_expr(t) for t in self.launch_trees["block"]]
         self._shared = compile_expr(self.launch_trees["shared"])
         self.user_args = [a["name"] for a in self.args if "value" not in a]
-        self._shape_fns = {a["name"]: [compile_expr(t) for t in a["shape"]] for a in self.args if a["kind"] == "array"}
+        self._shape_trees = {a["name"]: a["shape"] for a in self.args if a["kind"] == "array"}
+        self._shape_fns = {arg: [compile_expr(t) for t in trees] for arg, trees in self._shape_trees.items()}
         self._value_fns = {a["name"]: compile_expr(a["value"]) for a in self.args if "value" in a}
         self._memo: dict[Any, Any] = {}
         self._fast: dict[tuple, _FastPlan] = {}
@@ -187,11 +188,17 @@ class Kernel:
         types.update(self._resolve_constants(given, f"{self.name}.select()"))
         return types
 
-    def select(self, arch: Any = None, **key: Any) -> Selection:
+    def select(self, arch: Any = None, *extra: Any, **key: Any) -> Selection:
         """Choose the variant for key dims (and type parameters and constants) on a device arch.
 
         ``arch`` is 'sm_86', '8.6', 86 or (8, 6); None asks the current CUDA device.
         """
+        if extra:
+            names = [*self._key_names, *self.type_params, *self.constants]
+            raise TypeError(
+                f"{self.name}.select() takes one positional argument (arch), got {1 + len(extra)}; "
+                f"key dims, type parameters and constants are passed by keyword ({', '.join(f'{n}=' for n in names)})"
+            )
         given = dict(key)
         types = self._resolve_instance(given)
         missing = [n for n in self._key_names if n not in given]
@@ -209,11 +216,18 @@ class Kernel:
                     f"{self.name}.select(): key dim {n}={short_repr(value)} is not a problem size: expected 1 to {MAX_SIZE}"
                     + (" (a call with an empty array launches nothing, so nothing is selected)" if value == 0 else "")
                 )
+        bucket = self._bucket(given)  # a miss of an exact key is said before the device is asked
         cc = as_compute_capability(arch) if arch is not None else current_device_cc()
-        return self._selection(cc, types, given)
+        return self._selection(cc, types, given, bucket)
 
-    def _selection(self, cc: tuple[int, int], types: Mapping[str, str], key: Mapping[str, int]) -> Selection:
-        bucket = tuple(map_to_bucket(key[k["name"]], k["buckets"], k["mapping"], k["name"]) for k in self.key)
+    def _bucket(self, key: Mapping[str, int]) -> tuple[int, ...]:
+        return tuple(map_to_bucket(key[k["name"]], k["buckets"], k["mapping"], k["name"]) for k in self.key)
+
+    def _selection(
+        self, cc: tuple[int, int], types: Mapping[str, str], key: Mapping[str, int], bucket: tuple[int, ...] | None = None
+    ) -> Selection:
+        if bucket is None:
+            bucket = self._bucket(key)
         table_arch, binary = self._binaries.binary_for(cc)
         entry = TableEntry.from_json(self._select[(types_key(types), table_arch)][bucket])
         variant = self.variants[entry.variant]
@@ -288,7 +302,7 @@ class Kernel:
             if declared in self.type_params:
                 if view.dtype not in self.type_params[declared]:
                     raise TypeError(
-                        f"{name}(): argument {arg!r} has dtype {view.dtype or 'unsupported'}; "
+                        f"{name}(): argument {arg!r} has dtype {view.dtype_text()}; "
                         f"expected one of {self.type_params[declared]} (type parameter {declared})"
                     )
                 if declared in types and types[declared] != view.dtype:
@@ -298,11 +312,16 @@ class Kernel:
                     )
                 types[declared], bound_by[declared] = view.dtype, arg
             elif view.dtype != declared:
-                raise TypeError(f"{name}(): argument {arg!r} has dtype {view.dtype or 'unsupported'}; expected {declared}")
+                raise TypeError(f"{name}(): argument {arg!r} has dtype {view.dtype_text()}; expected {declared}")
             if len(view.shape) != len(a["shape"]):
                 raise ValueError(f"{name}(): argument {arg!r} has {len(view.shape)} dimension(s) {view.shape}; expected {len(a['shape'])}")
             if not view.contiguous:
                 raise ValueError(f"{name}(): argument {arg!r} must be C-contiguous (row-major, dense); pass a contiguous copy")
+            if not view.ptr and 0 not in view.shape:  # only an empty array may have no memory
+                raise ValueError(
+                    f"{name}(): argument {arg!r} has a null data pointer but shape {view.shape}; "
+                    "expected device memory (only an empty array may have a null pointer)"
+                )
             if view.readonly and a["intent"] != "in":
                 raise ValueError(f"{name}(): argument {arg!r} is read-only but the kernel writes it (intent {a['intent']})")
             align = a.get("align")
@@ -332,12 +351,26 @@ class Kernel:
                 if not 0 <= value <= MAX_SIZE:
                     raise ValueError(f"{name}(): argument {source!r}={value} defines key dim {k['name']}, a size: expected 0 to {MAX_SIZE}")
                 key[k["name"]] = int(value)
+            if k["mapping"] == "exact":  # a miss is the caller's error, said as select() says it, before the driver
+                try:
+                    map_to_bucket(key[k["name"]], k["buckets"], "exact", k["name"])
+                except ValueError as exc:
+                    source_text = f"{source}.shape[{k['axis']}]" if k["axis"] is not None else f"argument {source!r}"
+                    raise ValueError(f"{name}(): {exc} (from {source_text})") from None
         env = {**key, **chosen} if chosen else key  # shapes and computed scalars may use the constants
         for arg, view in arrays.items():
-            expected = tuple(fn(env) for fn in self._shape_fns[arg])
+            try:
+                expected = tuple(fn(env) for fn in self._shape_fns[arg])
+            except ExpressionError as exc:
+                raise ValueError(f"{name}(): the shape of argument {arg!r} cannot be computed for {_env_text(env)}: {exc}") from None
             if view.shape != expected:
-                dims = ", ".join(f"{n}={v}" for n, v in key.items())
-                raise ValueError(f"{name}(): argument {arg!r} has shape {view.shape}; expected {expected} (from {dims})")
+                if any(d < 0 for d in expected):
+                    exprs = ", ".join(tree_text(t) for t in self._shape_trees[arg]) + ("," if len(expected) == 1 else "")
+                    raise ValueError(
+                        f"{name}(): argument {arg!r} would have shape ({exprs}) = {expected} for {_env_text(env)}, "
+                        f"a negative size: {_env_text(key)} is too small for this kernel"
+                    )
+                raise ValueError(f"{name}(): argument {arg!r} has shape {view.shape}; expected {expected} (from {_env_text(env)})")
 
         c_args: list[Any] = []
         for a in self.args:
@@ -390,13 +423,17 @@ class Kernel:
             if device is None:  # unknown, mixed or zero-sized: the checked path says which
                 return self._call_checked(list(args), stream, tuple(sig), constants)
         sig.append(device)
-        plan = self._fast.get(tuple(sig))
+        try:
+            plan = self._fast.get(tuple(sig))
+        except TypeError:  # an interface with a list (shape, strides): valid, but no plan is keyed by it
+            return self._call_checked(list(args), stream, None, constants)
         if plan is None or (stream is not None and plan.stream_ref is not stream and type(stream) is not int):
             return self._call_checked(list(args), stream, tuple(sig[:-1]), constants)
         c_args = plan.c_args.copy()
-        for slot, ptr, align in zip(plan.ptr_slots, ptrs, plan.aligns):
-            if ptr % align:
-                return self._call_checked(list(args), stream, None, constants)  # raises the alignment error
+        for (slot, align, lowest), ptr in zip(plan.ptr_checks, ptrs):
+            # an int pointer that cuda.core packs (below 2**63), aligned, and not null for a non-empty array
+            if type(ptr) is not int or not lowest <= ptr <= MAX_SIZE or ptr % align:
+                return self._call_checked(list(args), stream, None, constants)  # says which is wrong
             c_args[slot] = ptr
         for slot, index, convert in plan.scalar_slots:
             c_args[slot] = convert(args[index])
@@ -405,10 +442,12 @@ class Kernel:
         return None
 
     @staticmethod
-    def _arrays_device(gpu: GpuState, ptrs: Sequence[int]) -> int | None:
+    def _arrays_device(gpu: GpuState, ptrs: Sequence[Any]) -> int | None:
         """The one device that every non-null pointer is on, else None (several GPUs only)."""
         found = None
         for ptr in ptrs:
+            if type(ptr) is not int or not 0 <= ptr <= MAX_SIZE:
+                return None  # not a pointer: the checked path names it
             if ptr:
                 device = gpu.pointer_device(ptr)
                 if device is None or (found is not None and device != found):
@@ -437,7 +476,13 @@ class Kernel:
         if fast_sig is not None:
             if len(self._fast) >= CACHE_LIMIT:
                 self._fast.clear()
-            self._fast[(*fast_sig, device)] = _FastPlan(self, call, kernel, config, empty, launch_stream, stream)
+            fast_key: tuple | None = (*fast_sig, device)
+            try:
+                hash(fast_key)
+            except TypeError:  # unhashable (a list in an array interface): every such call is checked
+                fast_key = None
+            if fast_key is not None:
+                self._fast[fast_key] = _FastPlan(self, call, kernel, config, empty, launch_stream, stream)
         if not empty:  # a zero-sized problem launches nothing
             gpu.launch(device, launch_stream, config, kernel, call.c_args)
 
@@ -522,21 +567,28 @@ class Kernel:
         )
 
 
+def _env_text(env: Mapping[str, Any]) -> str:
+    """`n=3, RADIUS=2`: the key dims and constants that a shape is computed from."""
+    return ", ".join(f"{n}={v}" for n, v in env.items())
+
+
 class _FastPlan:
     """What a repeated call needs: the C arguments with holes for pointers and user scalars."""
 
-    __slots__ = ("c_args", "ptr_slots", "aligns", "scalar_slots", "kernel", "config", "empty", "stream", "stream_ref")
+    __slots__ = ("c_args", "ptr_checks", "scalar_slots", "kernel", "config", "empty", "stream", "stream_ref")
 
     def __init__(self, kernel: Kernel, call: PreparedCall, handle: Any, config: Any, empty: bool, stream: Any, stream_ref: Any):
         c_index = {a["name"]: i for i, a in enumerate(kernel.args)}
         by_name = {a["name"]: a for a in kernel.args}
         self.c_args = list(call.c_args)
-        self.ptr_slots, self.aligns, self.scalar_slots = [], [], []
+        # per array: (C slot, alignment, lowest pointer): 1 for a non-empty array, which must not
+        # be null; 0 for an empty one (its shape is in the plan's signature, so it stays empty)
+        self.ptr_checks: list[tuple[int, int, int]] = []
+        self.scalar_slots: list[tuple[int, int, Any]] = []
         for i, name in enumerate(kernel.user_args):
             a = by_name[name]
             if a["kind"] == "array":
-                self.ptr_slots.append(c_index[name])
-                self.aligns.append(a.get("align") or 1)
+                self.ptr_checks.append((c_index[name], a.get("align") or 1, 0 if 0 in call.arrays[name].shape else 1))
             else:
                 dtype = call.types.get(a["dtype"], a["dtype"])
                 self.scalar_slots.append((c_index[name], i, scalar_converter(dtype, kernel.name, name)))

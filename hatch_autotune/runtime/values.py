@@ -23,6 +23,13 @@ INT_RANGES = {
     for name, size in DTYPE_SIZES.items()
     if name.startswith(("int", "uint"))
 }
+# float dtype -> (largest finite value, the magnitude from which a value rounds to infinity):
+# a finite scalar at or beyond the second is refused rather than silently turned into inf
+FLOAT_RANGES = {
+    "float16": (65504.0, 65520.0),  # 2**16 - 2**5, 2**16 - 2**4
+    "float32": (3.4028234663852886e38, 3.4028235677973366e38),  # 2**128 - 2**104, 2**128 - 2**103
+    "float64": (1.7976931348623157e308, float("inf")),  # 2**1024 - 2**970 exceeds a float: inf
+}
 
 
 def instance_env(instance: Mapping[str, Any]) -> dict[str, Any]:
