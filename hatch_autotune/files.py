@@ -4,10 +4,19 @@ cannot hang the reader or fill its memory."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
+import time
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Iterator
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: writers are not serialised there
+    fcntl = None  # type: ignore[assignment]
 
 
 class UnreadableFile(OSError):
@@ -24,6 +33,10 @@ _KINDS = (
 )
 
 
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
 def read_regular(path: Path, limit: int) -> bytes:
     """The bytes of `path`, a regular file (after symlinks) of at most `limit` bytes.
 
@@ -34,8 +47,7 @@ def read_regular(path: Path, limit: int) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
-            raise UnreadableFile(f"is {kind}, expected a regular file")
+            raise UnreadableFile(f"is {_kind(st.st_mode)}, expected a regular file")
         if st.st_size > limit:
             raise UnreadableFile(f"is {st.st_size} bytes, more than the {limit} bytes read from such a file")
         chunks, size = [], 0
@@ -67,3 +79,80 @@ def atomic_write(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def replaced_file(path: Path) -> Path:
+    """The file a write to `path` replaces: a symlink's target, so that a linked file stays a
+    link (a lock kept elsewhere, or shared by two checkouts); a regular file or none, since a
+    pipe or device put in a file's place is the user's and never replaced by a regular file."""
+    target = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return target
+    if not stat.S_ISREG(mode):
+        raise UnreadableFile(f"is {_kind(mode)}, expected a regular file (it is not replaced)")
+    return target
+
+
+WRITER_WAIT_S = 120.0  # how long a writer waits for another to finish before giving up
+_NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL}  # a filesystem without flock
+
+
+@contextmanager
+def one_writer(path: Path, wait_s: float = WRITER_WAIT_S) -> Iterator[None]:
+    """Hold the writers' lock of `path` (of a read, merge and replace that must not interleave
+    with another process's): an exclusive flock on a sidecar, `.NAME.writer`, beside the file.
+    The file itself cannot carry the lock, as each write replaces it with a new inode; the
+    sidecar is in the file's directory, which every writer must be able to write to anyway, and
+    is removed by its holder before it lets go, so that none is left beside a committed file. A
+    waiter that then finds its sidecar gone, or another in its place, takes the lock anew.
+    Raises OSError when another writer holds it for `wait_s` (a writer holds it for one write).
+    Where there is no flock (Windows, some network filesystems) writers are not serialised."""
+    sidecar = path.with_name(f".{path.name}.writer")
+    fd = _lock_sidecar(sidecar, time.monotonic() + wait_s, wait_s) if fcntl is not None else None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            try:
+                os.unlink(sidecar)  # while still holding it: a waiter on this inode sees it gone
+            finally:
+                os.close(fd)
+
+
+def _lock_sidecar(sidecar: Path, deadline: float, wait_s: float) -> int | None:
+    """The descriptor of `sidecar`, flocked, and still the file of that name; None without flock."""
+    while True:
+        fd = os.open(sidecar, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise OSError(f"another process has been writing it for {wait_s:g} s (it holds {sidecar})") from None
+                    time.sleep(0.01)
+                except OSError as exc:
+                    if exc.errno not in _NO_FLOCK:
+                        raise
+                    os.close(fd)
+                    with suppress(OSError):
+                        os.unlink(sidecar)
+                    return None
+            held = os.fstat(fd)
+            if _identity(sidecar) == (held.st_dev, held.st_ino):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # the holder before removed this sidecar: lock the current one
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino

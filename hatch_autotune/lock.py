@@ -20,17 +20,23 @@ from typing import Any, Mapping, Sequence
 
 from .declare.config import KernelSpec
 from .errors import BuildError
-from .files import atomic_write
-from .runtime import load_json
+from .files import UnreadableFile, atomic_write, one_writer, read_regular, replaced_file
+from .runtime import MAX_SIZE, load_json, short_repr
 
 LOCK_SCHEMA = 1
+# The largest lock file read (the build, `tune` and the command alike): far above any real one
+# (an entry is about 10 KB with a hundred measurements: some 25,000 such entries), small enough
+# that a huge file or a link to a device cannot fill the reader's memory.
+LOCK_FILE_LIMIT = 256 << 20
 
 
 class LockFormatError(BuildError):
     """A lock file or entry that a strict reader refuses; the message names the file and why."""
 
 
-_BUCKET_ITEM = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(-?[0-9]+)")  # fullmatch: no trailing newline
+# fullmatch: no trailing newline; ASCII digits only, and at most MAX_SIZE's 19 of them, so that a
+# huge number is refused here rather than by int() (whose limit is 4300 digits, as a ValueError)
+_BUCKET_ITEM = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(-?[0-9]{1,19})")
 
 
 @dataclass(frozen=True)
@@ -59,11 +65,13 @@ class Bucket:
 
     @classmethod
     def parse(cls, text: str) -> "Bucket":
-        """'m=1024,n=64' back to its bucket; LockFormatError if it is not that form."""
+        """'m=1024,n=64' back to its bucket; LockFormatError if it is not that form, or a value
+        is beyond a key's range (MAX_SIZE either way)."""
         items = [_BUCKET_ITEM.fullmatch(item) for item in text.split(",")]
-        if not all(items):
-            raise LockFormatError(f"bucket {text!r} is not 'dim=value,...'")
-        return cls(tuple((m.group(1), int(m.group(2))) for m in items if m))
+        dims = tuple((m.group(1), int(m.group(2))) for m in items if m)
+        if len(dims) != len(items) or any(abs(v) > MAX_SIZE for _, v in dims):
+            raise LockFormatError(f"bucket {short_repr(text)} is not 'dim=value,...' with integer values from -{MAX_SIZE} to {MAX_SIZE}")
+        return cls(dims)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -110,7 +118,7 @@ class EntryId:
                 return cls(parts[0], parts[1], parts[2], Bucket.parse(parts[3]))
             except LockFormatError:
                 pass
-        raise LockFormatError(f"entry id {text!r} is not 'kernel|types|arch|dim=value,...'")
+        raise LockFormatError(f"entry id {short_repr(text)} is not 'kernel|types|arch|dim=value,...'")
 
 
 def entry_checksum(
@@ -350,10 +358,14 @@ class LockFile:
 
     @classmethod
     def load(cls, path: Path) -> "LockFile":
+        """The build's reader: a regular file of at most LOCK_FILE_LIMIT bytes (a pipe would hang
+        the build, a device fill its memory); any other is a warning and no entries."""
         if not path.exists():
             return cls()
         try:
-            data = load_json(path.read_bytes())
+            data = load_json(read_regular(path, LOCK_FILE_LIMIT))
+        except UnreadableFile as exc:
+            return cls(warnings=[f"{path}: lock file {exc}; ignoring it"])
         except (OSError, ValueError) as exc:
             return cls(warnings=[f"{path}: lock file is unreadable or not JSON ({exc}); ignoring it"])
         return cls.parse(data, str(path), strict=False)
@@ -382,7 +394,7 @@ class LockFile:
                 EntryId.parse(eid)
                 out.entries[eid] = LockEntry.from_json(raw)
             except LockFormatError as exc:
-                message = f"{label}: entry {eid!r} is malformed ({exc})"
+                message = f"{label}: entry {short_repr(eid)} is malformed ({exc})"
                 if strict:
                     raise LockFormatError(message) from None
                 out.warnings.append(f"{message}; ignoring it")
@@ -393,7 +405,35 @@ class LockFile:
         return (json.dumps({"schema": LOCK_SCHEMA, "entries": entries}, sort_keys=True, indent=1) + "\n").encode()
 
     def save(self, path: Path) -> None:
-        atomic_write(path, self.to_json())
+        """Replace the file (a symlink's target: the link stays a link)."""
+        atomic_write(replaced_file(path), self.to_json())
+
+    @classmethod
+    def save_entries(cls, path: Path, entries: Mapping[str, LockEntry]) -> None:
+        """Put `entries` into the lock file at `path` over what it holds now: re-read, merged
+        and replaced under the writers' lock (files.one_writer), so that two runs tuning one
+        lock (two kernels, two terminals) each keep what the other wrote meanwhile. A file on
+        disk that is not a readable lock file of this schema is a LockFormatError and is left as
+        it is (corrupt mid-run, by a merge conflict or a half copy: this run's entries alone
+        would replace all of its); a malformed entry in it is dropped, as a build ignores it."""
+        target = replaced_file(path)
+        with one_writer(target):
+            lock = cls._merged_into(target)
+            lock.entries.update(entries)
+            atomic_write(target, lock.to_json())
+
+    @classmethod
+    def _merged_into(cls, path: Path) -> "LockFile":
+        if not path.exists():
+            return cls()
+        try:
+            data = load_json(read_regular(path, LOCK_FILE_LIMIT))
+        except (OSError, ValueError) as exc:
+            raise LockFormatError(f"{path}: lock file is unreadable or not JSON ({exc}); not overwriting it") from None
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+            raise LockFormatError(f"{path}: not a hatch-autotune lock file any more; not overwriting it")
+        cls.parse({**data, "entries": {}}, str(path))  # its schema, strictly
+        return cls.parse(data, str(path), strict=False)
 
     def problem(self, eid: str, checksum: str, policy: NvrtcPolicy | None = None) -> str | None:
         """Why the entry cannot be used (absent, stale, untuned, or refused by exact-nvrtc), or

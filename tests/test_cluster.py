@@ -195,7 +195,7 @@ def test_the_lock_is_saved_behind_the_run_and_complete_when_it_ends(tmp_path):
     path = tmp_path / "autotune.lock.json"
     lock = LockFile()
     saver = LockSaver(lock, path)
-    entries = {f"scale|-|sm_90|n={2**i}": LockEntry(checksum=f"c{i}", config={"BLOCK": 64}, tuned=True) for i in range(200)}
+    entries = {f"scale|-|sm_90|n={i + 1}": LockEntry(checksum=f"c{i}", config={"BLOCK": 64}, tuned=True) for i in range(200)}
     for eid, entry in entries.items():
         saver.put(eid, entry)
     saver.close()
@@ -385,7 +385,7 @@ def test_clear_errors_for_a_cluster_that_cannot_tune(ray_env, tmp_path):
     started = time.monotonic()
     with pytest.raises(TuningError, match="cannot reach the Ray cluster at 127.0.0.1:9: .*ray start --head"):
         tune_on_ray(load_project(root), "127.0.0.1:9", log=lambda m: None)
-    with pytest.raises(TuningError, match="expected the head node's host:port"):
+    with pytest.raises(TuningError, match="expected the Ray head node's HOST:PORT"):
         tune_on_ray(load_project(root), "not-an-address", log=lambda m: None)
     assert time.monotonic() - started < 15
     cluster, _ = start_cluster({})
