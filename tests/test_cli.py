@@ -429,7 +429,8 @@ def test_diff_names_what_changed_beyond_the_config():
     ]
     src = lambda rows: Source("x", "lock", {r.eid: r for r in rows}, ["k"])  # noqa: E731
     diff = diff_sources(src(old), src(new), 0.05)
-    assert diff.unchanged == 1 and diff.count("changed") == 4 and diff.count("added") == diff.count("removed") == 0
+    assert diff.unchanged == 1 and diff.count("changed") == 3 and diff.count("code changed") == 1
+    assert diff.count("added") == diff.count("removed") == 0
     what = {c.eid: c.what for c in diff.changes}
     assert what == {
         "k|-|sm_90|n=2": ["checksum (sources or settings changed)"],

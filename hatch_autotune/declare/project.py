@@ -6,12 +6,14 @@ found in pyproject.toml where hatchling looks for it)."""
 from __future__ import annotations
 
 import keyword
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import CliError
+from ..files import read_regular
 from .kernel import KernelSpec
 from .kernel_table import parse_kernel
 from .search import TuningSpec, parse_tuning
@@ -151,12 +153,15 @@ def v_wheel_tag(value: Any, path: str, errors: list) -> Any:
 # ---- outside a build ---------------------------------------------------------------------------
 
 
+PYPROJECT_LIMIT = 16 << 20  # bytes of pyproject.toml read: a pipe or a device in its place is refused at once
+
+
 def hook_table(pyproject: Path) -> tuple[Any, str]:
     """The hook's TOML table in pyproject.toml and its key path."""
     import tomllib
 
     try:
-        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_regular(pyproject, PYPROJECT_LIMIT).decode("utf-8"))
     except OSError as exc:
         raise CliError(f"{pyproject}: cannot read it ({exc.strerror or exc})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -172,15 +177,16 @@ def hook_table(pyproject: Path) -> tuple[Any, str]:
     raise CliError(f"{pyproject}: no [tool.hatch.build.targets.wheel.hooks.autotune] table: not a hatch-autotune project")
 
 
-def load_project(root: Path, settings: Settings | None = None) -> ProjectSpec:
-    """The project's ProjectSpec, with `settings` (default: this process's environment's); bad
-    settings, then configuration errors, become one line listing them all."""
+def load_project(root: Path, settings: Settings | None = None, env: Mapping[str, str] | None = None) -> ProjectSpec:
+    """The project's ProjectSpec, with `settings` (default: those `env` holds, by default this
+    process's environment); bad settings, then configuration errors, become one line listing
+    them all."""
     pyproject = root / "pyproject.toml"
-    if not pyproject.is_file():
+    if not os.path.lexists(pyproject):  # a pipe or a device in its place is said to be one (hook_table)
         raise CliError(f"{root}: no pyproject.toml: not a project directory")
     table, path = hook_table(pyproject)
     try:
-        settings = read_settings() if settings is None else settings
+        settings = read_settings(env) if settings is None else settings
     except SettingsError as exc:
         raise CliError(str(exc).removeprefix("hatch-autotune: ")) from None
     try:

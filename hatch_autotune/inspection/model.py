@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -22,6 +23,19 @@ from .fmt import fmt_config
 LOCK_NO_RESOURCES = "a lock file has no resource usage (registers, shared memory); the wheel has"
 PROJECT_NO_RESOURCES = "a project has no resource usage until it is built; its wheel has"
 TABLE_NO_TIMES = "a selection table has no measurements (times); the lock file has"
+
+
+def finite_ms(value: Any) -> float | None:
+    """A time in ms as a finite float; None for anything else: not a number, NaN, infinite, or
+    more than a float holds (a 400-digit integer is valid JSON, and a lock file's reader keeps
+    numbers as written)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 @dataclass
@@ -42,7 +56,8 @@ class Row:
     measurements: list[Measurement] = field(default_factory=list)
     resources: dict[str, Any] | None = None  # ptxas usage of the chosen variant (tables only)
     variant: str | None = None  # variant id in a selection table
-    checksum: str | None = None  # of the lock entry (lock files and projects only)
+    checksum: str | None = None  # of the code and settings it is for: the lock entry's, or a project's now (not tables)
+    binary: str | None = None  # sha256 of the cubin it runs on its arch (tables and projects; lock files have none)
     provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -119,7 +134,7 @@ def combine(sources: Sequence[Source]) -> Source:
             elif have.config != r.config:
                 notes.append(f"{eid}: {src.label} chose {fmt_config(r.config)}; shown: {fmt_config(have.config)}")
             else:
-                for f in ("time_ms", "default_ms", "default_config", "resources", "variant", "checksum"):
+                for f in ("time_ms", "default_ms", "default_config", "resources", "variant", "checksum", "binary"):
                     if getattr(have, f) is None:
                         setattr(have, f, getattr(r, f))
                 have.measurements = have.measurements or list(r.measurements)

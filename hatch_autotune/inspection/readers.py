@@ -6,46 +6,90 @@ of the `hatch-autotune` command works on all of them. The formats have one reade
 by their stage (build.lock for lock files, runtime.parse_table for tables, the planner for what a
 project would ship); this module only turns them into rows. A missing, foreign, corrupt or
 newer-schema input is a `CliError` with one line to show, never a traceback (the build hook, by
-contrast, only warns and falls back).
+contrast, only warns and falls back). Every file is read as a regular file of at most
+MAX_JSON_BYTES (a pipe or a device is named, never waited on), every archive member likewise.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
 import re
+import struct
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..declare.project import load_project
 from ..errors import CliError
-from ..lock import Bucket, EntryId, LockEntry, LockFile, LockFormatError
-from ..runtime import load_json
-from .model import LOCK_NO_RESOURCES, PROJECT_NO_RESOURCES, TABLE_NO_TIMES, Row, Source
+from ..files import UnreadableFile, read_regular
+from ..lock import LOCK_FILE_LIMIT, Bucket, EntryId, LockEntry, LockFile, LockFormatError
+from ..runtime import load_json, sha256_hex
+from .model import LOCK_NO_RESOURCES, PROJECT_NO_RESOURCES, TABLE_NO_TIMES, Row, Source, finite_ms
+
+# The most bytes the command reads of one JSON input (a lock file, a selection table, an outcome
+# record), from a file or from a wheel's member: the lock file's bound, as a table or a record is
+# smaller than the lock it was built from. A bigger input is refused, not read.
+MAX_JSON_BYTES = LOCK_FILE_LIMIT
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _unreadable(path: Path | str, exc: OSError, what: str) -> CliError:
+    """One line for a file that cannot be read as the `what` expected: absent, a pipe or a
+    device ('is a named pipe, expected a lock file'), too large, or an OS error."""
+    if isinstance(exc, FileNotFoundError):
+        return CliError(f"{path}: no such file")
+    if isinstance(exc, UnreadableFile):  # files.read_regular's words, with what this reader expected
+        return CliError(f"{path}: {str(exc).replace('expected a regular file', f'expected a {what}')}")
+    return CliError(f"{path}: cannot read it ({exc.strerror or exc})")
 
 
 def read_json(path: Path, what: str) -> Any:
     """A JSON file, or CliError saying why it is not the `what` expected (absent, a directory,
-    a zip archive, not text, not JSON)."""
-    if not path.exists():
-        raise CliError(f"{path}: no such file")
-    if path.is_dir():
-        raise CliError(f"{path}: is a directory, expected a {what}")
-    if zipfile.is_zipfile(path):
+    a pipe or a device, larger than MAX_JSON_BYTES, a zip archive, not text, not JSON)."""
+    try:
+        data = read_regular(path, MAX_JSON_BYTES)
+    except OSError as exc:
+        raise _unreadable(path, exc, what) from None
+    if zipfile.is_zipfile(io.BytesIO(data)):
         raise CliError(f"{path}: is a zip archive (a wheel?), expected a {what}")
     try:
-        return load_json(path.read_bytes())
-    except OSError as exc:
-        raise CliError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        return load_json(data)
     except UnicodeDecodeError:
         raise CliError(f"{path}: not a {what} (not JSON text)") from None
     except ValueError as exc:
         raise CliError(f"{path}: corrupt {what}: not valid JSON ({exc})") from None
+
+
+# What reading a damaged archive member raises: the zip module's own error, the decompressors'
+# (zlib, and EOFError for a cut stream), and NotImplementedError / RuntimeError for a member
+# compressed with a method this Python lacks or encrypted.
+_MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, ValueError, OSError)
+
+
+def read_member(zf: zipfile.ZipFile, name: str, archive: Path, limit: int) -> bytes:
+    """The bytes of one archive member, at most `limit` of them: refused by its declared size
+    (a zip bomb says how big it inflates), and read in chunks that stop past `limit` (a header
+    can lie about it); CliError naming the archive and the member."""
+    where = f"{archive}!{name}"
+    info = zf.getinfo(name)
+    if info.file_size > limit:
+        raise CliError(f"{where}: inflates to {info.file_size} bytes, more than the {limit} bytes read from an archive member")
+    chunks, size = [], 0
+    try:
+        with zf.open(info) as member:
+            while size <= limit:
+                chunk = member.read(min(1 << 20, limit + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+    except _MEMBER_ERRORS as exc:
+        raise CliError(f"{where}: damaged archive member, cannot be read ({type(exc).__name__}: {exc})") from None
+    if size > limit:
+        raise CliError(f"{where}: inflates to more than the {limit} bytes read from an archive member (its header says {info.file_size})")
+    return b"".join(chunks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -82,8 +126,8 @@ def row_from_lock(where: EntryId, entry: LockEntry) -> Row:
         config=dict(entry.config),
         tuned=entry.tuned,
         note="" if entry.tuned else "lock entry is untuned",
-        time_ms=entry.winner_ms,
-        default_ms=entry.default_ms,
+        time_ms=finite_ms(entry.winner_ms),
+        default_ms=finite_ms(entry.default_ms),
         default_config=default_config,
         measurements=ms,
         checksum=entry.checksum,
@@ -128,16 +172,31 @@ def table_source(table: Any, label: str, kind: str) -> Source:
                             config=dict(variant["config"]),
                             tuned=e.tuned,
                             note="" if e.tuned else e.reason or "default config",
-                            time_ms=_num(e.median_ms),
-                            default_ms=_num(e.default_ms),
-                            resources=(variant.get("resources") or {}).get(arch),
+                            time_ms=finite_ms(e.median_ms),
+                            default_ms=finite_ms(e.default_ms),
+                            resources=_resources((variant.get("resources") or {}).get(arch)),
                             variant=e.variant,
+                            binary=_binary((variant.get("binaries") or {}).get(arch)),
                             provenance=dict(e.provenance),
                         )
                         rows[r.eid] = r
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise CliError(f"{label}: malformed selection table ({type(exc).__name__}: {exc})") from None
     return Source(label, kind, rows, list(table["kernels"]), [TABLE_NO_TIMES])
+
+
+def _resources(value: Any) -> dict[str, int] | None:
+    """A variant's resource usage on one arch: ptxas' counts by name, the counts only (what the
+    report draws; the runtime never reads them, so a table is not refused for them)."""
+    if not isinstance(value, dict):
+        return None
+    return {k: v for k, v in value.items() if type(v) is int and 0 <= v < 1 << 48} or None
+
+
+def _binary(value: Any) -> str | None:
+    """The sha256 the table records for a variant's binary on one arch, if it records one."""
+    sha = value.get("sha256") if isinstance(value, dict) else None
+    return sha if isinstance(sha, str) and sha else None
 
 
 # What marks a generated package next to its table.json: the vendored runtime, a package
@@ -187,22 +246,30 @@ def with_outcome(src: Source, data: bytes | None, label: str) -> Source:
     return src
 
 
-def wheel_source(path: Path) -> Source:
-    from ..wheel.outcome import OUTCOME_FILE
-
+def _open_wheel(path: Path) -> zipfile.ZipFile:
+    """The wheel's archive, or CliError: not a zip archive, or one whose directory is damaged."""
     try:
-        with zipfile.ZipFile(path) as zf:
-            names = set(zf.namelist())
-            tables = generated_tables(names)
-            if not tables:
-                raise CliError(f"{path}: no hatch-autotune selection table in this wheel (no */table.json next to a vendored _runtime)")
-            data = zf.read(tables[0])
-            outcome_name = tables[0][: -len("table.json")] + OUTCOME_FILE
-            outcome = zf.read(outcome_name) if outcome_name in names else None
+        return zipfile.ZipFile(path)
     except zipfile.BadZipFile:
         raise CliError(f"{path}: not a wheel (not a zip archive)") from None
     except OSError as exc:
-        raise CliError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        raise _unreadable(path, exc, "wheel") from None
+    except (ValueError, EOFError, struct.error, NotImplementedError) as exc:  # a directory entry it cannot use ('zip file version 23.5')
+        raise CliError(f"{path}: not a wheel (a damaged zip archive: {exc})") from None
+
+
+def wheel_source(path: Path) -> Source:
+    """A wheel's selection table and outcome record, each read up to MAX_JSON_BYTES."""
+    from ..wheel.outcome import OUTCOME_FILE
+
+    with _open_wheel(path) as zf:
+        names = set(zf.namelist())
+        tables = generated_tables(names)
+        if not tables:
+            raise CliError(f"{path}: no hatch-autotune selection table in this wheel (no */table.json next to a vendored _runtime)")
+        data = read_member(zf, tables[0], path, MAX_JSON_BYTES)
+        outcome_name = tables[0][: -len("table.json")] + OUTCOME_FILE
+        outcome = read_member(zf, outcome_name, path, MAX_JSON_BYTES) if outcome_name in names else None
     return with_outcome(table_source(data, f"{path}!{tables[0]}", "wheel"), outcome, f"{path}!{outcome_name}")
 
 
@@ -263,9 +330,9 @@ def package_source(d: Path, label: str) -> Source:
     src = table_source(read_json(dirs[0] / "table.json", "selection table"), str(dirs[0] / "table.json"), "package")
     outcome = dirs[0] / OUTCOME_FILE
     try:
-        data = outcome.read_bytes() if outcome.is_file() else None
+        data = read_regular(outcome, MAX_JSON_BYTES) if outcome.is_file() else None  # none, or not a file: no record
     except OSError as exc:
-        raise CliError(f"{outcome}: cannot read it ({exc.strerror or exc})") from None
+        raise _unreadable(outcome, exc, "build outcome record") from None
     return with_outcome(src, data, str(outcome))
 
 
@@ -309,16 +376,17 @@ def project_source(root: Path) -> Source:
         lines = str(exc).removeprefix("hatch-autotune: ").splitlines()
         raise CliError(lines[0], lines[1:]) from None
     rows: dict[str, Row] = {}
-    for (n, _), chosen in shipping.choices.items():
+    for (n, arch), chosen in shipping.choices.items():
         inst = plan.instances[n]
         default = dict(inst.spec.default)
+        binaries = shipping.binaries.get((n, arch), {})
         for p, choice in chosen.items():
             if choice.tuned:
                 entry = lock.entries[p.eid]
                 r = row_from_lock(p.id, entry)
                 r.default_config = default
                 if r.default_ms is None:
-                    r.default_ms = entry.time_of(default)
+                    r.default_ms = finite_ms(entry.time_of(default))
             else:
                 config = inst.configs[choice.variant_index]
                 r = Row(
@@ -332,6 +400,9 @@ def project_source(root: Path) -> Source:
                     fallback=choice.fallback,
                     default_config=default,
                 )
+            r.checksum = p.checksum  # what the build would compile now: equal to a valid entry's
+            compiled = binaries.get(choice.variant_index)
+            r.binary = sha256_hex(compiled.binary) if compiled is not None and compiled.binary else None
             rows[p.eid] = r
     mixed = plan.policy.warning(Counter(tuned_with(r.provenance) for r in rows.values() if r.tuned))
     if mixed:
@@ -349,6 +420,9 @@ def project_source(root: Path) -> Source:
 
 # --------------------------------------------------------------------------------------------
 # Any of the above.
+
+
+INPUTS = "project, lock file, wheel, selection table or package"  # what load_source reads
 
 
 def load_source(arg: str) -> Source:
@@ -370,6 +444,8 @@ def load_source(arg: str) -> Source:
         if isinstance(data, dict) and "kernels" in data and "entries" not in data:
             return table_source(data, str(path), "table")
         return lock_source(path, data)
+    if path.exists():  # neither a directory nor a regular file: a pipe, a device, a socket
+        read_json(path, INPUTS)  # says which, at once (never opened for long: a pipe blocks no one)
     if path.suffix in (".json", ".whl", ".toml") or os.sep in arg:
         raise CliError(f"{arg}: no such file")
     installed = find_installed(arg)

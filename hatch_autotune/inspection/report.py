@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 from .. import __version__
 from ..lock import Measurement
 from .fmt import fmt_bucket, fmt_config, fmt_ms
-from .model import Row, Source, provenance_lines
+from .model import Row, Source, finite_ms, provenance_lines
 
 WINNER = "#2f9e44"  # the chosen config
 DEFAULT = "#f08c00"  # the kernel's default config
@@ -89,7 +89,7 @@ def _listing(items: Sequence[str], limit: int = 12) -> str:
 
 
 def speedup_chart(kernel: str, rows: Sequence[Row], used: set[str]) -> Chart | None:
-    timed = [(e, e.speedup) for e in rows if e.speedup is not None]
+    timed = [(e, s) for e in rows if (s := e.speedup) is not None and math.isfinite(s)]
     if not timed:
         return None
     bars = []
@@ -108,7 +108,7 @@ def speedup_chart(kernel: str, rows: Sequence[Row], used: set[str]) -> Chart | N
         panels=[Panel("speedup over the default config (x)", bars, ref=1.0)],
         legend=[("faster than the default", WINNER), ("the default is the winner", NEUTRAL), ("slower than the default", SLOWER)],
     )
-    missing = [_where(e) for e in rows if e.speedup is None]
+    missing = [_where(e) for e in rows if e.speedup is None or not math.isfinite(e.speedup)]
     if missing:
         chart.notes.append(
             f"no timing for {len(missing)} entr{'y' if len(missing) == 1 else 'ies'} (untuned or no default time): {_listing(missing)}"
@@ -169,7 +169,7 @@ def _drawn_configs(per_bucket: Sequence[tuple[Row, dict[str, Measurement]]], kee
     default and the winners)."""
     rank: dict[str, int] = {}
     for _, ms in per_bucket:
-        timed = sorted((float(m.median_ms), key) for key, m in ms.items() if m.median_ms is not None and m.timed)
+        timed = sorted((t, key) for key, m in ms.items() if m.timed and (t := finite_ms(m.median_ms)) is not None)
         for i, (_, key) in enumerate(timed):
             rank[key] = min(rank.get(key, i), i)
     if len(rank) <= MAX_CONFIG_ROWS:
@@ -207,16 +207,16 @@ def times_chart(rows: Sequence[Row], used: set[str]) -> Chart | None:
         bars = []
         for key in drawn:
             m = ms.get(key)
-            if m is None or m.median_ms is None or not m.timed:
+            ms_ = finite_ms(m.median_ms) if m is not None and m.timed else None
+            if m is None or ms_ is None:
                 status = (m.status or "unknown") if m is not None else "-"
                 bars.append(Bar(labels[key], None, OTHER, status, f"{where}: {key}: {status if m is not None else 'not measured'}"))
                 continue
-            ms_ = float(m.median_ms)
             is_winner, is_default = key == winner, key == default
             eliminated |= m.status == "eliminated"
             color = WINNER if is_winner else DEFAULT if is_default else ELIMINATED if m.status == "eliminated" else OTHER
             role = " (winner, default)" if is_winner and is_default else " (winner)" if is_winner else " (default)" if is_default else ""
-            spread = m.spread_ms
+            spread = finite_ms(m.spread_ms)
             tip = f"{key}{role}: median {_ms(ms_)} ms" + (f", spread {_ms(spread)} ms" if spread is not None else "")
             tip += f", {'?' if m.samples is None else m.samples} samples" + (", eliminated early" if m.status == "eliminated" else "")
             bars.append(Bar(labels[key], ms_, color, _ms(ms_), tip))
@@ -291,7 +291,7 @@ _MIN_PANEL = 200  # narrower panels wrap into another row
 
 def _ticks(vmax: float, n: int = 5) -> tuple[list[float], float]:
     """About n round ticks from 0 past vmax, and the last one (the axis' end)."""
-    vmax = vmax if vmax > 0 else 1.0
+    vmax = vmax if 0 < vmax < 1e300 else 1.0  # no values, or none a chart can scale to
     raw = vmax / n
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
