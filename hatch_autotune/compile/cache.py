@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import stat
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +37,20 @@ if TYPE_CHECKING:
 # file `.<name>.<random>.tmp` of a write in progress (or one a killed process left behind).
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _STORE_FILE = re.compile(r"([0-9a-f]{64}\.(json|bin)|\.[0-9a-f]{64}\.(json|bin)\.[^/]*\.tmp)")
+_ASIDE_PREFIX = ".cleared-"  # `clear` renames <root>/v<schema> to <root>/.cleared-v<schema>-<pid>-<random>, then deletes it
+_WRITE_ATTEMPTS = 3  # a put that `clear` interrupts is written again, into the new store
+
+
+def _delete_tree(path: Path) -> None:
+    """Delete a store renamed aside. A write that had begun in it before the rename may still
+    add a temp file while it is deleted: try again a few times; what then remains is no race
+    (a permission, say) and raises."""
+    for _ in range(5):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+        time.sleep(0.05)
+    shutil.rmtree(path)
 
 
 def _read_file(path: Path, limit: int, exact: bool = False) -> bytes:
@@ -105,43 +121,91 @@ class CompileCache:
         if self.write_error is not None:
             return
         meta_path, bin_path = self._paths(key)
-        try:
-            if entry.binary is not None:
-                atomic_write(bin_path, entry.binary)
-            atomic_write(meta_path, entry.metadata(key))
-        except OSError as exc:
-            self.write_error = f"cannot write the compile cache at {self.root} ({exc}); going on without it"
+        for attempt in range(_WRITE_ATTEMPTS):
+            try:
+                if entry.binary is not None:
+                    atomic_write(bin_path, entry.binary)
+                atomic_write(meta_path, entry.metadata(key))
+                return
+            except FileNotFoundError as exc:  # `cache clear` moved the store away mid-write: write it into a new one
+                if attempt + 1 == _WRITE_ATTEMPTS:
+                    self.write_error = f"cannot write the compile cache at {self.root} ({exc}); going on without it"
+            except OSError as exc:
+                self.write_error = f"cannot write the compile cache at {self.root} ({exc}); going on without it"
+                return
 
     def foreign_path(self) -> Path | None:
         """The first path in the store that hatch-autotune did not write (the store itself when
         it is a symbolic link or not a directory), or None: an absent store, or one holding only
         entries and temp files. Never delete someone's files."""
-        if self.root.is_symlink() or (self.root.exists() and not self.root.is_dir()):
-            return self.root
-        if not self.root.exists():
+        return CompileCache._foreign_in(self.root)
+
+    @staticmethod
+    def _foreign_in(store: Path) -> Path | None:
+        """`foreign_path` of the store at `store`. What vanishes while it looks (a write's temp
+        file renamed into place, a shard another clear took) was no one's file."""
+        try:
+            if not stat.S_ISDIR(store.lstat().st_mode):
+                return store
+            shards = list(store.iterdir())
+        except FileNotFoundError:
             return None
-        for d in self.root.iterdir():
-            if d.is_symlink() or not d.is_dir() or not _SHARD.fullmatch(d.name):
-                return d
-            for f in d.iterdir():
-                if f.is_symlink() or not f.is_file() or not _STORE_FILE.fullmatch(f.name):
+        for d in shards:
+            try:
+                if not stat.S_ISDIR(d.lstat().st_mode) or not _SHARD.fullmatch(d.name):
+                    return d
+                files = list(d.iterdir())
+            except FileNotFoundError:
+                continue
+            for f in files:
+                try:
+                    mode = f.lstat().st_mode
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISREG(mode) or not _STORE_FILE.fullmatch(f.name):
                     return f
         return None
 
     def clear(self) -> Path | None:
         """Delete the store, unless `foreign_path` finds something hatch-autotune did not
-        write: then delete nothing and return that path."""
+        write: then delete nothing and return that path. The store is renamed aside first, in
+        one step, and deleted there: a build writing meanwhile starts a new store instead of
+        refilling the one being deleted (which made the deletion fail half done). Stores that
+        an interrupted clear left aside go too."""
         foreign = self.foreign_path()
-        if foreign is None and self.root.exists():
-            shutil.rmtree(self.root)
-        return foreign
+        if foreign is not None:
+            return foreign
+        aside = self.root.with_name(f"{_ASIDE_PREFIX}{self.root.name}-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            os.rename(self.root, aside)
+        except FileNotFoundError:
+            pass  # no store (or another clear took it)
+        else:
+            foreign = CompileCache._foreign_in(aside)  # appeared since the first look: put it all back
+            if foreign is not None:
+                try:
+                    os.rename(aside, self.root)
+                    return self.root / foreign.relative_to(aside)
+                except OSError:  # a build has started a new store meanwhile: leave this one aside, named
+                    return foreign
+        for old in self.root.parent.glob(f"{_ASIDE_PREFIX}{self.root.name}-*"):
+            if CompileCache._foreign_in(old) is None:  # one left holding someone's files stays, as the store would
+                _delete_tree(old)
+        return None
 
     def info(self) -> tuple[int, int]:
-        """(number of entries, total bytes) of the store."""
+        """(number of entries, total bytes) of the store, as it is while a build may write to
+        it: a temp file renamed, or the store cleared, while counting is not counted."""
         entries = size = 0
-        if self.root.is_dir():
-            for p in self.root.rglob("*"):
-                if p.is_file():
-                    size += p.stat().st_size
+        try:
+            for p in self.root.rglob("*") if self.root.is_dir() else ():
+                try:
+                    info = p.stat()
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(info.st_mode):
+                    size += info.st_size
                     entries += p.suffix == ".json"
+        except FileNotFoundError:  # a shard gone while it was listed
+            pass
         return entries, size

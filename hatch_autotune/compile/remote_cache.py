@@ -9,16 +9,23 @@ untrusted: it is read only when both values are within their size limits (their 
 asked first, and GETRANGE bounds what comes back even if they grow meanwhile), and it is a hit
 only when `CacheEntry.from_record` accepts it for this key; anything else is a miss, which the
 build's fresh compile then overwrites. The tier is an optimisation, never a reason for a build
-to fail or wait: a server that refuses, errs or does not answer within the timeout switches
-the tier off for the rest of the process, with one warning (`error`) that names the URL
-without its password.
+to fail or wait: a server that refuses, errs or does not finish an operation (a get, a put, a
+probe: connecting included) within the timeout switches the tier off for the rest of the
+process, with one warning (`error`) that names the URL without its password; so does one whose
+replies are larger than asked for (a server that says a value is 10 bytes long, then sends
+300 MiB). redis-py bounds only each read, not an operation, nor what a reply may hold: its
+connections read through `_BoundedSocket`, which enforces both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import threading
-from typing import Any
+import time
+from contextvars import ContextVar
+from typing import Any, Iterator
 from urllib.parse import unquote, urlsplit
 
 from ..declare.settings import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, DEFAULT_TTL_S, CacheSettings, redact
@@ -28,6 +35,98 @@ from .entry import CACHE_SCHEMA, MAX_METADATA_BYTES, CacheEntry
 
 URL_VAR = "HATCH_AUTOTUNE_CACHE_URL"  # named in messages; declare/settings.py reads it
 EXTRA_HINT = "pip install 'hatch-autotune[redis]'"
+SMALL_REPLIES = 64 << 10  # what the replies to PING, STRLEN, SET, EXPIRE, MULTI and the handshake may take together
+
+
+class ReplyTooLarge(Exception):
+    """A server sent more than the replies it owes can hold."""
+
+
+class _Budget:
+    """What the operation under way (one get, put or probe) may still spend: time until
+    `deadline` (time.monotonic()) and reply bytes up to `limit`."""
+
+    def __init__(self, timeout: float):
+        self.deadline = time.monotonic() + timeout
+        self.received = 0
+        self.limit = SMALL_REPLIES
+
+    def expect(self, size: int) -> None:
+        """The next replies may take `size` bytes more (the values asked for), framing aside."""
+        self.limit = self.received + size + SMALL_REPLIES
+
+    def time_left(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the operation ran out of time")
+        return left
+
+    def count(self, size: int) -> None:
+        self.received += size
+        if self.received > self.limit:
+            raise ReplyTooLarge(f"more than {self.limit} bytes of replies to one request")
+
+
+_BUDGET: ContextVar[_Budget | None] = ContextVar("hatch_autotune_redis_budget", default=None)
+
+
+class _BoundedSocket:
+    """A connection's socket, held to the budget of this thread's operation (`_BUDGET`): every
+    read and write waits at most the time the operation has left, and reads stop once the
+    replies exceed their size. Everything else is the socket's own."""
+
+    def __init__(self, sock: Any):
+        self._sock = sock
+        self._timeout = sock.gettimeout()  # what redis-py asked for; each call may get less
+
+    def settimeout(self, timeout: float | None) -> None:
+        self._timeout = timeout
+        self._sock.settimeout(timeout)
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    def _budget(self) -> _Budget | None:
+        """The operation's budget, after giving the socket the time it has left."""
+        budget, timeout = _BUDGET.get(), self._timeout
+        if budget is not None and timeout != 0:  # 0: a non-blocking poll, which never waits
+            left = budget.time_left()
+            timeout = left if timeout is None else min(timeout, left)
+        self._sock.settimeout(timeout)
+        return budget
+
+    def recv(self, size: int, *flags: int) -> bytes:
+        budget = self._budget()
+        data = self._sock.recv(size, *flags)
+        if budget is not None:
+            budget.count(len(data))
+        return data
+
+    def recv_into(self, buffer: Any, size: int = 0, *flags: int) -> int:
+        budget = self._budget()
+        n = self._sock.recv_into(buffer, size, *flags)
+        if budget is not None:
+            budget.count(n)
+        return n
+
+    def sendall(self, data: Any, *flags: int) -> None:
+        self._budget()
+        self._sock.sendall(data, *flags)
+
+    def send(self, data: Any, *flags: int) -> int:
+        self._budget()
+        return self._sock.send(data, *flags)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class _BoundedConnection:
+    """Mixed into the connection class the URL picks (TCP, TLS, unix socket): its sockets are
+    `_BoundedSocket`s. (For TLS the handshake itself is bounded per read only.)"""
+
+    def _connect(self) -> Any:
+        return _BoundedSocket(super()._connect())  # type: ignore[misc]
 
 
 class RemoteCache:
@@ -66,7 +165,8 @@ class RemoteCache:
         return f"{base}:meta", f"{base}:bin"
 
     def _redis(self) -> Any:
-        """This process's client: the timeouts bound every connect and every reply, and nothing
+        """This process's client: the timeout bounds every connect and every reply, its
+        connections' sockets are bounded by the operation under way (`_operation`), and nothing
         is retried (`redis.Redis()` retries 10 times, with backoff, by default: a hung server
         would cost minutes)."""
         with self._lock:
@@ -75,8 +175,10 @@ class RemoteCache:
                 from redis.backoff import NoBackoff
                 from redis.retry import Retry
 
+                base = self._url_options.get("connection_class", redis.Connection)
                 options = {
                     **self._url_options,  # ours win: the URL's own timeout or decoding options would undo them
+                    "connection_class": type(f"Bounded{base.__name__}", (_BoundedConnection, base), {}),
                     "socket_timeout": self.timeout,
                     "socket_connect_timeout": self.timeout,
                     "retry": Retry(NoBackoff(), 0),
@@ -86,18 +188,30 @@ class RemoteCache:
                 self._client_pid = os.getpid()
             return self._client
 
+    @contextlib.contextmanager
+    def _operation(self) -> Iterator[_Budget]:
+        """One get, put or probe: everything it sends and reads, connecting included, within one
+        timeout, and its replies within the budget's size."""
+        budget = _Budget(self.timeout)
+        token = _BUDGET.set(budget)
+        try:
+            yield budget
+        finally:
+            _BUDGET.reset(token)
+
     def get(self, key: str) -> CacheEntry | None:
         """The entry stored under `key` if it is exactly one `put` would store, else None (a
         miss); never raises. A hit refreshes the entry's expiry."""
         if self.error is not None:
             return None
         try:
-            return self._get(key)
+            with self._operation() as budget:
+                return self._get(key, budget)
         except Exception as exc:  # noqa: BLE001 - whatever the server or the network does, the build goes on locally
             self._switch_off(exc)
             return None
 
-    def _get(self, key: str) -> CacheEntry | None:
+    def _get(self, key: str, budget: _Budget) -> CacheEntry | None:
         meta_key, bin_key = self._keys(key)
         client = self._redis()
         with client.pipeline(transaction=False) as pipe:
@@ -107,6 +221,7 @@ class RemoteCache:
         meta_size, bin_size = sizes
         if not 0 < meta_size <= MAX_METADATA_BYTES or bin_size > self.max_bytes:
             return None  # absent, or too large to download
+        budget.expect(meta_size + bin_size + 2)  # GETRANGE may return one byte more of each: see below
         with client.pipeline(transaction=True) as pipe:
             # GETRANGE's end is inclusive: one byte more than measured shows a value that grew since
             pipe.getrange(meta_key, 0, meta_size).getrange(bin_key, 0, bin_size)
@@ -140,7 +255,7 @@ class RemoteCache:
         meta_key, bin_key = self._keys(key)
         expiry = self.ttl or None
         try:
-            with self._redis().pipeline(transaction=True) as pipe:
+            with self._operation(), self._redis().pipeline(transaction=True) as pipe:
                 if entry.binary is None:
                     pipe.delete(bin_key)
                 else:
@@ -154,7 +269,8 @@ class RemoteCache:
         would print (for `hatch-autotune cache info`)."""
         if self.error is None:
             try:
-                self._redis().ping()
+                with self._operation():
+                    self._redis().ping()
             except Exception as exc:  # noqa: BLE001 - reported, as a build would report it
                 self._switch_off(exc)
         return self.error
@@ -166,7 +282,11 @@ class RemoteCache:
         what = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
         for secret in self._secrets:
             what = what.replace(secret, "***")
-        failed = f"did not answer within {self.timeout:g} s" if isinstance(exc, (TimeoutError, RedisTimeout)) else "failed"
+        failed = (
+            f"did not answer within {self.timeout:g} s" if isinstance(exc, (TimeoutError, RedisTimeout))
+            else "sent more than was asked for" if isinstance(exc, ReplyTooLarge)
+            else "failed"
+        )  # fmt: skip
         with self._lock:
             if self.error is None:
                 self.error = f"the shared compile cache at {self.url} {failed} ({what}); going on with the local compile cache only"

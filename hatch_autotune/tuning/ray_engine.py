@@ -28,9 +28,11 @@ from .. import __version__
 from ..compile.cache import CompileCache
 from ..compile.tiers import open_compile_cache
 from ..declare.config import ProjectSpec
+from ..declare.settings import RAY_VAR, ray_host_port
 from ..lock import LockEntry
 from ..plan.devices import Gpu
 from ..plan.planner import make_plan, target_archs
+from ..runtime import short_repr
 from .binaries import InstanceBinaries, VariantBinaries
 from .bucket import BucketJob, tune_bucket
 from .decide import check_kernels
@@ -44,6 +46,8 @@ from .worker import WorkerClient
 
 RESOURCE_PREFIX = "hatch-autotune:"  # + arch: a node's number of GPUs of that arch
 READY_TIMEOUT_S = 120.0  # an actor that has no GPU after this long is given up
+PROBE_TIMEOUT_S = 5.0  # the most a wrong HATCH_AUTOTUNE_RAY / --ray costs before its error
+GCS_HANDSHAKE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")  # HTTP/2's preface, an empty SETTINGS
 SHIPPED_EXCLUDES = [".git", ".venv", "venv", "dist", "build", "*.whl", "__pycache__", ".pytest_cache"]
 
 
@@ -202,7 +206,7 @@ def tune_on_ray(
         raise TuningError("mode 'offline' never touches a GPU; use mode 'tune' or 'retune' to tune")
     mode = {"auto": "tune"}.get(mode, mode)
     check_kernels(project, kernels)
-    _probe(address)
+    _probe(address, RAY_VAR if address == project.settings.ray_address else "--ray")  # what named it, for its messages
     ray = _ray(address)
     try:
         ray.init(
@@ -267,18 +271,31 @@ def tune_on_ray(
         ray.shutdown()
 
 
-def _probe(address: str, timeout_s: float = 5.0) -> None:
-    """A clear error in bounded time when nothing answers at `address` (ray.init would retry
-    for minutes)."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise TuningError(f"--ray {address!r}: expected the head node's host:port (the address `ray start --head` prints)")
+def _probe(address: str, origin: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """One clear error within `timeout_s` unless a Ray head answers at `address`: ray.init
+    retries a refused port for minutes, and waits forever on one that accepts and never answers.
+    A head's GCS is a gRPC (HTTP/2) server, which answers a connection with its SETTINGS frame;
+    any answer will do (a head that speaks only TLS answers with an alert), silence will not.
+    `origin` says where the address came from (--ray or HATCH_AUTOTUNE_RAY)."""
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as exc:
+        host, port = ray_host_port(address)
+    except ValueError as exc:
+        raise TuningError(f"{origin} {short_repr(address)}: {exc}") from None
+    deadline = time.monotonic() + timeout_s
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            conn.settimeout(max(deadline - time.monotonic(), 0.01))
+            conn.sendall(GCS_HANDSHAKE)
+            answer = conn.recv(1)
+        why = None if answer else "it closed the connection without answering"
+    except socket.timeout:
+        why = f"nothing answered within {timeout_s:g} s"
+    except (OSError, ValueError) as exc:  # ValueError: a host name that is not one (a NUL, an empty label)
+        why = getattr(exc, "strerror", None) or str(exc)
+    if why is not None:
         raise TuningError(
-            f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is `ray start --head` running there?)"
-        ) from None
+            f"cannot reach the Ray cluster at {address}: {why} (the address set by {origin}; is `ray start --head` running there?)"
+        )
 
 
 def _ready_slots(ray: Any, actors: list[tuple[str, Any]], compiler: str, timeout_s: float, log: Log) -> list[RaySlot]:
