@@ -22,7 +22,7 @@ import pytest
 import tomllib
 
 from hatch_autotune.compile.cache import CompileCache
-from hatch_autotune.declare.config import ProjectSpec, parse_project
+from hatch_autotune.declare.config import ConfigError, ProjectSpec, parse_project
 from hatch_autotune.lock import LockEntry, LockFile, Measurement
 from hatch_autotune.wheel.assemble import BuildResult, build_payload
 
@@ -144,6 +144,20 @@ def hook_table(project_dir: Path) -> dict:
 
 def load_project(project_dir: Path, env: dict | None = None) -> ProjectSpec:
     return parse_project(hook_table(project_dir), project_dir, env=env or {})
+
+
+@pytest.fixture
+def good(tmp_path):
+    """A tiny valid project and its hook table, for tests that break one key of it."""
+    root = write_tiny_project(tmp_path / "p")
+    return root, hook_table(root)
+
+
+def errors_for(root, table, env=None) -> list[str]:
+    """The configuration errors of a table that must be refused."""
+    with pytest.raises(ConfigError) as info:
+        parse_project(table, root, env=env or {})
+    return info.value.errors
 
 
 def tune_over_standin(root: Path, cache_dir: Path, log=lambda line: None):

@@ -5,24 +5,12 @@ from __future__ import annotations
 import copy
 
 import pytest
-from conftest import EXAMPLE, hook_table, write_tiny_project
+from conftest import EXAMPLE, errors_for, hook_table
 
 from hatch_autotune.declare.config import ConfigError, parse_project
 
 P = "tool.hatch.build.targets.wheel.hooks.autotune"
 K = f"{P}.kernels.scale"
-
-
-@pytest.fixture
-def good(tmp_path):
-    root = write_tiny_project(tmp_path / "p")
-    return root, hook_table(root)
-
-
-def errors_for(root, table, env=None) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        parse_project(table, root, env=env or {})
-    return info.value.errors
 
 
 def test_example_pkg_config_is_valid():

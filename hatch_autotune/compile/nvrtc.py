@@ -14,6 +14,7 @@ branch of a template must not stop the build.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -27,7 +28,8 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
 from ..declare.settings import read_jobs
-from ..runtime import check_cuda
+from ..errors import BuildError
+from ..runtime import check_cuda, parse_arch
 from .cache import CompileCache
 from .entry import CacheEntry, Resources
 
@@ -138,6 +140,36 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
+@functools.cache
+def supported_archs() -> tuple[int, ...]:
+    """The archs this NVRTC compiles for, as numbers (75, 80, ..., 120)."""
+    ensure_nvrtc()
+    from cuda.bindings import nvrtc
+
+    return tuple(check_cuda(nvrtc.nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs"))
+
+
+def check_archs(archs: Iterable[str]) -> None:
+    """BuildError, before anything compiles, for a target arch this NVRTC cannot compile for:
+    otherwise every variant fails and the build reads as "the default config does not compile"."""
+    supported = supported_archs()
+    unsupported = [a for a in dict.fromkeys(archs) if _arch_number(a) not in supported]
+    if unsupported:
+        raise BuildError(
+            f"hatch-autotune: NVRTC {nvrtc_version()} does not support {', '.join(unsupported)} (a target arch: the table's "
+            f"`archs`, HATCH_AUTOTUNE_ARCHS or a GPU here); it supports {', '.join(f'sm_{n}' for n in supported)}"
+        )
+
+
+def _arch_number(arch: str) -> int | None:
+    """'sm_90a' -> 90, 'compute_80' -> 80; None for what is not an arch."""
+    try:
+        _, major, minor, _ = parse_arch(arch)
+    except ValueError:
+        return None
+    return major * 10 + minor
+
+
 _PTXAS_PATTERNS = {
     "registers": re.compile(r"Used (\d+) registers"),
     "shared_bytes": re.compile(r"(\d+) bytes smem"),
@@ -207,7 +239,9 @@ def compile_all(
     workers: int | None = None,
     on_result: Callable[[CompileResult], None] | None = None,
 ) -> list[CompileResult]:
-    """Compile every job (identical jobs once), taking what the cache has; results in job order."""
+    """Compile every job (identical jobs once), taking what the cache has; results in job order.
+    BuildError for a job's arch that NVRTC does not support, before anything compiles."""
+    check_archs(j.arch for j in jobs)
     compiler = f"{nvrtc_version()} {nvrtc_build()}"  # the patch release too: its binaries may differ
     keys = [j.cache_key(compiler) for j in jobs]
     unique: dict[str, CompileJob] = {}

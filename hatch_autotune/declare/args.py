@@ -7,7 +7,7 @@ from typing import Mapping
 
 from ..runtime import DTYPE_SIZES
 from .expr import Expr
-from .validate import BAD, Table, v_choice, v_expr, v_ident, v_int, v_list
+from .validate import BAD, Table, problems_since, v_choice, v_expr, v_ident, v_int, v_list
 
 # dtype name -> C type used in templates. float16 maps to `at_half`, a two-byte struct defined
 # in templates/_dtypes.cuh (NVRTC ships no cuda_fp16.h).
@@ -87,6 +87,6 @@ def parse_arg(t: Table, key_names: set[str], constant_names: set[str], types: Ma
             errors.append(f"{t.sub('intent')}: required for arrays; expected one of 'in', 'out', 'inout'")
         if value is not None:
             errors.append(f"{t.sub('value')}: only scalars may be computed from the key")
-    if len(errors) > n:
+    if problems_since(errors, n):  # an unknown key alone leaves the argument usable
         return None
     return ArgSpec(name=name, dtype=dtype, shape=shape, intent=intent, value=value, align=align)

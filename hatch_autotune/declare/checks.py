@@ -1,7 +1,8 @@
 """Checks that need a whole kernel, made once its table has parsed: names that would shadow one
-another, compile options the cache key cannot see, bounds on what is enumerated (configs, bucket
-points, instances), and for every instance the constraints, the default config, the argument
-sizes and the launch geometry at every bucket. Each problem is one line naming its key."""
+another, bounds on what is enumerated (configs, bucket points, instances), and for every
+instance the constraints, the default config, the argument sizes and the launch geometry at
+every bucket. Each problem is one line naming its key. (The compile options the cache key
+cannot see are refused as the table is read: kernel_table.v_nvrtc_options.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, Mapping
 from ..runtime import INT_RANGES, MAX_SIZE, ExpressionError, short_repr, value_text
 from .expr import Expr
 from .kernel import KernelSpec
-from .space import ConstraintError, bucket_points, corner_points, count_points
+from .space import MAX_VARIANTS, ConstraintError, SpaceTooLarge, bucket_points, corner_points, count_points, enumerate_configs, size_problem
 from .validate import Table
 
 # Bounds that keep the config check (and what follows it) finite; see the README's table.
@@ -21,7 +22,6 @@ GEOMETRY_CHECKS = 200_000  # (config, point) pairs whose launch geometry is chec
 # What a launch can take at most, whatever the GPU: a grid dim up to 2**31 - 1 blocks, a block of at most
 # 1024 threads, and no GPU has 4 GiB of shared memory per block.
 _GEOMETRY_MAX = {"grid": 2**31 - 1, "block": 1024, "shared": 2**32 - 1}
-_INCLUDE_OPTIONS = ("-I", "--include-path", "--pre-include", "-include")
 
 
 def check_kernel(spec: KernelSpec, t: Table) -> bool:
@@ -41,21 +41,9 @@ def _declaration_problem(spec: KernelSpec, t: Table) -> str | None:
     clash = name_clashes(spec)
     if clash:
         return f"{t.path}: {clash}"
-    bad_option = next((o for o in spec.nvrtc_options if o.startswith(_INCLUDE_OPTIONS)), None)
-    if bad_option:
-        return (
-            f"{t.sub('nvrtc-options')}: {bad_option!r} is not supported: included files would not be part of the cache key "
-            'or the lock checksum; `#include "file"` a header by its path relative to the template (or the including '
-            'header) instead, or `{% include "file" %}` it through Jinja'
-        )
-    n_configs = count_points(spec.space.values())
-    if n_configs > spec.max_configs:
-        sizes = " x ".join(f"{len(v)} {a}" for a, v in spec.space.items())
-        return (
-            f"{t.sub('space')}: {n_configs:,} configs ({sizes}) before constraints, more than `max-configs` "
-            f"({spec.max_configs:,}) allows; each would be rendered and compiled, and checked here first. "
-            "Shrink the axes, or raise `max-configs` for this kernel if you mean it"
-        )
+    too_big = size_problem(spec.space, {**spec.types, **spec.constants}, spec.max_configs)
+    if too_big:
+        return f"{t.sub('space')}: {too_big}"
     n_points = count_points(k.buckets for k in spec.key)
     if n_points > MAX_BUCKET_POINTS:
         return f"{t.sub('key')}: the buckets make {n_points:,} tuning points; at most {MAX_BUCKET_POINTS:,} are allowed"
@@ -77,16 +65,25 @@ def _check_instances(spec: KernelSpec, t: Table) -> bool:
     errors = t.errors
     instances = spec.type_instances()
     grouped: dict[tuple[str, str], list[str]] = {}  # (key path, problem) -> the instances it holds for
+    kept = 0  # configs kept so far, over the instances: at most MAX_VARIANTS, whatever max-configs allows
     for types_ in instances:
         label = ", ".join(f"{k}={value_text(v)}" for k, v in types_.items())
         try:
-            configs = spec.configs(types_)
+            configs = enumerate_configs(spec.space, spec.constraints, spec.type_env(types_), limit=MAX_VARIANTS - kept)
+        except SpaceTooLarge:
+            errors.append(
+                f"{t.sub('constraints')}: the constraints keep more than {MAX_VARIANTS:,} configs over the kernel's "
+                f"{len(instances):,} instance(s), the most a kernel may have whatever `max-configs` allows: each is rendered "
+                "in every build and compiled for every arch when tuned. Tighten the constraints or shrink the axes"
+            )
+            return False
         except ConstraintError as exc:  # e.g. division by zero for some config, or a bound exceeded
             errors.append(
                 f"{t.sub('constraints')}[{exc.index}]: {spec.constraints[exc.index].text!r} cannot be evaluated for "
                 f"{exc.config}{f' (for {label})' if label else ''}: {exc.cause}"
             )
             return False
+        kept += len(configs)
         if not configs:
             grouped.setdefault((t.sub("constraints"), "the constraints exclude every config of the space"), []).append(label)
         elif dict(spec.default) not in configs:

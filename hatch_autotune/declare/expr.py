@@ -8,6 +8,7 @@ JSON-able tree (see runtime.compile_expr) that the wheel ships, so nothing is ev
 from __future__ import annotations
 
 import ast
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -48,6 +49,8 @@ class Expr:
 
 def parse(text: str | int | float | bool) -> Expr:
     """Parse one expression (a literal number is accepted as its own expression)."""
+    if isinstance(text, float) and not math.isfinite(text):
+        raise ExprSyntaxError(f"expected a finite number, got {text}")
     if isinstance(text, (bool, int, float)):
         return _expr(str(text), text)
     if not isinstance(text, str):
@@ -85,6 +88,10 @@ def _to_tree(node: ast.AST, text: str, depth: int) -> Any:
         raise ExprSyntaxError(f"expression {short_repr(text)} is nested too deeply (at most {MAX_EXPR_DEPTH} levels)")
     d = depth + 1
     if isinstance(node, ast.Constant):
+        if isinstance(node.value, float) and not math.isfinite(node.value):  # `1e999` reads as inf
+            raise ExprSyntaxError(
+                f"the number {ast.get_source_segment(text.strip(), node) or node.value} in expression {short_repr(text)} is not finite"
+            )
         if isinstance(node.value, (bool, int, float)):
             return node.value
         raise bad(f"the constant {node.value!r}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..runtime import INT_RANGES
+from ..runtime import INT_RANGES, short_repr
 from . import expr as expr_mod
 from .args import DTYPES, ArgSpec, parse_args
 from .checks import check_kernel
@@ -18,6 +18,7 @@ from .validate import (
     Table,
     Validator,
     fail,
+    problems_since,
     v_choice,
     v_entry_point,
     v_expr,
@@ -29,6 +30,7 @@ from .validate import (
 )
 
 BUILTIN_PREFIX = "builtin:"
+_INCLUDE_OPTIONS = ("-I", "--include-path", "--pre-include", "-include")
 
 
 def builtin_templates_dir() -> Path:
@@ -47,6 +49,20 @@ def v_constant(value: Any, path: str, errors: list) -> Any:
     return fail(errors, path, f"an integer from {lo} to {hi}, or a boolean", value)
 
 
+def v_nvrtc_options(value: Any, path: str, errors: list) -> Any:
+    """Extra NVRTC options, without the include options the cache key cannot see."""
+    options = v_list(v_str, nonempty=False)(value, path, errors)
+    bad_option = next((o for o in options if o.startswith(_INCLUDE_OPTIONS)), None) if options is not BAD else None
+    if bad_option is None:
+        return options
+    errors.append(
+        f"{path}: {bad_option!r} is not supported: included files would not be part of the cache key "
+        'or the lock checksum; `#include "file"` a header by its path relative to the template (or the including '
+        'header) instead, or `{% include "file" %}` it through Jinja'
+    )
+    return BAD
+
+
 def v_space_value(value: Any, path: str, errors: list) -> Any:
     if isinstance(value, (bool, int, str)):
         return value
@@ -63,7 +79,7 @@ def parse_kernel(name: str, t: Table, root: Path) -> KernelSpec | None:
     template = resolve_template(template_ref, t.sub("template"), root, errors) if template_ref is not BAD else BAD
     entry = t.get("entry", v_ident, default=name)
     doc = t.get("doc", v_str, default="")
-    nvrtc_options = t.get("nvrtc-options", v_list(v_str, nonempty=False), default=())
+    nvrtc_options = t.get("nvrtc-options", v_nvrtc_options, default=())
     max_configs = t.get("max-configs", v_int(1), default=DEFAULT_MAX_CONFIGS)
     reference = t.get("reference", v_entry_point, default=None)
     inputs = t.get("inputs", v_entry_point, default=None)
@@ -77,7 +93,7 @@ def parse_kernel(name: str, t: Table, root: Path) -> KernelSpec | None:
     grid, block, shared, constraints = _launch(t, set(space), key_names, {f"{tp}_size" for tp in types}, set(constants))
     default = _default(t, space)
     t.finish()
-    if len(errors) > n_errors:
+    if problems_since(errors, n_errors):
         return None
     spec = KernelSpec(
         name=name,
@@ -103,7 +119,10 @@ def parse_kernel(name: str, t: Table, root: Path) -> KernelSpec | None:
         constants=constants,
         root=root,
     )
-    return spec if check_kernel(spec, t) else None
+    # An unknown key (reported above) leaves the kernel readable: it is still checked whole, so
+    # that every problem shows at once, but it is not used.
+    checked = check_kernel(spec, t)
+    return spec if checked and len(errors) == n_errors else None
 
 
 def _tolerance(t: Table) -> tuple[Any, Any] | None:
@@ -111,7 +130,7 @@ def _tolerance(t: Table) -> tuple[Any, Any] | None:
     tol_t = t.table("tolerance")
     if tol_t is None:
         return None
-    rtol = tol_t.get("rtol", v_number(0.0), required=True)
+    rtol = tol_t.get("rtol", v_number(0.0), required=True)  # finite: a NaN would pass every output
     atol = tol_t.get("atol", v_number(0.0), required=True)
     tol_t.finish()
     return (rtol, atol)
@@ -215,32 +234,45 @@ def value_lists(t: Table, key: str, kind: str, item: Validator, noun: str, what:
         p = table.sub(name)
         if v_ident(name, p, errors) is BAD:
             continue
+        values = v_list(item, what=what)(table.data[name], p, errors)
         if name in DTYPES:
             errors.append(f"{p}: a {kind} may not be named like a dtype")
-            continue
-        values = v_list(item, what=what)(table.data[name], p, errors)
-        if values is BAD:
-            continue
-        if len({type(v) for v in values}) > 1:
+            values = ()
+        elif values is BAD:
+            values = ()
+        elif len({type(v) for v in values}) > 1:
             errors.append(f"{p}: expected values of one kind, all integers or all booleans, got {list(values)!r}")
         elif len(set(values)) != len(values):
             errors.append(f"{p}: expected distinct {noun}, got {list(values)!r}")
-        else:
-            out[name] = values
+        # Declared even when its values are wrong (that is reported, and the kernel is not
+        # used): the expressions that name it must not add "unknown name" errors.
+        out[name] = values
     return out
 
 
 def resolve_template(ref: str, path: str, root: Path, errors: list) -> Any:
-    if ref.startswith(BUILTIN_PREFIX):
-        base = builtin_templates_dir()
-        candidate = base / ref[len(BUILTIN_PREFIX) :]
-        if candidate.is_file():
-            return candidate
-        available = sorted(p.name for p in base.glob("*.j2")) if base.is_dir() else []
-        errors.append(f"{path}: no built-in template {ref!r}; built-ins: {', '.join(available) or 'none'}")
+    """The template's file: a built-in one inside hatch-autotune's templates folder, or a file
+    inside the project (where the headers it includes must be too: compile/render.py)."""
+    builtin = ref.startswith(BUILTIN_PREFIX)
+    folder = builtin_templates_dir() if builtin else root
+    candidate = folder / ref[len(BUILTIN_PREFIX) :] if builtin else root / ref
+    try:
+        resolved = candidate.resolve()
+        inside = resolved.is_relative_to(folder.resolve())
+        found = inside and resolved.is_file()
+    except (OSError, RuntimeError, ValueError) as exc:  # a NUL, a symlink loop, a name too long
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        errors.append(f"{path}: {short_repr(ref)} cannot be a template's path ({reason[:200]})")
         return BAD
-    candidate = (root / ref).resolve()
-    if not candidate.is_file():
-        errors.append(f"{path}: template file {ref!r} not found (looked for {candidate})")
+    if not inside:
+        where = "hatch-autotune's built-in templates folder" if builtin else f"the project ({root})"
+        errors.append(f"{path}: {short_repr(ref)} is outside {where}; expected a file inside it")
         return BAD
-    return candidate
+    if not found:
+        if builtin:
+            available = sorted(p.name for p in folder.glob("*.j2")) if folder.is_dir() else []
+            errors.append(f"{path}: no built-in template {short_repr(ref)}; built-ins: {', '.join(available) or 'none'}")
+        else:
+            errors.append(f"{path}: template file {short_repr(ref)} not found (looked for {resolved})")
+        return BAD
+    return candidate if builtin else resolved

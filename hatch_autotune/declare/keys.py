@@ -8,7 +8,7 @@ from typing import Mapping
 
 from ..runtime import MAPPINGS, MAX_SIZE
 from .args import ArgSpec
-from .validate import BAD, Table, v_choice, v_ident, v_int, v_list
+from .validate import BAD, Table, problems_since, v_choice, v_ident, v_int, v_list
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def parse_key_dim(dim: str, t: Table, args: Mapping[str, ArgSpec], args_ok: bool
     t.finish()
     if buckets not in (BAD, None) and list(buckets) != sorted(set(buckets)):
         errors.append(f"{t.sub('buckets')}: expected strictly increasing integers, got {list(buckets)!r}")
-    if not args_ok or len(errors) > n:
+    if not args_ok or problems_since(errors, n):  # an unknown key alone leaves the dim usable
         return None
     if source is None:  # infer: the first array whose shape names this dim bare
         for a in args.values():

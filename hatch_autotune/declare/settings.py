@@ -10,7 +10,7 @@ over the table's `mode` and `archs`) or into one SettingsError.
 
 from __future__ import annotations
 
-import math
+import ipaddress
 import os
 import re
 from dataclasses import Field, dataclass, field, fields
@@ -19,13 +19,23 @@ from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import BuildError
-from .validate import v_arch, v_choice, v_list
+from ..runtime import short_repr
+from .validate import in_range, number_text, v_arch, v_choice, v_list
 
 MODES = ("auto", "offline", "tune", "retune")
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_MAX_BYTES = 64 << 20  # a cubin is kilobytes to a few megabytes
 DEFAULT_TTL_S = 30 * 24 * 3600
 CACHE_SCHEMES = ("redis", "rediss", "unix")
+# The ranges of the numeric variables (docs/configuration.md): each a value the code below them
+# can take (a socket timeout overflows past ~9e9 s; Redis stores at most 512 MiB per value).
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.001, 3600.0
+MAX_MAX_BYTES = 512 << 20
+MAX_TTL_S = 10 * 365 * 24 * 3600  # ten years
+MAX_JOBS = 1024
+_WHOLE = re.compile(r"\+?[0-9]+")  # [0-9], not \d: str patterns' \d matches every script's digits
+_DECIMAL = re.compile(r"\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_RAY_ADDRESS = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9._-]+)):(?P<port>[0-9]+)")
 
 # A field's parser: (text, variable, problems) -> the value, or _UNSET after adding a problem.
 Parser = Callable[[str, str, list], Any]
@@ -49,16 +59,22 @@ def _setting(var: str, parse: Parser, default: Any = None, *, strip: bool = True
     return field(default=default, metadata=metadata)
 
 
-def _checked(expected: str, convert: Callable[[str], Any], ok: Callable[[Any], bool]) -> Parser:
-    """A number `convert` reads and `ok` accepts."""
+def _number(expected: str, minimum: float, maximum: float, default: str, *, whole: bool = False) -> Parser:
+    """A number written in ASCII digits (a whole one with `whole`), from `minimum` to `maximum`:
+    validate.in_range, the rule the table's numbers follow too. Python's int() and float() also
+    read '١٢', '1_000', 'nan' and 'inf'; none of those is a setting's value."""
+    pattern = _WHOLE if whole else _DECIMAL
+    bounds = f", from {number_text(minimum)} to {number_text(maximum)}"
 
     def parse(text: str, var: str, problems: list) -> Any:
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not ok(value):
-            problems.append(f"{var}={text!r}: expected {expected}")
+        value: Any = None
+        if pattern.fullmatch(text):
+            try:
+                value = int(text) if whole else float(text)
+            except ValueError:  # more digits than int() converts: out of range
+                value = maximum + 1
+        if not in_range(value, minimum, maximum):
+            problems.append(f"{var}={short_repr(text)}: expected {expected}{bounds if value is not None else ''} (default {default})")
             return _UNSET
         return value
 
@@ -73,10 +89,6 @@ def _mode(text: str, var: str, problems: list) -> Any:
 def _archs(text: str, var: str, problems: list) -> Any:
     archs = v_list(v_arch)([a.strip() for a in text.split(",") if a.strip()], f"environment variable {var}", problems)
     return archs if isinstance(archs, tuple) else _UNSET
-
-
-def _text(text: str, var: str, problems: list) -> Any:
-    return text
 
 
 def _flag(text: str, var: str, problems: list) -> Any:
@@ -96,11 +108,50 @@ def _cache_url(url: str, var: str, problems: list) -> Any:
         )
         return _UNSET
     try:
-        urlsplit(url).port
+        port = urlsplit(url).port  # ASCII digits only, at most 65535
     except ValueError as exc:
-        problems.append(f"{var}={redact(url)}: {exc}")
+        problems.append(f"{var}={redact(url)}: {str(exc)[:200]}")
+        return _UNSET
+    if port == 0:
+        problems.append(f"{var}={redact(url)}: port 0 cannot be connected to; expected a port from 1 to 65535")
         return _UNSET
     return url
+
+
+RAY_VAR = "HATCH_AUTOTUNE_RAY"  # the Ray cluster to tune on; `tune --ray` overrides it
+
+
+def ray_host_port(address: str) -> tuple[str, int]:
+    """(host, port) of a Ray head's address: `HOST:PORT`, an IPv6 host in brackets
+    (`[::1]:6379`, as ray.init takes it), the port from 1 to 65535 in ASCII digits. ValueError
+    saying what is expected otherwise. The one reader of such an address: HATCH_AUTOTUNE_RAY
+    here, `tune --ray` and the reachability probe (tuning/ray_engine.py)."""
+    m = _RAY_ADDRESS.fullmatch(address)
+    host = (m.group("v6") or m.group("host")) if m else None
+    if m and m.group("v6"):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            host = None
+    if not m or host is None or len(host) > 253:
+        raise ValueError(
+            "expected the Ray head node's HOST:PORT (the address `ray start --head` prints, e.g. 10.0.0.5:6379; "
+            "an IPv6 host in brackets, e.g. [::1]:6379)"
+        )
+    digits = m.group("port")
+    port = int(digits) if len(digits) <= 5 else 0
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port {short_repr(digits)} is not a TCP port; expected a port from 1 to 65535")
+    return host, port
+
+
+def _ray_address(text: str, var: str, problems: list) -> Any:
+    try:
+        ray_host_port(text)
+    except ValueError as exc:
+        problems.append(f"{var}={short_repr(text)}: {exc}")
+        return _UNSET
+    return text
 
 
 def _cores() -> int:
@@ -131,17 +182,17 @@ class CacheSettings:
     url: str | None = _setting("HATCH_AUTOTUNE_CACHE_URL", _cache_url)  # redis://, rediss://, unix://; None: no shared tier
     timeout_s: float = _setting(
         "HATCH_AUTOTUNE_CACHE_TIMEOUT",
-        _checked("a number of seconds > 0 (default 2)", float, lambda v: math.isfinite(v) and v > 0),
+        _number("a number of seconds > 0", MIN_TIMEOUT_S, MAX_TIMEOUT_S, "2"),
         DEFAULT_TIMEOUT_S,
     )
     max_bytes: int = _setting(
         "HATCH_AUTOTUNE_CACHE_MAX_BYTES",
-        _checked(f"a whole number of bytes > 0 (default {DEFAULT_MAX_BYTES})", int, lambda v: v > 0),
+        _number("a whole number of bytes > 0", 1, MAX_MAX_BYTES, f"{DEFAULT_MAX_BYTES}, 64 MiB", whole=True),
         DEFAULT_MAX_BYTES,
     )
     ttl_s: int = _setting(
         "HATCH_AUTOTUNE_CACHE_TTL",
-        _checked(f"a whole number of seconds, 0 for no expiry (default {DEFAULT_TTL_S}, 30 days)", int, lambda v: v >= 0),
+        _number("a whole number of seconds, 0 for no expiry", 0, MAX_TTL_S, f"{DEFAULT_TTL_S}, 30 days", whole=True),
         DEFAULT_TTL_S,
     )
 
@@ -154,11 +205,11 @@ class Settings:
     archs: tuple[str, ...] | None = _setting("HATCH_AUTOTUNE_ARCHS", _archs, strip=False)  # comma-separated; over the table's `archs`
     jobs: int = _setting(
         "HATCH_AUTOTUNE_JOBS",
-        _checked("a whole number of compiles at once >= 1 (default: one per core)", int, lambda v: v >= 1),
+        _number("a whole number of compiles at once >= 1", 1, MAX_JOBS, "one per core", whole=True),
         factory=_cores,
     )
     cache: CacheSettings = field(default_factory=CacheSettings, metadata={"section": CacheSettings})
-    ray_address: str | None = _setting("HATCH_AUTOTUNE_RAY", _text, strip=False)  # tune on this Ray cluster (`tune --ray` overrides)
+    ray_address: str | None = _setting(RAY_VAR, _ray_address)  # tune on this Ray cluster (`tune --ray` overrides)
     debug: bool = _setting("HATCH_AUTOTUNE_DEBUG", _flag, False, strip=False)  # the command shows an internal error's traceback
 
 

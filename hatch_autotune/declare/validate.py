@@ -17,6 +17,9 @@ from . import expr as expr_mod
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # always fullmatch: `$` would accept a trailing newline
 BAD = object()  # a validator's "already reported" result
+# The largest number a setting takes unless its own bound is lower (docs/configuration.md):
+# seconds, milliseconds and tolerances all stay far below what a timer or a float overflows at.
+MAX_NUMBER = 1_000_000.0
 
 Validator = Callable[[Any, str, list], Any]
 
@@ -28,6 +31,16 @@ class ConfigError(ValueError):
         self.errors = list(errors)
         lines = "\n".join(f"  - {e}" for e in self.errors)
         super().__init__(f"hatch-autotune: {len(self.errors)} error(s) in the configuration:\n{lines}")
+
+
+class UnknownKey(str):
+    """An unknown key's line among the errors. It is reported like any other, but the part it
+    sits in is still read and checked: a misspelt key must not hide the other problems."""
+
+
+def problems_since(errors: list, start: int) -> int:
+    """How many lines from `errors[start]` on make a part unusable: all but unknown keys."""
+    return sum(not isinstance(e, UnknownKey) for e in errors[start:])
 
 
 def type_name(value: Any) -> str:
@@ -110,10 +123,25 @@ def v_expr(allowed: set[str] | None = None, where: str = "") -> Validator:
     return check
 
 
-def v_number(minimum: float = 0.0) -> Validator:
+def in_range(value: Any, minimum: float, maximum: float) -> bool:
+    """The one rule for every number a setting takes, from the table or the environment: a
+    number (not a boolean) from `minimum` to `maximum`. `maximum` is finite and NaN compares
+    false, so NaN and the infinities never pass (a NaN tolerance would turn verification off);
+    a huge integer is compared exactly, never turned into a float that overflows."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and minimum <= value <= maximum
+
+
+def number_text(value: float) -> str:
+    """A bound as the messages and the docs write it: 0.001, 3,600, 1,000,000."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+def v_number(minimum: float = 0.0, maximum: float = MAX_NUMBER) -> Validator:
+    """A finite number from `minimum` to `maximum` (default MAX_NUMBER), as a float."""
+
     def check(value: Any, path: str, errors: list) -> Any:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-            return fail(errors, path, f"a number >= {minimum}", value)
+        if not in_range(value, minimum, maximum):
+            return fail(errors, path, f"a number >= {minimum:g} and <= {number_text(maximum)}", value)
         return float(value)
 
     return check
@@ -171,4 +199,4 @@ class Table:
         for key in self.data:
             if key not in self.seen and key not in ignored:
                 known = ", ".join(sorted(self.seen)) or "none"
-                self.errors.append(f"{self.sub(key)}: unknown key (known keys here: {known})")
+                self.errors.append(UnknownKey(f"{self.sub(key)}: unknown key (known keys here: {known})"))
