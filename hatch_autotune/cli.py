@@ -1,4 +1,4 @@
-"""The `hatch-autotune` command: tune, show, report, diff, merge, cache.
+"""The `hatch-autotune` command: tune, render, show, report, diff, merge, cache.
 
 Every subcommand takes what the user has at hand (project, lock file, wheel, installed package),
 read by inspection.readers into one model (inspection.model). This module only parses arguments
@@ -15,16 +15,17 @@ import gc
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from . import __version__
 from .compile.tiers import default_cache_dir, open_compile_cache
-from .declare.settings import read_cache_settings, read_settings
+from .declare.settings import RAY_VAR, read_cache_settings, read_settings
 from .errors import CliError
-from .files import atomic_write
-from .inspection.diff import KINDS, diff_sources
+from .files import atomic_write, replaced_file
+from .inspection.diff import diff_sources
 from .inspection.fmt import fmt_bucket, fmt_bytes, fmt_config, fmt_delta, fmt_ms, fmt_speedup
 from .inspection.model import combine, provenance_lines
 from .inspection.readers import load_project, load_source, read_lock
@@ -151,7 +152,8 @@ def cmd_tune(args: argparse.Namespace, ui: UI) -> int:
     from .tuning.engine import cluster_address, run_engine  # here, not at the top: the other subcommands need no tuning engine
 
     root = Path(args.project)
-    project = load_project(root)
+    # --ray overrides HATCH_AUTOTUNE_RAY: a bad value of the variable is then no error
+    project = load_project(root, env={k: v for k, v in os.environ.items() if k != RAY_VAR} if args.ray else None)
     unknown = [k for k in args.kernel or () if k not in project.kernels]
     if unknown:
         raise CliError(f"no kernel named {', '.join(unknown)} in {root}; its kernels: {', '.join(project.kernels)}")
@@ -304,7 +306,7 @@ def cmd_diff(args: argparse.Namespace, ui: UI) -> int:
         for c in listed:
             t.add_row(
                 c.eid,
-                f"{c.kind}: {', '.join(c.what)}" if c.kind == "changed" else c.kind,
+                c.text,
                 fmt_config(c.old.config) if c.old else "-",
                 fmt_config(c.new.config) if c.new else "-",
                 fmt_ms(c.old.time_ms if c.old else None),
@@ -321,18 +323,135 @@ def cmd_diff(args: argparse.Namespace, ui: UI) -> int:
             f"... {len(hidden)} more changes not shown (the first {len(listed)} of {len(diff.changes)}; "
             f"{regressions} of those not shown are regressions): --all lists every change, --limit N the first N"
         )
-    counts = ", ".join(f"{diff.count(kind)} {kind}" for kind in KINDS)
-    ui.print(
-        f"{counts}, {diff.unchanged} unchanged; {len(diff.regressions)} regression(s) over {args.threshold * 100:g}% (--threshold {args.threshold:g})"
-    )
+    ui.print(f"{diff.summary()}; {len(diff.regressions)} regression(s) over {args.threshold * 100:g}% (--threshold {args.threshold:g})")
     if diff.regressions and args.fail_on_regression:
         return EXIT_REGRESSION
     return EXIT_OK
 
 
-def write_output(path: Path, data: bytes) -> None:
-    """Atomically, and readable as any file the user creates (atomic_write's temp file is 0600)."""
+_PAIR = re.compile(r"(\w+)=(.*)", re.DOTALL)
+
+
+def _shown(value: str) -> str:
+    """A value from the command line for a one-line message: escaped if it holds a line break."""
+    from .runtime.errors import short_repr
+
+    return value if value.isprintable() and len(value) <= 100 else short_repr(value, 100)
+
+
+def _pairs(option: str, texts: Sequence[str]) -> dict[str, str]:
+    """NAME=VALUE pairs of a repeatable option, several to an argument separated by commas or
+    spaces, as `show` prints configs (`BLOCK=64 VEC=2`) and types (`CAUSAL=true,T=float16`);
+    a separator counts only before the next NAME=, so a string value may hold one."""
+    from .runtime.errors import short_repr
+
+    pairs: dict[str, str] = {}
+    for text in texts:
+        for piece in re.split(r"[,\s]+(?=\w+=)", text.strip(", \t\n")):
+            m = _PAIR.fullmatch(piece)
+            if m is None:
+                raise CliError(f"{option} {short_repr(text, 100)}: expected NAME=VALUE pairs, such as {option} BLOCK=128,VEC=2")
+            name, value = m.group(1), m.group(2).rstrip(", \t\n")
+            if name in pairs:
+                raise CliError(f"{option}: {name} is given twice ({name}={_shown(pairs[name])} and {name}={_shown(value)})")
+            pairs[name] = value
+    return pairs
+
+
+def _chosen(option: str, given: dict[str, str], allowed: dict[str, tuple[Any, ...]], kind: tuple[str, str], kernel: str) -> dict[str, Any]:
+    """The given values as the kernel declares them: each name one of `allowed`'s, each value
+    one of that name's values (matched by how TOML and `show` write it: `true`, `128`, `float16`)."""
+    from .runtime import value_text
+    from .text import examples
+
+    out = {}
+    for name, text in given.items():
+        if name not in allowed:
+            has = f"its {kind[1]}: {', '.join(allowed)}" if allowed else f"it has no {kind[1]}"
+            raise CliError(f"{option} {name}={_shown(text)}: kernel {kernel} has no {kind[0]} named {name}; {has}")
+        by_text = {value_text(v): v for v in allowed[name]}
+        if text not in by_text:
+            raise CliError(f"{option} {name}={_shown(text)}: not one of {name}'s values ({examples(list(by_text), 20)})")
+        out[name] = by_text[text]
+    return out
+
+
+def _check_constraints(spec: Any, types: dict[str, Any], config: dict[str, Any]) -> None:
+    """The config must be in the instance's space: each constraint holds (the space's own
+    evaluation, one constraint at a time so that the message names the one broken)."""
+    from .declare.space import ConstraintError, enumerate_configs
+    from .runtime import value_text
+
+    point = {k: (v,) for k, v in config.items()}
+    shown = ",".join(f"{k}={value_text(v)}" for k, v in config.items())
+    for_types = f" with {','.join(f'{k}={value_text(v)}' for k, v in types.items())}" if types else ""
+    for i, constraint in enumerate(spec.constraints):
+        try:
+            holds = enumerate_configs(point, [constraint], spec.type_env(types))
+        except ConstraintError as exc:
+            raise CliError(f"--config {shown}{for_types}: constraints[{i}] {constraint.text!r} cannot be evaluated: {exc.cause}") from None
+        if not holds:
+            raise CliError(f"--config {shown}{for_types}: violates kernel {spec.name}'s constraints[{i}] {constraint.text!r}")
+
+
+def cmd_render(args: argparse.Namespace, ui: UI) -> int:
+    """One variant's source as NVRTC compiles it, with line numbers: NVRTC's `<entry>.cu(91)`
+    is line 91 of this, not of the template."""
+    from .compile.render import render_config
+    from .errors import BuildError
+
+    root = Path(args.project)
+    project = load_project(root)
+    spec = project.kernels.get(args.kernel)
+    if spec is None:
+        raise CliError(f"no kernel named {_shown(args.kernel)} in {root}; its kernels: {', '.join(project.kernels)}")
+    type_values = {**spec.types, **spec.constants}
+    types = {name: values[0] for name, values in type_values.items()}
+    types.update(
+        _chosen(
+            "--types",
+            _pairs("--types", args.types or ()),
+            type_values,
+            ("type parameter or constant", "type parameters and constants"),
+            spec.name,
+        )
+    )
+    config = {axis: spec.default[axis] for axis in spec.space}  # in the space's order, as the build labels variants
+    config.update(_chosen("--config", _pairs("--config", args.config or ()), dict(spec.space), ("axis", "axes"), spec.name))
+    _check_constraints(spec, types, config)
     try:
+        variant, header_files = render_config(spec, types, config)
+    except BuildError as exc:  # a template error: file:line: message (kernel, config)
+        raise CliError(str(exc).strip().splitlines()[0].removeprefix(f"{PROG}: ")) from None
+    if args.plain:
+        sys.stdout.write(variant.source)
+        return EXIT_OK
+    out = [f"// {variant.label}: {spec.entry}.cu as NVRTC compiles it, rendered from {spec.template}"]
+    out += _numbered(variant.source)
+    for name, text in variant.headers:
+        out.append(f'// #include "{name}": {header_files[name]}' + ("" if args.headers else " (--headers prints it)"))
+        if args.headers:
+            out += _numbered(text)
+    if not variant.headers:
+        out.append('// no headers (#include "...")')
+    sys.stdout.write("\n".join(out) + "\n")
+    return EXIT_OK
+
+
+def _numbered(text: str) -> list[str]:
+    """The lines of a source, each after its number as NVRTC counts them (newlines only)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    width = len(str(len(lines)))
+    return [f"{n:>{width}}  {line}" if line else f"{n:>{width}}" for n, line in enumerate(lines, 1)]
+
+
+def write_output(path: Path, data: bytes) -> None:
+    """Atomically, and readable as any file the user creates (atomic_write's temp file is 0600);
+    through a symlink to its target, and never over a pipe or a device."""
+    try:
+        path = replaced_file(path)
         atomic_write(path, data)
     except OSError as exc:
         raise CliError(f"{path}: cannot write it ({exc.strerror or exc})") from None
@@ -452,8 +571,22 @@ def cmd_cache(args: argparse.Namespace, ui: UI) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
+    any_order = False  # options between and after the positionals (`render K -c X=1 PROJECT`); not with subcommands
+    _intermixing = False
+
     def error(self, message: str) -> Any:  # one line, not usage + message
         self.exit(EXIT_ERROR, f"{PROG}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """argparse gives every positional its value at the first one (PROJECT gets nothing in
+        `render K -c X=1 PROJECT`) unless told to take them intermixed; that calls this again."""
+        if not self.any_order or self._intermixing:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
 
 
 def _positive(text: str) -> int:
@@ -511,6 +644,29 @@ def make_parser() -> argparse.ArgumentParser:
         help="tune on the GPUs of the Ray cluster at ADDRESS (host:port), every arch it has, in one run (default: $HATCH_AUTOTUNE_RAY)",
     )
     s.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("render", help="a variant's source as NVRTC compiles it, with line numbers (for NVRTC's `kernel.cu(91)`)")
+    s.add_argument("kernel", metavar="KERNEL")
+    s.add_argument("project", nargs="?", default=".", help="project directory (default: .)")
+    s.add_argument(
+        "--config",
+        "-c",
+        action="append",
+        metavar="K=V",
+        help="an axis's value, e.g. BLOCK=128 (repeatable, or several: BLOCK=128,VEC=2); the others from the kernel's default",
+    )
+    s.add_argument(
+        "--types",
+        "-t",
+        action="append",
+        metavar="K=V",
+        help="a type parameter's or constant's value, e.g. T=float16 (repeatable, or several); the others their first declared value",
+    )
+    out = s.add_mutually_exclusive_group()
+    out.add_argument("--headers", action="store_true", help="also print each header it includes, with line numbers")
+    out.add_argument("--plain", action="store_true", help="the source alone, byte for byte, no line numbers or notes")
+    s.set_defaults(func=cmd_render)
+    s.any_order = True
 
     s = sub.add_parser("ray-resources", help="this node's GPUs by arch, as JSON for `ray start --resources` (tuning on a cluster)")
     s.set_defaults(func=cmd_ray_resources)

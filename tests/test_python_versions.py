@@ -41,7 +41,9 @@ def newest_needed(path: Path) -> dict[str, tuple[int, int]]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module in NEWER_MODULES:
                 needs[node.module] = NEWER_MODULES[node.module]
-            needs |= {f"{node.module}.{a.name}": NEWER_NAMES[node.module, a.name] for a in node.names if (node.module, a.name) in NEWER_NAMES}
+            needs |= {
+                f"{node.module}.{a.name}": NEWER_NAMES[node.module, a.name] for a in node.names if (node.module, a.name) in NEWER_NAMES
+            }
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and (node.value.id, node.attr) in NEWER_NAMES:
             needs[f"{node.value.id}.{node.attr}"] = NEWER_NAMES[node.value.id, node.attr]
         elif isinstance(node, ast.Name) and node.id in NEWER_BUILTINS:

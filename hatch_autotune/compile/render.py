@@ -23,7 +23,9 @@ from typing import Any, Mapping
 
 from ..declare.config import DTYPES, KernelSpec, builtin_templates_dir
 from ..errors import BuildError
+from ..files import read_regular
 from ..runtime import types_key, value_text
+from ..runtime.errors import short_repr
 
 
 class TemplateError(BuildError):
@@ -104,6 +106,17 @@ class Variant:
         parts = [f"{k}={value_text(v)}" for k, v in self.types + self.config]
         return f"{self.kernel}[{', '.join(parts)}]"
 
+    def render_command(self, project: str = ".") -> str:
+        """The `hatch-autotune render` command line that prints this variant's source with its
+        line numbers (what NVRTC's `<entry>.cu(91)` refers to), run in the project folder."""
+        import shlex
+
+        words = ["hatch-autotune", "render", self.kernel] + ([project] if project != "." else [])
+        for option, pairs in (("--types", self.types), ("--config", self.config)):
+            if pairs:
+                words += [option, ",".join(f"{k}={value_text(v)}" for k, v in pairs)]
+        return shlex.join(words)
+
 
 _ENVS: dict[Path, Any] = {}
 
@@ -145,13 +158,37 @@ def render_context(spec: KernelSpec, types: Mapping[str, Any], config: Mapping[s
     return ctx
 
 
-_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.MULTILINE)
+_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(\w+)([^\n]*)", re.MULTILINE)
+_INCLUDE_NAME = re.compile(r'[ \t]*"([^"\n]+)"')
 _COMMENT = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.DOTALL)  # strings kept: `"//"` is no comment
+_INTEGER = re.compile(r"([0-9]+)[uUlL]*")
 
 
 def _strip_comments(code: str) -> str:
     """The code with its comments blanked (newlines kept, so line numbers still hold)."""
     return _COMMENT.sub(lambda m: m.group(0) if m.group(0).startswith('"') else re.sub(r"[^\n]", " ", m.group(0)), code)
+
+
+def _name_text(name: str) -> str:
+    """An #include name for a message: as written in quotes, or Python's escaped and cut form
+    when it holds a control character (a NUL, a line break) or is too long for one readable line."""
+    return f'"{name}"' if name.isprintable() and len(name) <= 200 else short_repr(name, 200)
+
+
+def _path_text(path: Path) -> str:
+    """A path for a message, which stays one line: escaped when it holds a control character."""
+    text = str(path)
+    return text if text.isprintable() else ascii(text)
+
+
+def _lookup_problem(exc: BaseException) -> str:
+    """Why a header's name cannot be looked up on disk, from the exception the lookup raised."""
+    if isinstance(exc, RuntimeError):  # Path.resolve() before Python 3.13
+        return "its path is a loop of symbolic links"
+    if isinstance(exc, ValueError):  # "embedded null byte", or a name the file system cannot encode
+        return "a file name cannot hold a NUL character" if "null" in str(exc) else str(exc)
+    text = str(getattr(exc, "strerror", None) or exc)  # "File name too long"
+    return text[:1].lower() + text[1:]
 
 
 class _Headers:
@@ -171,34 +208,40 @@ class _Headers:
     def _read(self, path: Path, where: str) -> str:
         text = self.files.get(path)
         if text is None:
-            if path.stat().st_size > MAX_HEADER_MIB << 20:
-                raise TemplateError(f"{where}: {path} is larger than {MAX_HEADER_MIB} MiB, the most a header may have")
+            limit = MAX_HEADER_MIB << 20
             try:
-                text = path.read_text()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise TemplateError(f"{where}: cannot read {path}: {exc}") from None
+                if path.stat().st_size > limit:
+                    raise TemplateError(f"{where}: {_path_text(path)} is larger than {MAX_HEADER_MIB} MiB, the most a header may have")
+                # Newlines as Path.read_text() gives them (the source hash of a header is unchanged).
+                text = read_regular(path, limit).decode().replace("\r\n", "\n").replace("\r", "\n")
+            except (OSError, UnicodeDecodeError) as exc:  # UnreadableFile too: it became a pipe, it grew
+                raise TemplateError(f"{where}: cannot read {_path_text(path)}: {exc}") from None
             self.files[path] = text
         return text
 
     def _resolve(self, name: str, folder: Path, where: str) -> Path:
         tried = []
         for base in (folder, builtin_templates_dir()):
-            candidate = (base / name).resolve()
-            tried.append(str(candidate))
-            if candidate.is_file():
+            try:
+                candidate = (base / name).resolve()
+                found = candidate.is_file()
+            except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a NUL, a name too long
+                raise TemplateError(f"{where}: #include {_name_text(name)} cannot name a header: {_lookup_problem(exc)}") from None
+            tried.append(_path_text(candidate))
+            if found:
                 if not any(candidate.is_relative_to(d) for d in self.allowed):
                     raise TemplateError(
-                        f'{where}: #include "{name}" is {candidate}, outside the project ({self.allowed[0]}); headers '
+                        f"{where}: #include {_name_text(name)} is {_path_text(candidate)}, outside the project ({self.allowed[0]}); headers "
                         "must be inside the project (they are part of the cache key and the lock checksum)"
                     )
                 known = self.by_name.setdefault(name, candidate)
                 if known != candidate:
                     raise TemplateError(
-                        f'{where}: #include "{name}" means {candidate} here but {known} elsewhere; NVRTC finds headers by '
+                        f"{where}: #include {_name_text(name)} means {_path_text(candidate)} here but {_path_text(known)} elsewhere; NVRTC finds headers by "
                         "the name as written, so give the two files different names or paths"
                     )
                 return candidate
-        raise TemplateError(f'{where}: #include "{name}" not found (looked for {" and ".join(tried)})')
+        raise TemplateError(f"{where}: #include {_name_text(name)} not found (looked for {' and '.join(tried)})")
 
     def of(self, source: str, label: str) -> tuple[tuple[str, str], ...]:
         """(name, text) of every header the variant's source reaches, in name order."""
@@ -223,14 +266,54 @@ class _Headers:
                 found[name] = self._read(path, f"{what}:{line}")
                 if path not in self._header_includes:
                     self._header_includes[path] = _includes(found[name])
-                todo.append((self._header_includes[path], path.parent, str(path)))
+                todo.append((self._header_includes[path], path.parent, _path_text(path)))
         return tuple(sorted(found.items()))
 
 
+def _known_condition(text: str) -> bool | None:
+    """What an `#if` (or `#elif`) condition is when it is a plain literal: a decimal number
+    (`0`, `1`) or C++'s `false` / `true` (what `{{ flag }}` renders to), in parentheses or not;
+    None when it takes a preprocessor to know (a macro, `defined(X)`, arithmetic)."""
+    text = text.strip()
+    while text.startswith("(") and text.endswith(")"):
+        text = text[1:-1].strip()
+    if text in ("false", "true"):
+        return text == "true"
+    number = _INTEGER.fullmatch(text)
+    return None if number is None else number.group(1).strip("0") != ""
+
+
 def _includes(code: str) -> list[tuple[str, int]]:
-    """(name, line) of each `#include "name"` directive of the code, comments left out."""
+    """(name, line) of each `#include "name"` directive of the code that NVRTC may read:
+    comments left out, and the branches of an `#if` / `#elif` / `#else` group that a literal
+    condition rules out (`#if 0 ... #else ... #endif`, nested groups inside them tracked).
+    Every other branch counts, whatever its condition: only a literal is known without a
+    preprocessor, and a header counted but never read is harmless, while one left out would
+    be missing from NVRTC's headers, the cache key and the checksum."""
     stripped = _strip_comments(code)
-    return [(m.group(1), stripped.count("\n", 0, m.start()) + 1) for m in _INCLUDE.finditer(stripped)]
+    found: list[tuple[str, int]] = []
+    groups: list[tuple[bool, bool]] = []  # per open #if: (the code around it is read, a branch is certainly taken)
+    reading, line, pos = True, 1, 0
+    for m in _DIRECTIVE.finditer(stripped):
+        line += stripped.count("\n", pos, m.start())
+        pos = m.start()
+        word, rest = m.group(1), m.group(2)
+        if word in ("if", "ifdef", "ifndef"):
+            condition = _known_condition(rest) if word == "if" else None
+            groups.append((reading, condition is True))
+            reading = reading and condition is not False
+        elif word in ("elif", "elifdef", "elifndef", "else") and groups:
+            around, taken = groups[-1]
+            condition = True if word == "else" else _known_condition(rest) if word == "elif" else None
+            reading = around and not taken and condition is not False
+            groups[-1] = (around, taken or condition is True)
+        elif word == "endif" and groups:
+            reading = groups.pop()[0]
+        elif word == "include" and reading:
+            name = _INCLUDE_NAME.match(rest)
+            if name:
+                found.append((name.group(1), line))
+    return found
 
 
 def source_hash(source: str, headers: tuple[tuple[str, str], ...]) -> str:
@@ -284,50 +367,69 @@ def _render(template: Any, context: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+class _Renderer:
+    """A kernel's template, loaded once, and the headers its variants reach: the one path from
+    (type instance, config) to the source and headers NVRTC compiles, for the build
+    (render_kernel) and for `hatch-autotune render` (render_config) alike."""
+
+    def __init__(self, spec: KernelSpec):
+        import jinja2
+
+        self.spec = spec
+        self.search = [spec.template.parent, builtin_templates_dir()]
+        self.dirs = [str(d) + "/" for d in self.search]
+        try:
+            self.template = _environment(spec.template.parent).get_template(spec.template.name)
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"{_template_location(exc, self.dirs)}: {exc} (kernel {spec.name})") from None
+        self.headers = _Headers(spec)
+
+    def variant(self, types: Mapping[str, Any], config: Mapping[str, Any], index: int) -> Variant:
+        import jinja2
+
+        spec = self.spec
+        cfg = ", ".join(f"{k}={value_text(v)}" for k, v in {**types, **config}.items())
+        try:
+            source = _render(self.template, render_context(spec, types, config))
+        except _SourceTooLong:
+            raise TemplateError(
+                f"{spec.template}: rendering produced more than {MAX_SOURCE_MIB} MiB of source, the most a variant may have "
+                f"(a loop that never ends?) (kernel {spec.name}, {cfg})"
+            ) from None
+        except Exception as exc:  # a Jinja error, or e.g. ZeroDivisionError in a template expression
+            where = _template_location(exc, self.dirs)
+            if isinstance(exc, jinja2.TemplateNotFound):
+                what = _not_found(exc, self.search)
+            elif isinstance(exc, (jinja2.TemplateError, _RangeBudgetExceeded)):
+                what = str(exc)
+            else:
+                what = f"{type(exc).__name__}: {exc}"
+            raise TemplateError(f"{where}: {what} (kernel {spec.name}, {cfg})") from None
+        included = self.headers.of(source, f"kernel {spec.name}, {cfg}")
+        return Variant(
+            kernel=spec.name,
+            types=tuple(types.items()),
+            config=tuple(config.items()),
+            index=index,
+            source=source,
+            source_hash=source_hash(source, included),
+            headers=included,
+        )
+
+
 def render_kernel(spec: KernelSpec) -> dict[str, list[Variant]]:
     """All variants of a kernel, per type instance (keyed by types_key), in canonical order."""
-    import jinja2
+    renderer = _Renderer(spec)
+    return {
+        types_key(types): [renderer.variant(types, config, index) for index, config in enumerate(spec.configs(types))]
+        for types in spec.type_instances()
+    }
 
-    env = _environment(spec.template.parent)
-    search = [spec.template.parent, builtin_templates_dir()]
-    dirs = [str(d) + "/" for d in search]
-    try:
-        template = env.get_template(spec.template.name)
-    except jinja2.TemplateError as exc:
-        raise TemplateError(f"{_template_location(exc, dirs)}: {exc} (kernel {spec.name})") from None
-    out: dict[str, list[Variant]] = {}
-    headers = _Headers(spec)
-    for types in spec.type_instances():
-        variants = []
-        for index, config in enumerate(spec.configs(types)):
-            cfg = ", ".join(f"{k}={value_text(v)}" for k, v in {**types, **config}.items())
-            try:
-                source = _render(template, render_context(spec, types, config))
-            except _SourceTooLong:
-                raise TemplateError(
-                    f"{spec.template}: rendering produced more than {MAX_SOURCE_MIB} MiB of source, the most a variant may have "
-                    f"(a loop that never ends?) (kernel {spec.name}, {cfg})"
-                ) from None
-            except Exception as exc:  # a Jinja error, or e.g. ZeroDivisionError in a template expression
-                where = _template_location(exc, dirs)
-                if isinstance(exc, jinja2.TemplateNotFound):
-                    what = _not_found(exc, search)
-                elif isinstance(exc, (jinja2.TemplateError, _RangeBudgetExceeded)):
-                    what = str(exc)
-                else:
-                    what = f"{type(exc).__name__}: {exc}"
-                raise TemplateError(f"{where}: {what} (kernel {spec.name}, {cfg})") from None
-            included = headers.of(source, f"kernel {spec.name}, {cfg}")
-            variants.append(
-                Variant(
-                    kernel=spec.name,
-                    types=tuple(types.items()),
-                    config=tuple(config.items()),
-                    index=index,
-                    source=source,
-                    source_hash=source_hash(source, included),
-                    headers=included,
-                )
-            )
-        out[types_key(types)] = variants
-    return out
+
+def render_config(spec: KernelSpec, types: Mapping[str, Any], config: Mapping[str, Any]) -> tuple[Variant, dict[str, Path]]:
+    """One variant, rendered as the build renders it (the same source, byte for byte), and the
+    file each of its headers' names stands for; for `hatch-autotune render`. Its index is -1:
+    the config is the caller's, checked against the space by the caller, not enumerated."""
+    renderer = _Renderer(spec)
+    variant = renderer.variant(types, config, -1)
+    return variant, {name: renderer.headers.by_name[name] for name, _ in variant.headers}
