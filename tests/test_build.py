@@ -46,6 +46,7 @@ def test_a_default_that_fails_to_compile_stops_the_build_naming_it(tmp_path):
     assert any("this_is_not_cuda" in line and line.startswith("  ") for line in rest)  # the compiler's log, indented
     assert "The default config does not compile either for: scale (no type parameters or constants) on sm_90." in rest
     assert "set `default-may-fail = true` in the hook table" in rest[-1]
+    assert rest[-1].startswith("`hatch-autotune render scale --config BLOCK=128,FACTOR=2,BAD=true` prints its source"), rest[-1]
     # it stopped after the shipped set (the default on 2 archs): nothing else was compiled
     assert logs[-1] == "hatch-autotune: the lock's winners and the default configs: 0 variant binaries compiled, 0 from the cache, 2 failed"
 

@@ -8,24 +8,43 @@ What each mode compiles:
   the default (`shipped`); only when one of those fails to compile does it compile the rest,
   to find the variant the build falls back to. The wheel's bytes are the same as if the whole
   space had been compiled.
+
+Before anything is compiled, a tuning run is counted (`tuning_size`): the configs it would
+measure, over every bucket, instance and arch, are bounded by MAX_TUNING_RUNS.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..compile.nvrtc import CompileJob
 from ..compile.render import Variant, render_kernel
 from ..declare.config import KernelSpec, ProjectSpec
-from ..declare.space import bucket_points
+from ..declare.space import bucket_points, count_points
 from ..errors import BuildError
 from ..lock import Bucket, EntryId, LockEntry, LockFile, NvrtcPolicy, entry_checksum
-from ..runtime import parse_arch
+from ..runtime import parse_arch, short_repr
 from ..text import indent, instance_text, log_excerpt
 from .devices import Gpu
 
 Log = Callable[[str], None]
+
+# The most configs one tuning run may measure, over every bucket, type instance and arch (each
+# at most `budget-ms` of GPU time, after its compile): more is days of GPU time, most likely a
+# search without a budget over a big space.
+MAX_TUNING_RUNS = 10_000_000
+# A kernel with at least this many configs before constraints (over its instances) says that it
+# is rendering, and how long it took: a few seconds or more.
+RENDER_NOTICE_AT = 2_000
+# What a tuned choice (and so the wheel's selection table, and `show`) keeps of its lock entry's
+# provenance: the fields the tuner writes (tuning/bucket.py `provenance`), each a string of at
+# most PROVENANCE_MAX_CHARS. Anything else a lock entry holds stays out of the wheel.
+PROVENANCE_FIELDS = ("gpu", "cc", "driver", "nvrtc", "nvrtc_build", "cuda_bindings", "hatch_autotune", "date")
+PROVENANCE_MAX_CHARS = 200
 
 
 def target_archs(project: ProjectSpec, available: Iterable[str]) -> tuple[str, ...]:
@@ -90,9 +109,25 @@ class Instance:
     default_index: int
     points: dict[str, list[Point]] = field(default_factory=dict)  # arch -> points
 
-    @property
+    @cached_property
     def configs(self) -> list[dict[str, Any]]:
+        """The variants' configs, in canonical order: made once, however often asked."""
         return [v.config_dict for v in self.variants]
+
+    @cached_property
+    def _positions(self) -> dict[frozenset[tuple[str, Any]], int]:
+        out: dict[frozenset[tuple[str, Any]], int] = {}
+        for i, c in enumerate(self.configs):
+            out.setdefault(frozenset(c.items()), i)
+        return out
+
+    def index_of(self, config: Mapping[str, Any]) -> int | None:
+        """The position of `config` in the space (as list.index finds it, without a walk per
+        call: a build asks once per bucket); None when it is not in it."""
+        try:
+            return self._positions.get(frozenset(config.items()))
+        except TypeError:  # a value that cannot be hashed is no config of a space
+            return None
 
     @property
     def types(self) -> dict[str, str]:
@@ -113,6 +148,7 @@ class Choice:
     fallback: bool = False  # the default did not compile: the first config that did (default-may-fail)
     median_ms: float | None = None  # a tuned choice: the winner's median time, from the lock
     default_ms: float | None = None  # and the default config's, so that `show` reports both from a wheel
+    left_out: tuple[str, ...] = ()  # what of the lock entry's provenance it does not keep (shipped_provenance)
 
     @property
     def status(self) -> str:
@@ -120,11 +156,31 @@ class Choice:
         return "tuned" if self.tuned else "fallback" if self.fallback else "default"
 
 
+def shipped_provenance(provenance: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """What a tuned choice keeps of its lock entry's provenance (PROVENANCE_FIELDS, strings of
+    at most PROVENANCE_MAX_CHARS), so that a lock cannot bloat the wheel; and what it leaves
+    out, a phrase each, for the build's warning."""
+    kept: dict[str, str] = {}
+    left_out = []
+    for key, value in provenance.items():
+        if key not in PROVENANCE_FIELDS:
+            left_out.append(f"field {short_repr(key, 40)}")
+        elif not isinstance(value, str):
+            left_out.append(f"{key} (not a string)")
+        elif len(value) > PROVENANCE_MAX_CHARS:
+            left_out.append(f"{key} ({len(value):,} characters)")
+        else:
+            kept[key] = value
+    return kept, left_out
+
+
 def _tuned_choice(index: int, entry: LockEntry) -> Choice:
-    """A lock entry's winner as the wheel records it: where it was tuned, and the winner's and
-    the default's median times."""
+    """A lock entry's winner as the wheel records it: where it was tuned (bounded:
+    shipped_provenance), and the winner's and the default's median times."""
     winner = next((m for m in entry.measurements if m.median_ms is not None and m.config == dict(entry.config)), None)
-    return Choice(index, True, dict(entry.provenance), "", median_ms=winner.median_ms if winner else None, default_ms=entry.default_ms)
+    provenance, left_out = shipped_provenance(entry.provenance)
+    median_ms = winner.median_ms if winner else None
+    return Choice(index, True, provenance, "", median_ms=median_ms, default_ms=entry.default_ms, left_out=tuple(left_out))
 
 
 @dataclass
@@ -145,10 +201,7 @@ class Plan:
         entry = self.lock.valid(point.eid, point.checksum, self.policy)
         if entry is None:
             return None
-        try:
-            return inst.configs.index(dict(entry.config))
-        except ValueError:
-            return None
+        return inst.index_of(entry.config)
 
     def shipped(self, inst: Instance, arch: str) -> set[int]:
         """The variants a build ships for one type instance on one arch if they compile: the
@@ -199,6 +252,7 @@ class Plan:
         return (
             f"hatch-autotune: the default config of kernel {inst.spec.name!r} ({instance_text(inst.types_key)}) does not compile "
             f"for {arch}: {inst.variants[inst.default_index].label}; NVRTC said:\n{indent(log_excerpt(log))}{also}\n"
+            f"`{inst.variants[inst.default_index].render_command()}` prints its source with the line numbers NVRTC cites. "
             "Every untuned entry runs its kernel's default config, so it must compile: fix the template or the kernel's "
             "`default`, or set `default-may-fail = true` in the hook table to fall back to the first config that compiles "
             "(the wheel's outcome record, `hatch-autotune show WHEEL`, then names each such entry)."
@@ -215,7 +269,37 @@ class Plan:
                 skipped += len(inst.points[arch]) - len(points)
                 if points:
                     todo.append((arch, inst, points))
+        problem = tuning_size(todo)
+        if problem:
+            raise BuildError(f"hatch-autotune: {problem}")
         return todo, skipped
+
+
+def tuning_size(todo: Sequence[tuple[str, Instance, Sequence[Point]]]) -> str | None:
+    """What is wrong with the size of a tuning run (the configs its searches measure, each
+    bucket's at most `search.configs_tried`, over every bucket, instance and arch) when it is
+    over MAX_TUNING_RUNS, the biggest kernel's factors named; None when it is within."""
+    runs: dict[str, int] = {}
+    factors: dict[str, tuple[int, int, set[str], set[str]]] = {}  # kernel -> configs, buckets, archs, instances
+    for arch, inst, points in todo:
+        name, tried = inst.spec.name, inst.spec.search.configs_tried(len(inst.variants))
+        runs[name] = runs.get(name, 0) + tried * len(points)
+        configs, buckets, archs, instances = factors.get(name, (0, 0, set(), set()))
+        factors[name] = (max(configs, tried), max(buckets, len(points)), archs | {arch}, instances | {inst.types_key})
+    total = sum(runs.values())
+    if total <= MAX_TUNING_RUNS:
+        return None
+    name = max(runs, key=lambda k: runs[k])
+    configs, buckets, archs, instances = factors[name]
+    product = configs * buckets * len(archs) * len(instances)
+    of = f"{configs:,} configs per bucket x {buckets:,} buckets x {len(archs)} arch(s) x {len(instances):,} instance(s)"
+    alone = f"{runs[name]:,} ({of})" if product == runs[name] else f"{runs[name]:,} (up to {of})"
+    return (
+        f"this tuning run would measure {total:,} configs, more than the {MAX_TUNING_RUNS:,} one run may (each up to "
+        f"`budget-ms` of GPU time); kernel {name!r} alone: {alone}. Measure fewer configs per bucket (a search budget, "
+        f'e.g. search = {{ budget = "5%" }}), declare fewer buckets, or tune fewer archs or kernels at a time '
+        "(`hatch-autotune tune --kernel NAME`)"
+    )
 
 
 def instance_points(spec: KernelSpec, types_key: str, variants: Sequence[Variant], arch: str) -> list[Point]:
@@ -229,22 +313,43 @@ def instance_points(spec: KernelSpec, types_key: str, variants: Sequence[Variant
     return out
 
 
+def _to_stderr(line: str) -> None:
+    """The log of a caller that passes none (`show PROJECT`): off stdout, which holds its result."""
+    print(line, file=sys.stderr)
+
+
+def _rendered(spec: KernelSpec, log: Log) -> dict[str, list[Variant]]:
+    """render_kernel, saying so when the kernel is big enough to take a while."""
+    walked = count_points([*spec.space.values(), *spec.types.values(), *spec.constants.values()])
+    if walked < RENDER_NOTICE_AT:
+        return render_kernel(spec)
+    log(f"hatch-autotune: rendering kernel {spec.name!r}: {walked:,} configs before constraints, over its type instances")
+    started = time.monotonic()
+    rendered = render_kernel(spec)
+    n = sum(len(v) for v in rendered.values())
+    log(f"hatch-autotune: rendered kernel {spec.name!r}: {n:,} variants in {time.monotonic() - started:.1f} s")
+    return rendered
+
+
 def make_plan(
     project: ProjectSpec,
     archs: Sequence[str],
     *,
-    log: Log = print,
+    log: Log = _to_stderr,
     compiler: str | None = None,
     lock: LockFile | None = None,
     kernels: Sequence[str] | None = None,
 ) -> Plan:
     """Render every kernel (or only those named in `kernels`) once and find every point it
-    serves on `archs`; read the lock file (its warnings are logged; a newer schema is a
-    LockFormatError). `compiler`: NVRTC's major.minor, asked of NVRTC when not given."""
+    serves on `archs`; read the lock file (its warnings are logged, as is the rendering of a big
+    kernel; to stderr without a `log`; a newer schema is a LockFormatError). `compiler`: NVRTC's
+    major.minor, asked of NVRTC when not given."""
     from ..compile import nvrtc as compile_mod
 
     archs = tuple(archs)
-    compiler = compiler or compile_mod.nvrtc_version()
+    if not compiler:  # this NVRTC: it must also know the archs, said before anything renders
+        compiler = compile_mod.nvrtc_version()
+        compile_mod.check_archs(archs)
     if lock is None:
         lock = LockFile.load(project.lock_file)
         for w in lock.warnings:
@@ -253,7 +358,7 @@ def make_plan(
     for spec in project.kernels.values():
         if kernels and spec.name not in kernels:
             continue
-        for tkey, variants in render_kernel(spec).items():
+        for tkey, variants in _rendered(spec, log).items():
             inst = Instance(spec, tkey, variants, [v.config_dict for v in variants].index(dict(spec.default)))
             inst.points = {arch: instance_points(spec, tkey, variants, arch) for arch in archs}
             instances.append(inst)

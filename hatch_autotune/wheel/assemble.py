@@ -17,7 +17,7 @@ from ..declare.config import ProjectSpec
 from ..errors import BuildError
 from ..lock import tuned_with
 from ..plan.devices import Gpu
-from ..plan.planner import Choice, Instance, Plan, Point, make_plan, resolve_archs
+from ..plan.planner import PROVENANCE_FIELDS, PROVENANCE_MAX_CHARS, Choice, Instance, Plan, Point, make_plan, resolve_archs
 from ..runtime import parse_arch
 from ..text import examples, indent, instance_text, log_excerpt
 from .outcome import CompileFailure, EntryOutcome, Outcome
@@ -206,6 +206,19 @@ def _log_untuned(outcome: Outcome, lock_name: str, log: Log) -> None:
     log(f"hint: tune on a GPU builder (HATCH_AUTOTUNE_MODE=tune) and commit {lock_name}; strict = true makes untuned entries an error")
 
 
+def _log_provenance(choices: Sequence[tuple[Point, Choice]], lock_name: str, log: Log) -> None:
+    """One warning when tuned entries' provenance held what the wheel does not copy
+    (planner.shipped_provenance): unknown fields, values that are not short strings."""
+    dropped = [(p.eid, list(c.left_out)) for p, c in choices if c.left_out]
+    if dropped:
+        (eid, first), n = dropped[0], len(dropped)
+        log(
+            f"warning: {n} tuned entr{'y' if n == 1 else 'ies'} of {lock_name} carr{'ies' if n == 1 else 'y'} provenance that the "
+            f"wheel leaves out (e.g. {eid}: {examples(first)}); it copies only {', '.join(PROVENANCE_FIELDS)}, each a string of "
+            f"at most {PROVENANCE_MAX_CHARS} characters"
+        )
+
+
 def build_payload(
     project: ProjectSpec,
     *,
@@ -230,6 +243,7 @@ def build_payload(
 
     kernels: dict[str, KernelBuild] = {}
     untuned: list[tuple[Point, str]] = []  # why each has no valid tuning
+    shipped_choices: list[tuple[Point, Choice]] = []
     for n, inst in enumerate(plan.instances):
         spec = inst.spec
         kb = kernels.setdefault(spec.name, KernelBuild(spec=spec, variants={}, binaries={}, choices={}))
@@ -240,6 +254,7 @@ def build_payload(
             for p, choice in shipping.choices[(n, arch)].items():
                 kb.choices[(inst.types_key, arch, p.key)] = choice
                 kb.lock_ids[(inst.types_key, arch, p.key)] = (p.eid, p.checksum)
+                shipped_choices.append((p, choice))
                 if not choice.tuned:
                     untuned.append((p, choice.reason))
     if untuned and project.strict:
@@ -273,6 +288,7 @@ def build_payload(
     }
     outcome = record_outcome(plan, shipping, len(shipped))
     _log_failures(outcome, log)
+    _log_provenance(shipped_choices, project.lock_file.name, log)
     versions = Counter(tuned_with(c.provenance) for kb in kernels.values() for c in kb.choices.values() if c.tuned)
     if versions:  # which NVRTC measured the winners in use, next to the one compiling them (above)
         n_tuned = sum(versions.values())
