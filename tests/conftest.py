@@ -146,6 +146,23 @@ def load_project(project_dir: Path, env: dict | None = None) -> ProjectSpec:
     return parse_project(hook_table(project_dir), project_dir, env=env or {})
 
 
+def in_forked_child(target, args: tuple, bound_s: float, what: str):
+    """What `target(*args, queue)` puts on its queue, run in a forked child that is killed after
+    `bound_s`: a case that hangs (or eats memory) fails its test instead of hanging the suite."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=target, args=(*args, queue))
+    child.start()
+    child.join(bound_s)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail(f"{what} ran past {bound_s} s")
+    return queue.get(timeout=5)
+
+
 @pytest.fixture
 def good(tmp_path):
     """A tiny valid project and its hook table, for tests that break one key of it."""

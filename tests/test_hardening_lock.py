@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -31,6 +32,18 @@ EXAMPLES = int(os.environ.get("HATCH_AUTOTUNE_EXAMPLES", "300"))
 FAST = settings(max_examples=EXAMPLES, deadline=2000, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 ENTRY = {"checksum": "c" * 64, "config": {"BLOCK": 128}, "tuned": True}
 HUGE_BUCKET = "scale|-|sm_90|n=" + "9" * 5000
+
+
+def outputs_of(procs: list[subprocess.Popen], timeout: float) -> list[tuple[subprocess.Popen, str, str]]:
+    """(process, stdout, stderr) of each; if one runs past `timeout`, every one still running is
+    killed with its children (each started in a session of its own) and the test fails."""
+    try:
+        return [(p, *p.communicate(timeout=timeout)) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
 
 
 def within(fn, seconds: float = 10.0, fifo: Path | None = None):
@@ -159,11 +172,15 @@ def test_two_processes_saving_one_lock_at_once_lose_no_entry(tmp_path):
     start = tmp_path / "start"
     start.mkdir()
     procs = [
-        subprocess.Popen([sys.executable, "-c", CHILD_SAVER, str(path), name, str(start / "x")], stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD_SAVER, str(path), name, str(start / "x")],
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         for name in ("ka", "kb")
     ]
-    for p in procs:
-        _, err = p.communicate(timeout=120)
+    for p, _, err in outputs_of(procs, timeout=120):
         assert p.returncode == 0, err[-2000:]
     entries = json.loads(path.read_text())["entries"]
     expected = {"old|-|sm_90|n=1"} | {f"{k}|-|sm_90|n={i}" for k in ("ka", "kb") for i in range(40)}
@@ -229,11 +246,11 @@ def test_two_tunes_of_different_kernels_at_once_keep_both_kernels_entries(tmp_pa
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,
         )
         for k in ("ka", "kb")
     ]
-    for p in procs:
-        out, err = p.communicate(timeout=300)
+    for p, out, err in outputs_of(procs, timeout=300):
         assert p.returncode == 0 and out.strip() == "4", err[-3000:]
     entries = json.loads((root / "autotune.lock.json").read_text())["entries"]
     assert sorted(entries) == sorted(f"{k}|-|sm_90|n={n}" for k in ("ka", "kb") for n in (1024, 4096, 16384, 65536))

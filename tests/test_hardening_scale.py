@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import copy
 import json
-import multiprocessing
 import resource
 import tracemalloc
 from pathlib import Path
 
 import pytest
-from conftest import SCALE_TEMPLATE, build, hook_table, load_project, write_tiny_project
+from conftest import SCALE_TEMPLATE, build, hook_table, in_forked_child, load_project, write_tiny_project
 
 from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.declare.config import ConfigError, parse_project
@@ -54,16 +53,7 @@ def _check_in_child(root, table, queue):
 def checked(root, table) -> tuple[str, list[str], int]:
     """(outcome, errors, peak bytes traced) of the config check, from a forked child killed
     after BOUND_S: a case that walks for minutes fails here instead of hanging the suite."""
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_check_in_child, args=(root, table, queue))
-    child.start()
-    child.join(BOUND_S)
-    if child.is_alive():
-        child.kill()
-        child.join()
-        pytest.fail(f"the config check ran past {BOUND_S} s")
-    kind, errors, peak = queue.get(timeout=5)
+    kind, errors, peak = in_forked_child(_check_in_child, (root, table), BOUND_S, "the config check")
     assert kind != "raised", errors
     return kind, errors, peak
 

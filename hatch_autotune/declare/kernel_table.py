@@ -3,6 +3,7 @@ order the problems are reported, then the whole kernel checked (checks.py)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -131,7 +132,7 @@ def _tolerance(t: Table) -> tuple[Any, Any] | None:
     if tol_t is None:
         return None
     rtol = tol_t.get("rtol", v_number(0.0), required=True)  # finite: a NaN would pass every output
-    atol = tol_t.get("atol", v_number(0.0), required=True)
+    atol = tol_t.get("atol", v_number(0.0, sys.float_info.max), required=True)  # in the outputs' own units: any finite one
     tol_t.finish()
     return (rtol, atol)
 

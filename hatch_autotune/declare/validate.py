@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import keyword
 import re
+import sys
 from typing import Any, Callable
 
 from ..runtime import MIN_SM, parse_arch, short_repr
@@ -137,11 +138,13 @@ def number_text(value: float) -> str:
 
 
 def v_number(minimum: float = 0.0, maximum: float = MAX_NUMBER) -> Validator:
-    """A finite number from `minimum` to `maximum` (default MAX_NUMBER), as a float."""
+    """A finite number from `minimum` to `maximum` (default MAX_NUMBER; sys.float_info.max: any
+    finite one), as a float."""
 
     def check(value: Any, path: str, errors: list) -> Any:
         if not in_range(value, minimum, maximum):
-            return fail(errors, path, f"a number >= {minimum:g} and <= {number_text(maximum)}", value)
+            most = "" if maximum == sys.float_info.max else f" and <= {number_text(maximum)}"
+            return fail(errors, path, f"a {'finite ' if not most else ''}number >= {minimum:g}{most}", value)
         return float(value)
 
     return check

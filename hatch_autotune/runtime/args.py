@@ -5,6 +5,8 @@ is a TypeError or ValueError that names it, and nothing has been launched."""
 
 from __future__ import annotations
 
+import operator
+
 from .errors import ArrayInterfaceError, short_repr
 from .record import Record
 from .values import DTYPE_SIZES, FLOAT_RANGES, INT_RANGES, MAX_SIZE, TYPESTRS
@@ -88,6 +90,16 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _index(value: Any) -> int | None:
+    """An integer (a Python or numpy one, not a bool) as an int; None for anything else."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _cai_fields(cai: Any) -> tuple[str, tuple[int, ...], int, bool, tuple[int, ...] | None]:
     """(typestr, shape, pointer, readonly, strides) of a __cuda_array_interface__ (version 3),
     or ArrayInterfaceError saying which field is missing or malformed."""
@@ -125,12 +137,13 @@ def stream_handle(stream: Any) -> int | None:
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
         given = proto() if callable(proto) else proto
-        if not (isinstance(given, tuple) and len(given) == 2 and _is_int(given[1]) and given[1] >= 0):
+        handle = _index(given[1]) if isinstance(given, tuple) and len(given) == 2 else None
+        if handle is None or handle < 0:
             raise TypeError(
                 f"stream: __cuda_stream__ of {type(stream).__name__} gave {short_repr(given)}; "
                 "expected (version, handle) with the handle a non-negative int"
             )
-        return int(given[1])
+        return handle
     for attr in ("cuda_stream", "ptr"):
         handle = getattr(stream, attr, None)
         if isinstance(handle, int) and not isinstance(handle, bool):
