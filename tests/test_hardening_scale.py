@@ -271,3 +271,23 @@ def test_a_huge_provenance_in_the_lock_does_not_bloat_the_wheel(tmp_path, sessio
     assert warning.startswith(f"warning: {n} tuned entries of autotune.lock.json carry provenance that the wheel leaves out (e.g. scale|")
     assert ": date (not a string), driver (100,000 characters), field 'median_ms' and 1 more); it copies only gpu, cc," in warning
     assert len(warning) < 1000
+
+
+def test_a_walk_past_the_default_bound_says_so_while_it_runs(project, monkeypatch, capsys):
+    """A raised max-configs can make the config check walk for minutes: it says so on stderr
+    before and after (MAX_WALKED is lowered here so that a tiny space is such a walk)."""
+    from hatch_autotune.declare import space
+
+    root, table = project
+    kernel = table["kernels"]["scale"]
+    kernel["space"]["W"] = list(range(1, 20))  # 114 configs
+    kernel["default"]["W"] = 1
+    kernel["types"] = {"T": ["float32", "float16"]}
+    kernel["max-configs"] = 1000
+    parse_project(table, root, env={})
+    assert capsys.readouterr().err == ""  # within the default bound: quiet
+    monkeypatch.setattr(space, "MAX_WALKED", 100)
+    parse_project(table, root, env={})
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "hatch-autotune: checking kernel 'scale': 228 configs over its 2 instance(s), at a few µs each", err
+    assert err[1].startswith("hatch-autotune: checked kernel 'scale': 228 configs kept of 228 in "), err

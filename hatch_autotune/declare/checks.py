@@ -7,9 +7,12 @@ cannot see are refused as the table is read: kernel_table.v_nvrtc_options.)"""
 from __future__ import annotations
 
 import itertools
+import sys
+import time
 from typing import Any, Mapping
 
 from ..runtime import INT_RANGES, MAX_SIZE, ExpressionError, short_repr, value_text
+from . import space as space_mod
 from .expr import Expr
 from .kernel import KernelSpec
 from .space import MAX_VARIANTS, ConstraintError, SpaceTooLarge, bucket_points, corner_points, count_points, enumerate_configs, size_problem
@@ -66,6 +69,10 @@ def _check_instances(spec: KernelSpec, t: Table) -> bool:
     instances = spec.type_instances()
     grouped: dict[tuple[str, str], list[str]] = {}  # (key path, problem) -> the instances it holds for
     kept = 0  # configs kept so far, over the instances: at most MAX_VARIANTS, whatever max-configs allows
+    walked = count_points(spec.space.values()) * len(instances)
+    started = time.monotonic()
+    if walked > space_mod.MAX_WALKED:  # only with a raised max-configs: say why the build is quiet for a while
+        _notice(f"checking kernel {spec.name!r}: {walked:,} configs over its {len(instances):,} instance(s), at a few µs each")
     for types_ in instances:
         label = ", ".join(f"{k}={value_text(v)}" for k, v in types_.items())
         try:
@@ -92,10 +99,18 @@ def _check_instances(spec: KernelSpec, t: Table) -> bool:
         geometry_error = check_geometry(spec, types_, configs)
         if geometry_error:
             grouped.setdefault((t.path, geometry_error), []).append(label)
+    if walked > space_mod.MAX_WALKED:
+        _notice(f"checked kernel {spec.name!r}: {kept:,} configs kept of {walked:,} in {time.monotonic() - started:.1f} s")
     for (where_, problem), labels in grouped.items():  # once per problem, naming the instances it holds for
         holds_for = "" if len(labels) == len(instances) else f" (for {'; '.join(labels)})"
         errors.append(f"{where_}: {problem}{holds_for}")
     return not grouped
+
+
+def _notice(line: str) -> None:
+    """A progress line of the config check, which has no log of its own: stderr, where the
+    hook's and the command's own lines go."""
+    print(f"hatch-autotune: {line}", file=sys.stderr, flush=True)
 
 
 def violated(spec: KernelSpec, types: Mapping[str, Any]) -> str:
