@@ -30,6 +30,7 @@ from .inspection.fmt import fmt_bucket, fmt_bytes, fmt_config, fmt_delta, fmt_ms
 from .inspection.model import combine, provenance_lines
 from .inspection.readers import load_project, load_source, read_lock
 from .lock import MERGE_PREFERENCES, LockFormatError, merge
+from .text import shown
 
 PROG = "hatch-autotune"
 EXIT_OK, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2
@@ -333,10 +334,8 @@ _PAIR = re.compile(r"(\w+)=(.*)", re.DOTALL)
 
 
 def _shown(value: str) -> str:
-    """A value from the command line for a one-line message: escaped if it holds a line break."""
-    from .runtime.errors import short_repr
-
-    return value if value.isprintable() and len(value) <= 100 else short_repr(value, 100)
+    """A value from the command line for a one-line message."""
+    return shown(value, 100)
 
 
 def _pairs(option: str, texts: Sequence[str]) -> dict[str, str]:

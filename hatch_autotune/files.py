@@ -11,7 +11,7 @@ import tempfile
 import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 try:
     import fcntl
@@ -21,7 +21,12 @@ except ImportError:  # pragma: no cover - Windows: writers are not serialised th
 
 class UnreadableFile(OSError):
     """A file `read_regular` refuses: not a regular file, or larger than the reader's bound.
-    An OSError, so that every reader's existing "cannot read it" path reports it."""
+    An OSError, so that every reader's existing "cannot read it" path reports it. `found`: what
+    the path is when it is no regular file ('a named pipe'), for a reader to say what it expected."""
+
+    def __init__(self, message: str, found: str | None = None):
+        super().__init__(message)
+        self.found = found
 
 
 _KINDS = (
@@ -47,21 +52,31 @@ def read_regular(path: Path, limit: int) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UnreadableFile(f"is {_kind(st.st_mode)}, expected a regular file")
+            kind = _kind(st.st_mode)
+            raise UnreadableFile(f"is {kind}, expected a regular file", found=kind)
         if st.st_size > limit:
             raise UnreadableFile(f"is {st.st_size} bytes, more than the {limit} bytes read from such a file")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > limit:
+        data = read_capped(lambda n: os.read(fd, n), limit)
+        if data is None:
             raise UnreadableFile(f"grew past {limit} bytes while it was read")
-        return b"".join(chunks)
+        return data
     finally:
         os.close(fd)
+
+
+def read_capped(read: Callable[[int], bytes], limit: int) -> bytes | None:
+    """What `read(n)` gives until its end, in chunks, or None as soon as that is more than
+    `limit` bytes: a reader whose size was checked beforehand, but may have grown or lied (a
+    file written meanwhile, an archive member's header), never holds more than limit + 1."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = read(min(1 << 20, limit + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+    return None
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -91,7 +106,8 @@ def replaced_file(path: Path) -> Path:
     except FileNotFoundError:
         return target
     if not stat.S_ISREG(mode):
-        raise UnreadableFile(f"is {_kind(mode)}, expected a regular file (it is not replaced)")
+        kind = _kind(mode)
+        raise UnreadableFile(f"is {kind}, expected a regular file (it is not replaced)", found=kind)
     return target
 
 

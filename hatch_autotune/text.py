@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .runtime import short_repr
+
 LOG_LINES = 12  # of a failed compile's log, kept in the record
 LOG_CHARS = 1500
 EXAMPLES = 3  # entry ids a build log line names before "and N more"
@@ -35,3 +37,9 @@ def examples(items: Sequence[str], n: int = EXAMPLES) -> str:
     """'a, b, c and 9 more': a few of a long list, for one log line."""
     shown = ", ".join(items[:n])
     return shown + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def shown(text: str, limit: int) -> str:
+    """A name or value from the user in a one-line message: as given, or escaped and cut
+    (short_repr) when it holds a control character (a NUL, a line break) or is over `limit`."""
+    return text if text.isprintable() and len(text) <= limit else short_repr(text, limit)

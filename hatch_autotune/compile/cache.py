@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..files import atomic_write
+from ..files import atomic_write, read_regular
 from ..runtime import load_json
 from .entry import CACHE_SCHEMA, MAX_METADATA_BYTES, CacheEntry
 
@@ -53,22 +53,13 @@ def _delete_tree(path: Path) -> None:
     shutil.rmtree(path)
 
 
-def _read_file(path: Path, limit: int, exact: bool = False) -> bytes:
-    """A regular file's bytes; ValueError for anything else (a directory, a FIFO, which would
-    block, a device) and for a file of more than `limit` bytes (with `exact`: not of `limit`
-    bytes), which is refused before it is read."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{path} is not a regular file")
-        wrong_size = (lambda n: n != limit) if exact else (lambda n: n > limit)
-        if wrong_size(info.st_size):
-            raise ValueError(f"{path} has {info.st_size} bytes, expected {'' if exact else 'at most '}{limit}")
-        data = f.read(limit + 1)  # the file may have changed since fstat
-        if wrong_size(len(data)):
-            raise ValueError(f"{path} changed while it was read")
-        return data
+def _read_binary(path: Path, size: int) -> bytes:
+    """An entry's binary: a regular file of exactly `size` bytes (its record says how many);
+    OSError (files.read_regular) or ValueError otherwise."""
+    data = read_regular(path, size)
+    if len(data) != size:
+        raise ValueError(f"{path} has {len(data)} bytes, expected {size}")
+    return data
 
 
 class CompileCache:
@@ -110,8 +101,8 @@ class CompileCache:
     def _get_local(self, key: str) -> CacheEntry | None:
         meta_path, bin_path = self._paths(key)
         try:
-            record = load_json(_read_file(meta_path, MAX_METADATA_BYTES))
-            return CacheEntry.from_record(record, key, lambda size: _read_file(bin_path, size, exact=True))
+            record = load_json(read_regular(meta_path, MAX_METADATA_BYTES))
+            return CacheEntry.from_record(record, key, lambda size: _read_binary(bin_path, size))
         except (OSError, ValueError):  # load_json: ValueError for any text that is not JSON
             return None
 

@@ -25,7 +25,7 @@ from ..declare.config import DTYPES, KernelSpec, builtin_templates_dir
 from ..errors import BuildError
 from ..files import read_regular
 from ..runtime import types_key, value_text
-from ..runtime.errors import short_repr
+from ..text import shown
 
 
 class TemplateError(BuildError):
@@ -172,7 +172,8 @@ def _strip_comments(code: str) -> str:
 def _name_text(name: str) -> str:
     """An #include name for a message: as written in quotes, or Python's escaped and cut form
     when it holds a control character (a NUL, a line break) or is too long for one readable line."""
-    return f'"{name}"' if name.isprintable() and len(name) <= 200 else short_repr(name, 200)
+    text = shown(name, 200)
+    return f'"{name}"' if text == name else text
 
 
 def _path_text(path: Path) -> str:

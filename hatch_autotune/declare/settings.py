@@ -182,7 +182,7 @@ class CacheSettings:
     url: str | None = _setting("HATCH_AUTOTUNE_CACHE_URL", _cache_url)  # redis://, rediss://, unix://; None: no shared tier
     timeout_s: float = _setting(
         "HATCH_AUTOTUNE_CACHE_TIMEOUT",
-        _number("a number of seconds > 0", MIN_TIMEOUT_S, MAX_TIMEOUT_S, "2"),
+        _number("a number of seconds > 0", MIN_TIMEOUT_S, MAX_TIMEOUT_S, number_text(DEFAULT_TIMEOUT_S)),
         DEFAULT_TIMEOUT_S,
     )
     max_bytes: int = _setting(

@@ -24,7 +24,7 @@ from typing import Any, Iterable
 
 from ..declare.project import load_project
 from ..errors import CliError
-from ..files import UnreadableFile, read_regular
+from ..files import UnreadableFile, read_capped, read_regular
 from ..lock import LOCK_FILE_LIMIT, Bucket, EntryId, LockEntry, LockFile, LockFormatError
 from ..runtime import load_json, sha256_hex
 from .model import LOCK_NO_RESOURCES, PROJECT_NO_RESOURCES, TABLE_NO_TIMES, Row, Source, finite_ms
@@ -40,8 +40,8 @@ def _unreadable(path: Path | str, exc: OSError, what: str) -> CliError:
     device ('is a named pipe, expected a lock file'), too large, or an OS error."""
     if isinstance(exc, FileNotFoundError):
         return CliError(f"{path}: no such file")
-    if isinstance(exc, UnreadableFile):  # files.read_regular's words, with what this reader expected
-        return CliError(f"{path}: {str(exc).replace('expected a regular file', f'expected a {what}')}")
+    if isinstance(exc, UnreadableFile):  # what it is instead, and what this reader expected
+        return CliError(f"{path}: is {exc.found}, expected a {what}" if exc.found else f"{path}: {exc}")
     return CliError(f"{path}: cannot read it ({exc.strerror or exc})")
 
 
@@ -76,20 +76,14 @@ def read_member(zf: zipfile.ZipFile, name: str, archive: Path, limit: int) -> by
     info = zf.getinfo(name)
     if info.file_size > limit:
         raise CliError(f"{where}: inflates to {info.file_size} bytes, more than the {limit} bytes read from an archive member")
-    chunks, size = [], 0
     try:
         with zf.open(info) as member:
-            while size <= limit:
-                chunk = member.read(min(1 << 20, limit + 1 - size))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
+            data = read_capped(member.read, limit)
     except _MEMBER_ERRORS as exc:
         raise CliError(f"{where}: damaged archive member, cannot be read ({type(exc).__name__}: {exc})") from None
-    if size > limit:
+    if data is None:
         raise CliError(f"{where}: inflates to more than the {limit} bytes read from an archive member (its header says {info.file_size})")
-    return b"".join(chunks)
+    return data
 
 
 # --------------------------------------------------------------------------------------------

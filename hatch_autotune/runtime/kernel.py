@@ -476,13 +476,11 @@ class Kernel:
         if fast_sig is not None:
             if len(self._fast) >= CACHE_LIMIT:
                 self._fast.clear()
-            fast_key: tuple | None = (*fast_sig, device)
+            fast_plan = _FastPlan(self, call, kernel, config, empty, launch_stream, stream)
             try:
-                hash(fast_key)
-            except TypeError:  # unhashable (a list in an array interface): every such call is checked
-                fast_key = None
-            if fast_key is not None:
-                self._fast[fast_key] = _FastPlan(self, call, kernel, config, empty, launch_stream, stream)
+                self._fast[(*fast_sig, device)] = fast_plan
+            except TypeError:  # an unhashable key (a list in an array interface): every such call is checked
+                pass
         if not empty:  # a zero-sized problem launches nothing
             gpu.launch(device, launch_stream, config, kernel, call.c_args)
 
