@@ -328,7 +328,7 @@ def test_cache_clear_while_a_build_writes_is_a_clean_outcome(tmp_path, monkeypat
             written.clear()
             code = cli.main(["cache", "clear", "--yes"])
             out, err = capsys.readouterr()
-            assert code == 0 and "removed" in out and not err, err
+            assert code == 0 and "removed" in out and not err, (out, err, writer.write_error)
     finally:
         stop.set()
         thread.join(10)

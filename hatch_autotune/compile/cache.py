@@ -116,9 +116,14 @@ class CompileCache:
             try:
                 if entry.binary is not None:
                     atomic_write(bin_path, entry.binary)
-                atomic_write(meta_path, entry.metadata(key))
-                return
-            except FileNotFoundError as exc:  # `cache clear` moved the store away mid-write: write it into a new one
+                atomic_write(meta_path, entry.metadata(key))  # (its folder made anew if `clear` moved the store)
+                if entry.binary is None or bin_path.exists():
+                    return
+                # `cache clear` moved the store between the two writes: the binary went with it,
+                # and the record alone (a miss to every reader) is in a new store; write both there
+            except (FileNotFoundError, FileExistsError) as exc:
+                # `cache clear` moved the store away mid-write: write it into a new one. (mkdir says
+                # "File exists" when the shard it found is moved away before it looks again.)
                 if attempt + 1 == _WRITE_ATTEMPTS:
                     self.write_error = f"cannot write the compile cache at {self.root} ({exc}); going on without it"
             except OSError as exc:
@@ -188,15 +193,13 @@ class CompileCache:
         """(number of entries, total bytes) of the store, as it is while a build may write to
         it: a temp file renamed, or the store cleared, while counting is not counted."""
         entries = size = 0
-        try:
-            for p in self.root.rglob("*") if self.root.is_dir() else ():
+        for folder, _, names in os.walk(self.root):  # a folder gone while it is walked is skipped, not the rest
+            for name in names:
                 try:
-                    info = p.stat()
+                    info = os.stat(os.path.join(folder, name))
                 except FileNotFoundError:
                     continue
                 if stat.S_ISREG(info.st_mode):
                     size += info.st_size
-                    entries += p.suffix == ".json"
-        except FileNotFoundError:  # a shard gone while it was listed
-            pass
+                    entries += name.endswith(".json")
         return entries, size
