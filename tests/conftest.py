@@ -177,18 +177,26 @@ def errors_for(root, table, env=None) -> list[str]:
     return info.value.errors
 
 
-def tune_over_standin(root: Path, cache_dir: Path, log=lambda line: None):
+def tune_over_standin(root: Path, cache_dir: Path, log=lambda line: None, env: dict | None = None, mode: str = "tune"):
     """`tune()` of the project at `root` for sm_90, its worker the real worker process over the
-    driver stand-in with emulated kernels (tests/standin_worker.py), one sm_90 device."""
+    driver stand-in with emulated kernels (tests/standin_worker.py), one sm_90 device; `env`:
+    more of the worker's environment (STANDIN_MEMORY: the device's bytes; STANDIN_OPS: a file
+    each request's op is appended to)."""
     from hatch_autotune.compile.cache import CompileCache
     from hatch_autotune.tuning import tune
     from hatch_autotune.tuning.worker import WorkerClient
 
     here = Path(__file__).parent
     worker = [sys.executable, str(here / "standin_worker.py")]
-    env = {**os.environ, "STANDIN_CCS": "9.0", "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "STANDIN_CCS": "9.0",
+        "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]),
+        **(env or {}),
+    }
     return tune(
         load_project(root),
+        mode=mode,
         log=log,
         gpu_arch="sm_90",
         cache=CompileCache(cache_dir),

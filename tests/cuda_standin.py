@@ -173,7 +173,8 @@ class _DeviceState:
     ordinal: int
     cc: tuple[int, int]
     name: str
-    total_memory: int = 80 << 30
+    total_memory: int = 80 << 30  # cuMemAlloc past it is CUDA_ERROR_OUT_OF_MEMORY
+    used_memory: int = 0
     sticky_error: str | None = None  # an illegal address poisons the context for good
     next_address: int = 0
 
@@ -338,10 +339,17 @@ class StandIn:
         cur = self.current()
         if cur is None:
             return R.CUDA_ERROR_INVALID_CONTEXT, None
+        d = self.devices[cur]
+        if d.used_memory + max(int(nbytes), 1) > d.total_memory:
+            return R.CUDA_ERROR_OUT_OF_MEMORY, None
         return R.CUDA_SUCCESS, self.alloc(cur, int(nbytes))
 
     def cuMemFree(self, ptr: int) -> tuple:
-        return (R.CUDA_SUCCESS,) if self.memory.pop(int(ptr), None) is not None else (R.CUDA_ERROR_INVALID_VALUE,)
+        alloc = self.memory.pop(int(ptr), None)
+        if alloc is None:
+            return (R.CUDA_ERROR_INVALID_VALUE,)
+        self.devices[alloc.device].used_memory -= alloc.size
+        return (R.CUDA_SUCCESS,)
 
     def cuMemcpyHtoD(self, dst: int, src: int, nbytes: int) -> tuple:
         alloc, offset = self.find(int(dst)) or (None, 0)
@@ -385,6 +393,7 @@ class StandIn:
             d = self.devices[device]
             ptr = d.next_address
             d.next_address += (max(nbytes, 1) + 255) // 256 * 256 + 256  # a gap: off-by-one reads fault
+            d.used_memory += max(nbytes, 1)
             self.memory[ptr] = _Allocation(device, max(nbytes, 1))
         return ptr
 

@@ -2,7 +2,8 @@
 of the orchestration. It really crashes (SIGSEGV, abort), really exits, or really hangs when
 told to, so the parent's isolation is exercised for real.
 
-Its "timings" are SYNTHETIC test data (a formula of the config, below), not measurements.
+Like the real worker, it makes a bucket's inputs from their recipe when the kernel has an input
+generator or a reference function (their errors are the build's). Its "timings" are SYNTHETIC test data (a formula of the config, below), not measurements.
 Behaviour per config comes from the environment variable FAKE_WORKER, a JSON object:
   {"crash": [config, ...], "hang": [...], "abort": [...], "wrong": [...], "fatal": [...],
    "ms": {"<axis>=<value>": ms added, ...}, "base_ms": 1.0, "log": "<file to append ops to>",
@@ -56,6 +57,18 @@ def main():
         elif op == "setup":
             variants = {vid: v["config"] for vid, v in msg["kernel"]["variants"].items()}
             reply = {"ok": True}
+            if msg.get("inputs", {}).get("generator") or msg.get("inputs", {}).get(
+                "reference"
+            ):  # the user's hooks run where the worker runs
+                from hatch_autotune.tuning.inputs import InputError, InputRecipe
+
+                recipe = InputRecipe.from_json(msg["inputs"])
+                try:
+                    recipe.reference_outputs(recipe.make())
+                except InputError as exc:
+                    reply = {"ok": False, "error": str(exc), "kind": "input"}
+        elif op == "prepare":
+            reply = {"ok": True}
         elif op in ("reference", "measure"):
             config = variants[msg["variant"]]
             if matches(config, PLAN.get("crash", [])):
@@ -74,6 +87,8 @@ def main():
                 reply = {"ok": True}
             elif matches(config, PLAN.get("wrong", [])):
                 reply = {"ok": True, "status": "rejected", "reason": "wrong result: y: 3 element(s) differ (fake)"}
+            elif msg.get("timed") is False:  # verify only: the reference's cross-check
+                reply = {"ok": True, "status": "ok", "phases": {"run": 0.0, "verify": 0.0}}
             else:
                 time.sleep(PLAN.get("sleep_ms", 0) / 1000)
                 ms = synthetic_ms(config)

@@ -1,17 +1,23 @@
 """The real tuning worker (hatch_autotune.tuning.worker) over the driver stand-in, with emulated
 kernels: what tests/test_standin_tuning.py runs as the worker process on a machine without a GPU.
 
-STANDIN_CCS (e.g. "9.0" or "9.0,8.6") sets the devices; the worker meets the stand-in through the
+STANDIN_CCS (e.g. "9.0" or "9.0,8.6") sets the devices, STANDIN_MEMORY each device's bytes (an
+allocation past it is CUDA_ERROR_OUT_OF_MEMORY), STANDIN_OPS a file each request's op is appended
+to (a "hello" per worker process), STANDIN_COUNT a file for the compare kernels' launches and the
+outputs downloaded, written when the worker ends; the compare kernels (device verification) are emulated by
+tests/standin_compare.py. The worker meets the stand-in through the
 runtime's seam (`install_globally` calls hatch_autotune.runtime.use_gpu). The emulated kernel is the test's `scale`
 kernel: its template embeds its config as "EMU:MODE=...;FACTOR=...;BLOCK=..." and the emulator
 does what that config's CUDA code does (MODE=ok: y = FACTOR * x; wrong: y = FACTOR * x + 1; clobber: ok, then x = -1; oob:
 writes 2^40 elements past y, an illegal address; hang: never finishes). Its times are SYNTHETIC.
 """
 
+import json
 import os
 
 import cuda_standin
 import numpy as np
+import standin_compare
 
 
 def scale(standin, kernel, launch):
@@ -43,9 +49,34 @@ def halo(standin, kernel, launch):
 
 if __name__ == "__main__":
     ccs = [tuple(int(p) for p in cc.split(".")) for cc in os.environ.get("STANDIN_CCS", "9.0").split(",")]
-    cuda_standin.install_globally(ccs)
+    counts = {"compare_launches": 0, "output_downloads": 0}
+    download = cuda_standin.StandIn.cuMemcpyDtoH
+
+    def counted_download(self, dst, src, nbytes):
+        counts["output_downloads"] += int(nbytes) > 1024  # an output; a compare record or one element is a few bytes
+        return download(self, dst, src, nbytes)
+
+    cuda_standin.StandIn.cuMemcpyDtoH = counted_download
+    standin = cuda_standin.install_globally(ccs)
+    for device in standin.devices:
+        device.total_memory = int(os.environ.get("STANDIN_MEMORY", device.total_memory))
     cuda_standin.EMULATORS["scale"] = scale
     cuda_standin.EMULATORS["halo"] = halo
-    from hatch_autotune.tuning.worker import main
+    standin_compare.register()
+    from hatch_autotune.tuning import worker
 
-    main()
+    ops = os.environ.get("STANDIN_OPS")
+    if ops:
+        handle = worker._WorkerState.handle
+
+        def logged(self, msg):
+            with open(ops, "a") as f:
+                f.write(f"{msg.op}\n")
+            return handle(self, msg)
+
+        worker._WorkerState.handle = logged
+    worker.main()
+    if os.environ.get("STANDIN_COUNT"):  # STANDIN_COUNT: a file for what the stand-in saw, written as the worker ends
+        counts["compare_launches"] = sum(launch.entry.startswith("hatch_autotune_compare") for launch in standin.launches)
+        with open(os.environ["STANDIN_COUNT"], "w") as f:
+            json.dump(counts, f)

@@ -20,7 +20,7 @@ from conftest import load_project, tune_over_standin, write_tiny_project
 from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.errors import BuildError
 from hatch_autotune.tuning import tune
-from hatch_autotune.tuning.inputs import InputError, bucket_inputs, random_inputs, reference_outputs, resolved_dtype
+from hatch_autotune.tuning.inputs import InputError, InputRecipe, bucket_inputs, random_inputs, reference_outputs, resolved_dtype
 from hatch_autotune.tuning.worker import WorkerClient
 
 HERE = Path(__file__).parent
@@ -318,8 +318,8 @@ def scale_project_with_hooks(tmp_path: Path, name: str) -> Path:
 
 
 class RecordingClient(WorkerClient):
-    """A worker client that keeps, for each setup message, the inputs and reference it names
-    (the files live in the tuner's temporary directory only while the bucket runs)."""
+    """A worker client that keeps, for each setup message, the inputs and reference its recipe
+    makes (what the worker makes from it: no array travels in the message)."""
 
     def __init__(self, seen: list, **kw):
         super().__init__(**kw)
@@ -327,13 +327,9 @@ class RecordingClient(WorkerClient):
 
     def request(self, message, timeout):
         if message["op"] == "setup":
-            with np.load(message["inputs"]) as data:
-                inputs = {k: data[k] for k in data.files}
-            reference = None
-            if message["reference"]:
-                with np.load(message["reference"]) as data:
-                    reference = {k: data[k] for k in data.files}
-            self.seen.append((message, inputs, reference))
+            recipe = InputRecipe.from_json(json.loads(json.dumps(message["inputs"])))
+            inputs = recipe.make()
+            self.seen.append((message, inputs, recipe.reference_outputs(inputs)))
         return super().request(message, timeout)
 
 
@@ -354,7 +350,9 @@ def test_the_user_reference_reaches_the_workers_setup(tmp_path):
     np.testing.assert_array_equal(inputs["x"], x)  # the user's inputs, not random ones
     assert set(reference) == {"y"}
     np.testing.assert_array_equal(reference["y"], 3 * x)  # the user's reference
-    assert message["key"] == {"n": 5000} and message["scalars"] == {}
+    assert message["key"] == {"n": 5000} and all(
+        isinstance(v, (str, int, float, bool, list, dict, type(None))) for v in message["inputs"].values()
+    )
     # with a user reference, no variant is run as the reference
     (entry,) = json.loads((root / "autotune.lock.json").read_text())["entries"].values()
     assert entry["tuned"] and len(entry["measurements"]) == 6

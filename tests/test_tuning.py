@@ -319,17 +319,70 @@ def test_the_worker_protocol_messages_keep_their_wire_format():
     """The typed messages write the JSON lines the worker (and a replayed device, or a test's
     fake worker) read, and read back what they wrote."""
     from hatch_autotune.lock import Bucket
-    from hatch_autotune.tuning.protocol import DeviceInfo, Failure, Hello, HelloReply, Measure, Measured, Reference, Setup, parse_request
+    from hatch_autotune.tuning.inputs import ArgRecipe, InputRecipe
+    from hatch_autotune.tuning.protocol import (
+        DeviceInfo,
+        Failure,
+        Hello,
+        HelloReply,
+        Measure,
+        Measured,
+        Prepare,
+        Ready,
+        Reference,
+        Setup,
+        parse_request,
+    )
 
     settings = TuningSpec()
-    setup = Setup(
-        "scale", {"args": []}, {"T": "float32"}, Bucket.of({"n": 1024}), "/tmp/in.npz", {"a": 2.0}, None, {"y": (1e-4, 1e-5)}, settings
+    recipe = InputRecipe(
+        "scale",
+        {"T": "float32"},
+        {"n": 1024},
+        7,
+        (ArgRecipe("x", "float32", (1024,), "in", 0), ArgRecipe("a", "float32", None, "in", 2)),
+        "/p",
     )
+    setup = Setup(
+        "scale",
+        {"args": []},
+        {"T": "float32"},
+        Bucket.of({"n": 1024}),
+        recipe,
+        {"y": (1e-4, 1e-5)},
+        settings,
+        comparers={"float32/float32": "/tmp/c.cubin"},
+    )
+    wire_recipe = {
+        "kernel": "scale",
+        "types": {"T": "float32"},
+        "key": {"n": 1024},
+        "seed": 7,
+        "args": [
+            {"name": "x", "dtype": "float32", "shape": [1024], "intent": "in", "position": 0, "key_dim": None},
+            {"name": "a", "dtype": "float32", "shape": None, "intent": "in", "position": 2, "key_dim": None},
+        ],
+        "root": "/p",
+        "generator": None,
+        "reference": None,
+        "constants": [],
+        "computed": [],
+    }
     wire = {
         "op": "setup", "name": "scale", "kernel": {"args": []}, "binaries": {}, "types": {"T": "float32"}, "key": {"n": 1024},
-        "inputs": "/tmp/in.npz", "scalars": {"a": 2.0}, "reference": None, "tolerances": {"y": [1e-4, 1e-5]}, "settings": dict(vars(settings)),
+        "inputs": wire_recipe, "tolerances": {"y": [1e-4, 1e-5]}, "settings": dict(vars(settings)),
+        "comparers": {"float32/float32": "/tmp/c.cubin"},
     }  # fmt: skip
     assert setup.to_json() == wire and list(setup.to_json()) == list(wire) and parse_request(json.loads(json.dumps(wire))) == setup
+    assert Prepare(recipe).to_json() == {"op": "prepare", "inputs": wire_recipe} and parse_request(
+        {"op": "prepare", "inputs": wire_recipe}
+    ) == Prepare(recipe)
+    assert Measure("v1", None, None, timed=False).to_json()["timed"] is False and "timed" not in Measure("v1").to_json()
+    assert parse_request(Measure("v1", None, None, timed=False).to_json()) == Measure("v1", None, None, timed=False)
+    assert Ready.from_json({"ok": True, "phases": {"inputs": 0.5}, "prefetched": True}) == Ready({"inputs": 0.5}, True)
+    assert Ready.from_json({"ok": True}) == Ready()  # a worker that reports nothing (a test's fake, a replayed device)
+    assert Failure("bad hook", kind="input").to_json() == {"ok": False, "error": "bad hook", "kind": "input"}
+    assert Failure.from_json({"ok": False, "error": "bad hook", "kind": "input"}).kind == "input"
     assert Hello(1, False).to_json() == {"op": "hello", "device": 1, "flush_l2": False} and parse_request({"op": "hello"}) == Hello(0, True)
     assert Reference("v1", "/tmp/a.cubin").to_json() == {"op": "reference", "variant": "v1", "binary": "/tmp/a.cubin"}
     assert Measure("v1", "/tmp/a.cubin", 0.5).to_json() == {"op": "measure", "variant": "v1", "binary": "/tmp/a.cubin", "leader_ms": 0.5}

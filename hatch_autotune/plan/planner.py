@@ -42,8 +42,11 @@ MAX_TUNING_RUNS = 10_000_000
 RENDER_NOTICE_AT = 2_000
 # What a tuned choice (and so the wheel's selection table, and `show`) keeps of its lock entry's
 # provenance: the fields the tuner writes (tuning/bucket.py `provenance`), each a string of at
-# most PROVENANCE_MAX_CHARS. Anything else a lock entry holds stays out of the wheel.
-PROVENANCE_FIELDS = ("gpu", "cc", "driver", "nvrtc", "nvrtc_build", "cuda_bindings", "hatch_autotune", "date")
+# most PROVENANCE_MAX_CHARS (`reference`: what every variant was verified against). Anything else
+# a lock entry holds stays out of the wheel; LOCK_ONLY_PROVENANCE, the tuner's own bookkeeping (where
+# a bucket's time went), without a warning.
+PROVENANCE_FIELDS = ("gpu", "cc", "driver", "nvrtc", "nvrtc_build", "cuda_bindings", "hatch_autotune", "date", "reference")
+LOCK_ONLY_PROVENANCE = ("phases",)
 PROVENANCE_MAX_CHARS = 200
 
 
@@ -163,6 +166,8 @@ def shipped_provenance(provenance: Mapping[str, Any]) -> tuple[dict[str, str], l
     kept: dict[str, str] = {}
     left_out = []
     for key, value in provenance.items():
+        if key in LOCK_ONLY_PROVENANCE:
+            continue
         if key not in PROVENANCE_FIELDS:
             left_out.append(f"field {short_repr(key, 40)}")
         elif not isinstance(value, str):

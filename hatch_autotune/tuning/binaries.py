@@ -101,3 +101,48 @@ class InstanceBinaries:
             if key not in self._made:
                 self._made[key] = VariantBinaries(inst, arch, self.cache)
             return self._made[key]
+
+
+class CompareBinaries:
+    """The compare kernels (device_verify) for one arch, compiled once per run in a background
+    thread from the moment the run starts (NVRTC's content-addressed cache makes a later run's
+    compile a lookup), and written once where the worker reads them. A compare kernel that
+    does not compile is our bug, not the user's: the bucket then verifies on the host, and the
+    log says so once."""
+
+    def __init__(self, arch: str, cache: CompileCache, got_dtypes: Sequence[str], log: Any = None):
+        from .device_verify import PAIRS
+
+        self.arch, self.cache, self.log = arch, cache, log
+        self.pairs = tuple(p for p in PAIRS if p[0] in set(got_dtypes))  # each output dtype against itself and any wider reference
+        self._files: dict[tuple[str, str], str] | None = None
+        self._error: str | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._compile, daemon=True, name="hatch-autotune-compare").start()
+
+    def _compile(self) -> None:
+        from .device_verify import compare_binaries
+
+        try:
+            self._binaries = compare_binaries(self.arch, self.pairs, self.cache)
+        except Exception as exc:  # noqa: BLE001 - reported by files(), in the measuring thread
+            self._binaries, self._error = {}, f"{type(exc).__name__}: {exc}"
+        self._done.set()
+
+    def files(self, tmp: Path, got_dtypes: Sequence[str]) -> dict[str, str]:
+        """'got/expected' -> the cubin file, for the pairs whose `got` is one of `got_dtypes`
+        (empty when they did not compile: the worker verifies on the host)."""
+        self._done.wait()
+        if self._error is not None:
+            if self.log is not None:
+                self.log(f"warning: the compare kernels do not compile for {self.arch} ({self._error}); verifying on the host")
+                self.log = None  # once
+            return {}
+        out = {}
+        for (got, expected), binary in self._binaries.items():
+            if got in got_dtypes:
+                path = tmp / f"compare-{self.arch}-{got}-{expected}.cubin"
+                if not path.exists():
+                    path.write_bytes(binary)
+                out[f"{got}/{expected}"] = str(path)
+        return out

@@ -12,7 +12,7 @@ import time
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .. import __version__
 from ..compile import nvrtc as compile_mod
@@ -20,12 +20,12 @@ from ..compile.render import Variant
 from ..declare.config import KernelSpec, SearchSpec
 from ..declare.kernel_json import kernel_json
 from ..lock import TIMED, Bucket, LockEntry, Measurement
-from ..plan.planner import Instance, Point
+from ..plan.planner import PROVENANCE_MAX_CHARS, Instance, Point
 from ..text import log_excerpt
 from .bench import median, spread
-from .binaries import VariantBinaries
+from .binaries import CompareBinaries, VariantBinaries
 from .errors import TuningError
-from .inputs import bucket_inputs, reference_outputs
+from .inputs import InputRecipe
 from .protocol import DeviceInfo, Failure, Limits, Measure, Reference, Setup
 from .search import SearchSpace, WarmStart, make_strategy, run_search
 from .session import WorkerSession
@@ -36,6 +36,12 @@ Log = Callable[[str], None]
 TIE_FLOOR = 0.005  # timings closer than 0.5% are a tie whatever the measured spread
 PROGRESS_EVERY = 16  # configs between progress lines within a bucket
 REFERENCE_NOTE = "reference (no user reference configured)"  # the reason of the config whose outputs became the reference
+WITNESS_LOOKS = 64  # configs looked at (compiled) for a second opinion on the reference, at most
+DISSENT = 3  # witnesses that may disagree with the default before the majority is asked
+# Where a bucket's wall time goes (seconds, the lock's provenance "phases"): waiting for NVRTC,
+# measuring (the worker's run, verify and time of every variant), and the fixed cost: setting
+# the bucket up (inputs made and uploaded) and settling its reference, the rest in "overhead".
+COSTS = ("wall", "compile_wait", "measure", "setup", "reference", "overhead")
 
 
 @dataclass(frozen=True)
@@ -152,7 +158,9 @@ class BucketTuning:
     """One bucket tuned in one worker session: `run` returns its lock entry. It keeps what the
     search has learnt so far: every measurement, the leader (the fastest config timed in full:
     the worker stops a clear loser against it early), which config's outputs became the
-    reference, the search's clock and the worker's time per phase."""
+    reference and what it was checked against, the search's clock, the worker's time per phase,
+    and where the bucket's own wall time went (`costs`: what is neither compiling nor
+    measuring is the fixed cost the lock's provenance reports)."""
 
     def __init__(
         self,
@@ -164,71 +172,219 @@ class BucketTuning:
         tmp: Path,
         log: Log,
         compiler: str,
+        compare: CompareBinaries | None = None,
     ):
         self.session, self.job, self.binaries, self.warm = session, job, binaries, warm
-        self.root, self.tmp, self.log, self.compiler = root, tmp, log, compiler
+        self.root, self.tmp, self.log, self.compiler, self.compare = root, tmp, log, compiler, compare
         self.configs = job.inst.configs
         self.key = job.bucket.as_dict()  # what the launch geometry and the inputs read
         self.measurements: dict[int, Measurement] = {}
         self.best: Measurement | None = None  # the leader
         self.reference: int | None = None  # the config whose outputs are the reference (None: the user's, or none yet)
+        self.reference_text = ""  # what the lock records: what every variant was verified against
         self.seconds = 0.0  # the search's clock: compiling and measuring
         self.phases: dict[str, float] = {}  # the worker's seconds per phase, summed over the bucket
+        self.costs: dict[str, float] = dict.fromkeys(COSTS, 0.0)  # the bucket's wall time, by where it went
         self.total = len(self.configs)
         self.setup: Setup | None = None
-        self.user_reference = False
         self.info: DeviceInfo | None = None
 
     def run(self) -> LockEntry:
-        """Search the bucket's configs (the default and the warm starts first) within the
-        kernel's search budget, measuring each in the worker, and return its lock entry."""
+        """Set the bucket up (its first configs compiling meanwhile), settle the reference,
+        then search its configs (the default and the warm starts first) within the kernel's
+        search budget, measuring each in the worker, and return its lock entry."""
+        began = time.monotonic()
         job, search = self.job, self.job.spec.search
-        self.setup = self._setup()
         self.info = self.session.info or self.session.hello()
-        if self.user_reference:
-            self.session.prepare([self.setup])
+        default_index = job.inst.default_index
+        self.binaries.request([default_index, *self.warm.first])  # compiling while the worker makes the inputs
+        self.setup = self._setup()
+        t = time.monotonic()
+        ready = self.session.setup(self.setup)
+        self.costs["setup"] = time.monotonic() - t
+        self.phases.update(ready.phases)  # inputs (made, or waited for when made ahead), upload
+        t, waited, measured_s = time.monotonic(), self.costs["compile_wait"], self.costs["measure"]
+        self._settle_reference()
+        self.costs["reference"] = time.monotonic() - t - (self.costs["compile_wait"] - waited) - (self.costs["measure"] - measured_s)
         budget = search.budget_for(len(self.configs))
         self.total = search.configs_tried(len(self.configs))
-        default_index = job.inst.default_index
         seed = zlib.crc32(f"{search.seed}:{job.eid}".encode())
         strategy = make_strategy(
             search.strategy, SearchSpace(job.spec.space, self.configs), seed, [default_index, *self.warm.first], self.warm.prior
         )
         b = self.binaries
         run_search(strategy, self.measure, budget, clock=lambda: self.seconds, prepare=b.request, prefetch=b.prefetch, ahead=b.workers)
+        self.costs["wall"] = time.monotonic() - began
+        self.costs["overhead"] = self.costs["wall"] - self.costs["compile_wait"] - self.costs["measure"]
         return self._entry()
 
     def _setup(self) -> Setup:
-        """The bucket's inputs and (when the kernel has a reference function) reference outputs,
-        written for the worker, and the Setup that names them."""
-        import numpy as np
-
+        """The Setup of the bucket: the recipe of its inputs (the worker makes them, and the
+        user's reference outputs), its tolerances and its compare kernels."""
         job, spec = self.job, self.job.spec
-        inputs = bucket_inputs(spec, job.types, self.key, self.root, seed=zlib.crc32(job.eid.encode()))
-        arrays: dict[str, Any] = {k: v for k, v in inputs.items() if isinstance(v, np.ndarray)}
-        scalars = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in inputs.items() if not isinstance(v, np.ndarray)}
-        inputs_file = self.tmp / "inputs.npz"
-        np.savez(inputs_file, **arrays)
-        reference = reference_outputs(spec, inputs, self.root, job.types)
-        reference_file = None
-        if reference is not None:
-            reference_file = self.tmp / "reference.npz"
-            np.savez(reference_file, **reference)
-        self.user_reference = reference is not None
         outputs = [a for a in spec.args if a.is_array and a.intent != "in"]
+        dtypes = [job.types.get(a.dtype, a.dtype) for a in outputs]
         return Setup(
             name=spec.name,
             # the runtime's view of the kernel, with every candidate variant of the bucket
             kernel={**kernel_json(spec), "variants": {v.id: {"config": v.config_dict} for v in job.variants}},
             types=job.types,
             key=job.bucket,
-            inputs=str(inputs_file),
-            scalars=scalars,
-            reference=str(reference_file) if reference_file else None,
-            tolerances={a.name: tolerance(job.types.get(a.dtype, a.dtype), spec.tolerance) for a in outputs},
+            inputs=bucket_recipe(job, self.root),
+            tolerances={a.name: tolerance(d, spec.tolerance) for a, d in zip(outputs, dtypes)},
             settings=self.session.settings,
             binaries={},  # each request names its variant's binary: they are compiled as the search goes
+            comparers=self.compare.files(self.tmp, dtypes) if self.compare is not None else {},
         )
+
+    def _binary(self, i: int) -> Any:
+        """Config i's compile result, the wait for it counted as compiling."""
+        t = time.monotonic()
+        try:
+            return self.binaries.get(i)
+        finally:
+            self.costs["compile_wait"] += time.monotonic() - t
+
+    def _unrunnable(self, i: int) -> str | None:
+        """Why config i cannot run on the device (it did not compile, or exceeds a limit)."""
+        job, spec, config = self.job, self.job.spec, self.configs[i]
+        assert self.info is not None
+        result = self._binary(i)
+        env = lambda c: {**self.key, **c, **spec.type_env(job.types)}  # noqa: E731
+        return prune_reason(
+            config,
+            result.resources if result.ok else None,
+            lambda c: math.prod(int(e(env(c))) for e in spec.block),
+            lambda c: int(spec.shared(env(c))),
+            self.info.limits,
+            self.session.settings.prune_spills,
+        )
+
+    def _file(self, i: int) -> str:
+        t = time.monotonic()
+        try:
+            return self.binaries.file(i, self.tmp)
+        finally:
+            self.costs["compile_wait"] += time.monotonic() - t
+
+    # -- the reference ---------------------------------------------------------------------
+
+    def _runnable(self, ranked: Sequence[int], limit: int) -> Iterator[int]:
+        """The configs of `ranked` that can run, in that order, compiled a pool's worth at a
+        time; at most `limit` looked at (a bound on what settling the reference compiles)."""
+        ranked = [i for i in ranked[:limit] if i not in self.measurements]
+        step = max(1, self.binaries.workers)
+        for lo in range(0, len(ranked), step):
+            batch = ranked[lo : lo + step]
+            self.binaries.request(batch)
+            for i in batch:
+                reason = self._unrunnable(i)
+                if reason is None:
+                    yield i
+                else:
+                    self._record(measured(i, self.configs[i], "pruned", reason=reason))
+
+    def _check(self, i: int) -> str | None:
+        """Run config i once against the reference without timing it: None when its outputs
+        agree; else why not ("failed: ..." when it did not run: it is recorded as failed)."""
+        vid, binary = self.job.variants[i].id, self._file(i)
+        asked = time.monotonic()
+        try:
+            reply = self.session.measure(Measure(vid, binary, None, timed=False))
+        except WorkerDied as exc:
+            reply = Failure(str(exc))
+        if isinstance(reply, Failure):  # the time a crash or hang took is its measurement's, not the reference's
+            self.costs["measure"] += time.monotonic() - asked
+            self._record(measured(i, self.configs[i], "failed", reason=reply.error or "unknown error"))
+            return f"failed: {reply.error}"
+        return (reply.reason or "wrong result") if reply.status == "rejected" else None
+
+    def _witness(self, chosen: Sequence[int], skip: set[int]) -> tuple[int, str | None] | None:
+        """The runnable config most unlike the configs `chosen` so far (the most axes that
+        differ, summed over them: each witness differs from the reference and from the other
+        witnesses, so that a bug tied to one parameter value cannot outvote it), and its check
+        against the reference (None: it agrees); None when no other config runs."""
+
+        def unlike(i: int) -> int:
+            return sum(self.configs[i].get(k) != v for c in chosen for k, v in self.configs[c].items())
+
+        ranked = sorted((i for i in range(len(self.configs)) if i not in skip and i not in chosen), key=lambda i: (-unlike(i), i))
+        for i in self._runnable(ranked, WITNESS_LOOKS - len(skip)):
+            verdict = self._check(i)
+            skip.add(i)
+            if verdict is None or not verdict.startswith("failed: "):
+                return i, verdict
+        return None
+
+    def _settle_reference(self) -> None:
+        """What every variant is verified against. The kernel's reference function, when it
+        declares one; else the outputs of the default config (or, if it cannot run, the first
+        config that runs), trusted once a structurally different config agrees with them: a
+        wrong default would otherwise make every variant "verified". Witnesses are checked
+        until one agrees, at most DISSENT disagreeing; when all of those disagree with the
+        default but agree among themselves, the default is the odd one out and the first of
+        them becomes the reference; with no agreement anywhere nothing can be trusted, and the
+        bucket is an error that says to declare a reference function."""
+        job, spec = self.job, self.job.spec
+        if spec.reference is not None:
+            self.reference_text = f"the kernel's reference function {spec.reference}"
+            return
+        default = job.inst.default_index
+        anchor = None
+        for i in self._runnable([default, *(i for i in range(len(self.configs)) if i != default)], len(self.configs)):
+            vid, binary = job.variants[i].id, self._file(i)
+            asked = time.monotonic()
+            try:
+                self.session.reference(Reference(vid, binary))
+            except WorkerDied as exc:
+                self.costs["measure"] += time.monotonic() - asked
+                self._record(measured(i, self.configs[i], "failed", reason=str(exc)))
+                continue
+            anchor = self.reference = i
+            break
+        if anchor is None:
+            return  # nothing runs: the search finds every config failed or pruned, and says so
+        name = "the default config" if anchor == default else f"config {anchor} (the default cannot run)"
+        skip: set[int] = set()
+        dissent: list[tuple[int, str]] = []
+        while len(dissent) < DISSENT:
+            found = self._witness([anchor, *(i for i, _ in dissent)], skip)
+            if found is None:
+                break
+            i, why = found
+            if why is None:
+                others = f"; {len(dissent)} other config(s) disagreed, first config {dissent[0][0]}" if dissent else ""
+                self.reference_text = f"{name}, cross-checked with config {i}{others}"
+                return
+            dissent.append((i, why))
+        if not dissent:
+            self.reference_text = f"{name}, not cross-checked: no other config runs"
+            return
+        described = lambda ix: ", ".join(f"config {i} {dict(self.configs[i])}" for i in ix)  # noqa: E731
+        if len(dissent) == 1:
+            raise TuningError(
+                f"{job.eid}: the outputs of {described([anchor, dissent[0][0]])} differ ({dissent[0][1]}) and no third config "
+                f"runs to tell which is right; declare a `reference` function for kernel {spec.name!r}"
+            )
+        first = dissent[0][0]
+        self.session.reference(Reference(job.variants[first].id, self._file(first)))  # is it the default that is wrong?
+        agreeing = [i for i, _ in dissent[1:] if self._check(i) is None]
+        if agreeing:
+            self.reference = first
+            self.reference_text = f"config {first}, cross-checked with config {agreeing[0]} ({name} disagreed with {len(dissent)} configs)"
+            self.log(
+                f"warning: {job.eid}: the outputs of {name} {dict(self.configs[anchor])} differ from those of configs "
+                f"{', '.join(str(i) for i, _ in dissent)}, which agree with one another: it is rejected as wrong "
+                f"(declare a `reference` function for kernel {spec.name!r} to verify against known-good outputs)"
+            )
+            return
+        raise TuningError(
+            f"{job.eid}: {described([anchor, *(i for i, _ in dissent)])} all give different results "
+            f"({'; '.join(why for _, why in dissent)}): no output can be trusted as the reference; declare a `reference` "
+            f"function for kernel {spec.name!r}"
+        )
+
+    # -- the search ------------------------------------------------------------------------
 
     def _record(self, m: Measurement) -> float | None:
         """Keep a config's measurement; its time for the search (None: it did not run)."""
@@ -248,34 +404,27 @@ class BucketTuning:
         return m.median_ms if m.status in TIMED else None
 
     def measure(self, i: int) -> float | None:
-        """Config i pruned, or measured in the worker; its time for the search."""
-        job, spec, settings, config = self.job, self.job.spec, self.session.settings, self.configs[i]
-        assert self.setup is not None and self.info is not None
+        """Config i pruned, or measured in the worker; its time for the search. A config that
+        settling the reference found failed or pruned is not run again."""
+        if i in self.measurements:
+            known = self.measurements[i]
+            return known.median_ms if known.status in TIMED else None
+        config = self.configs[i]
         started = time.monotonic()
-        result = self.binaries.get(i)
-        env = lambda c: {**self.key, **c, **spec.type_env(job.types)}  # noqa: E731
-        reason = prune_reason(
-            config,
-            result.resources if result.ok else None,
-            lambda c: math.prod(int(e(env(c))) for e in spec.block),
-            lambda c: int(spec.shared(env(c))),
-            self.info.limits,
-            settings.prune_spills,
-        )
+        reason = self._unrunnable(i)
         if reason:
             self.seconds += time.monotonic() - started
             return self._record(measured(i, config, "pruned", reason=reason))
-        variant, binary = job.variants[i].id, self.binaries.file(i, self.tmp)
+        variant, binary = self.job.variants[i].id, self._file(i)
         leader = self.best.median_ms if self.best is not None else None
+        asked = time.monotonic()
         try:
-            if not self.user_reference and self.reference is None:  # the first config that runs becomes the reference
-                self.session.prepare([self.setup, Reference(variant, binary)])
-                self.reference = i
-            asked = time.monotonic()
             reply = self.session.measure(Measure(variant, binary, leader))
         except WorkerDied as exc:
+            self.costs["measure"] += time.monotonic() - asked
             self.seconds += time.monotonic() - started
             return self._record(measured(i, config, "failed", reason=str(exc)))
+        self.costs["measure"] += time.monotonic() - asked
         # a replayed device reports its simulated time; a GPU's is the wall clock
         seconds = reply.seconds if not isinstance(reply, Failure) else None
         self.seconds += (asked - started) + (seconds if seconds is not None else time.monotonic() - asked)
@@ -319,6 +468,8 @@ class BucketTuning:
             + (f" ({default_ms / winner.median_ms:.2f}x the default)" if default_ms else "")
             + (f"; prior: the times of {len(self.warm.prior)} earlier result(s)" if self.warm.prior else "")
             + (f"; worker {', '.join(f'{k} {v:.1f} s' for k, v in self.phases.items())}" if self.phases else "")
+            + f"; fixed cost {self.costs['overhead']:.2f} s (setup {self.costs['setup']:.2f}, reference {self.costs['reference']:.2f})"
+            + f"; verified against {self.reference_text}"
         )
         return LockEntry(
             checksum=job.point.checksum,
@@ -328,13 +479,30 @@ class BucketTuning:
             default=dict(spec.default),
             default_ms=round(default_ms, 6) if default_ms else None,
             measurements=tuple(m.as_recorded() for m in ordered),
-            provenance=provenance(self.info, self.compiler),
+            provenance={
+                **provenance(self.info, self.compiler),
+                "reference": self.reference_text[:PROVENANCE_MAX_CHARS],
+                "phases": {k: round(v, 4) for k, v in {**self.costs, **self.phases}.items()},
+            },
         )
 
 
 def tune_bucket(
-    session: WorkerSession, job: BucketJob, binaries: VariantBinaries, warm: WarmStart, root: Path, tmp: Path, log: Log, compiler: str
+    session: WorkerSession,
+    job: BucketJob,
+    binaries: VariantBinaries,
+    warm: WarmStart,
+    root: Path,
+    tmp: Path,
+    log: Log,
+    compiler: str,
+    compare: CompareBinaries | None = None,
 ) -> LockEntry:
     """One bucket's lock entry, tuned in `session` (BucketTuning): what a local GPU and a Ray
     actor both run."""
-    return BucketTuning(session, job, binaries, warm, root, tmp, log, compiler).run()
+    return BucketTuning(session, job, binaries, warm, root, tmp, log, compiler, compare).run()
+
+
+def bucket_recipe(job: BucketJob, root: Path) -> InputRecipe:
+    """The recipe of a bucket's inputs, seeded by its entry id: the same data whoever makes it."""
+    return InputRecipe.of(job.spec, job.types, job.bucket.as_dict(), root, seed=zlib.crc32(job.eid.encode()))

@@ -22,6 +22,7 @@ import numbers
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -31,10 +32,6 @@ from ..errors import BuildError
 
 class InputError(BuildError, ValueError):
     """A user generator or reference is missing, raised, or returned something unusable."""
-
-
-def _hook(spec: KernelSpec, which: str) -> str:
-    return f"kernel {spec.name!r}: {which} = {getattr(spec, which)!r}"
 
 
 def _bucket(types: Mapping[str, str], key: Mapping[str, int]) -> str:
@@ -135,107 +132,223 @@ def _random_array(shape: tuple[int, ...], dtype: str, seed: Sequence[int]) -> An
     return out.reshape(shape)
 
 
-def random_inputs(spec: KernelSpec, types: Mapping[str, str], key: Mapping[str, int], seed: int) -> dict[str, Any]:
-    """Caller-passed arguments for a bucket: arrays ~ N(0, 1) (ints in [1, 100)), scalars != 0.
-    Output-only arrays are zeros: the worker poisons them before every run, so only their shape
-    and dtype matter."""
-    import numpy as np
+@dataclass(frozen=True)
+class ArgRecipe:
+    """One caller-passed argument of a bucket, resolved: its dtype, its shape (arrays), and the
+    key dim a scalar must equal (None: drawn)."""
 
-    rng = np.random.default_rng(seed)
-    out: dict[str, Any] = {}
-    key_sources = {k.source: k.name for k in spec.key if k.axis is None}
-    arr_shapes = shapes(spec, key, types)
-    for position, a in enumerate(spec.args):
-        if a.value is not None:
-            continue  # computed from the key at launch
-        dtype = resolved_dtype(a.dtype, types)
-        if a.is_array:
-            shape = arr_shapes[a.name]
-            out[a.name] = np.zeros(shape, dtype) if a.intent == "out" else _random_array(shape, dtype, (seed, position))
-        elif a.name in key_sources:
-            out[a.name] = key[key_sources[a.name]]
-        elif dtype.startswith("float"):
-            out[a.name] = float(rng.uniform(0.5, 2.0))
-        else:
-            out[a.name] = int(rng.integers(1, 8))
-    return out
+    name: str
+    dtype: str
+    shape: tuple[int, ...] | None  # None: a scalar
+    intent: str
+    position: int  # among every declared argument: a random array is drawn from (seed, position)
+    key_dim: str | None = None
+
+    @property
+    def is_array(self) -> bool:
+        return self.shape is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": None if self.shape is None else list(self.shape),
+                "intent": self.intent, "position": self.position, "key_dim": self.key_dim}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "ArgRecipe":
+        shape = raw["shape"]
+        dims = None if shape is None else tuple(int(d) for d in shape)
+        return cls(str(raw["name"]), str(raw["dtype"]), dims, str(raw["intent"]), int(raw["position"]), raw["key_dim"])
+
+
+@dataclass(frozen=True)
+class InputRecipe:
+    """How a bucket's inputs (and the user's reference outputs) are made: plain data, so that
+    the worker makes them where they are used, from the same seed, and no array travels
+    through a file; the tuner, a benchmark and a test make the very same arrays with `make`.
+    `args` are the caller-passed arguments (those without `value`), in declaration order."""
+
+    kernel: str
+    types: Mapping[str, Any]  # the instance: type parameters and constants
+    key: Mapping[str, int]
+    seed: int
+    args: tuple[ArgRecipe, ...]
+    root: str  # the project folder: the user's hooks import from it
+    generator: str | None = None  # `inputs = "module:function"`
+    reference: str | None = None  # `reference = "module:function"`
+    constants: tuple[str, ...] = ()  # the instance's constants, passed to the reference by name
+    computed: tuple[str, ...] = ()  # arguments computed from the key at launch (for messages)
+
+    @classmethod
+    def of(cls, spec: KernelSpec, types: Mapping[str, Any], key: Mapping[str, int], root: Path | str, seed: int) -> "InputRecipe":
+        arr_shapes = shapes(spec, key, types)
+        key_sources = {k.source: k.name for k in spec.key if k.axis is None}
+        args = tuple(
+            ArgRecipe(
+                a.name,
+                resolved_dtype(a.dtype, types),
+                arr_shapes[a.name] if a.is_array else None,
+                a.intent or "in",
+                position,
+                None if a.is_array else key_sources.get(a.name),
+            )  # fmt: skip
+            for position, a in enumerate(spec.args)
+            if a.value is None
+        )
+        return cls(
+            spec.name, dict(types), dict(key), int(seed), args, str(root), spec.inputs, spec.reference,
+            tuple(c for c in types if c in spec.constants), tuple(a.name for a in spec.args if a.value is not None),
+        )  # fmt: skip
+
+    @property
+    def outputs(self) -> list[ArgRecipe]:
+        return [a for a in self.args if a.is_array and a.intent in ("out", "inout")]
+
+    def nbytes(self) -> int:
+        """What the arrays hold, in bytes (the scheduler's cost estimate; nothing is made)."""
+        import numpy as np
+
+        return sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in self.args if a.shape is not None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kernel": self.kernel, "types": dict(self.types), "key": dict(self.key), "seed": self.seed,
+            "args": [a.to_json() for a in self.args], "root": self.root, "generator": self.generator,
+            "reference": self.reference, "constants": list(self.constants), "computed": list(self.computed),
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "InputRecipe":
+        return cls(
+            str(raw["kernel"]), dict(raw["types"]), {str(k): int(v) for k, v in raw["key"].items()}, int(raw["seed"]),
+            tuple(ArgRecipe.from_json(a) for a in raw["args"]), str(raw["root"]), raw.get("generator"), raw.get("reference"),
+            tuple(raw.get("constants", ())), tuple(raw.get("computed", ())),
+        )  # fmt: skip
+
+    def identity(self) -> str:
+        """One string per distinct recipe: what a prefetched bucket is found by."""
+        import json
+
+        return json.dumps(self.to_json(), sort_keys=True)
+
+    def where(self, which: str) -> str:
+        hook = self.generator if which == "inputs" else self.reference
+        return f"kernel {self.kernel!r}: {which} = {hook!r}"
+
+    def make(self) -> dict[str, Any]:
+        """The caller-passed arguments: the user's generator's when configured, else random."""
+        if self.generator is None:
+            return self._random()
+        return self._generated()
+
+    def _random(self) -> dict[str, Any]:
+        """Arrays ~ N(0, 1) (ints in [1, 100)), scalars != 0. Output-only arrays are zeros (not
+        touched: the worker allocates and poisons them on the device, only their shape and dtype
+        matter)."""
+        import numpy as np
+
+        rng = np.random.default_rng(self.seed)
+        out: dict[str, Any] = {}
+        for a in self.args:
+            if a.shape is not None:
+                out[a.name] = np.zeros(a.shape, a.dtype) if a.intent == "out" else _random_array(a.shape, a.dtype, (self.seed, a.position))
+            elif a.key_dim is not None:
+                out[a.name] = self.key[a.key_dim]
+            elif a.dtype.startswith("float"):
+                out[a.name] = float(rng.uniform(0.5, 2.0))
+            else:
+                out[a.name] = int(rng.integers(1, 8))
+        return out
+
+    def _generated(self) -> dict[str, Any]:
+        import numpy as np
+
+        where = f"{self.where('inputs')} ({_bucket(self.types, self.key)})"
+        fn = load_function(str(self.generator), Path(self.root), where)
+        got = _call(fn, where, dict(self.key), dict(self.types), np.random.default_rng(self.seed))
+        expected_names = [a.name for a in self.args]
+        if not isinstance(got, Mapping):
+            raise InputError(f"{where}: returned a {type(got).__name__}; expected a dict with the arguments {expected_names}")
+        missing = [n for n in expected_names if n not in got]
+        extra = sorted(map(str, set(got) - set(expected_names)))
+        if missing or extra:
+            problems = ([f"missing {missing}"] if missing else []) + ([f"unknown {extra}"] if extra else [])
+            note = f" ({', '.join(self.computed)} computed from the key, not passed)" if self.computed else ""
+            raise InputError(f"{where}: returned arguments {sorted(map(str, got))}: {', '.join(problems)}; expected {expected_names}{note}")
+        out: dict[str, Any] = {}
+        for a in self.args:
+            value = got[a.name]
+            if a.shape is not None:
+                if not isinstance(value, np.ndarray) or value.dtype != np.dtype(a.dtype) or value.shape != a.shape:
+                    found = (
+                        f"a {value.dtype} array of shape {value.shape}" if isinstance(value, np.ndarray) else f"a {type(value).__name__}"
+                    )
+                    raise InputError(f"{where}: argument {a.name!r} must be a {a.dtype} array of shape {a.shape}, got {found}")
+                out[a.name] = np.ascontiguousarray(value)  # uploaded as raw bytes in C order
+                continue
+            integral = not a.dtype.startswith("float")
+            kind = numbers.Integral if integral else numbers.Real
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise InputError(
+                    f"{where}: argument {a.name!r} must be {'an integer' if integral else 'a number'} ({a.dtype}), got {value!r}"
+                )
+            if a.key_dim is not None and value != self.key[a.key_dim]:
+                dim = a.key_dim
+                raise InputError(
+                    f"{where}: argument {a.name!r} is the key dim {dim!r} and must be {self.key[dim]} in this bucket, got {value!r}"
+                )
+            out[a.name] = value
+        return out
+
+    def reference_outputs(self, inputs: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Expected outputs from the user's NumPy reference, or None when none is configured.
+        Each output's expected shape is the shape of its array in `inputs`. The instance's
+        constants are passed too, by name (a stencil's reference needs its radius)."""
+
+        import numpy as np
+
+        if self.reference is None:
+            return None
+        where = self.where("reference")
+        outputs = self.outputs
+        names = [a.name for a in outputs]
+        fn = load_function(self.reference, Path(self.root), where)
+        constants = {c: self.types[c] for c in self.constants}
+        got = _call(fn, where, **{k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}, **constants)
+        expected = "{" + ", ".join(f"{n!r}: array" for n in names) + "}" + (" or one array" if len(names) == 1 else "")
+        if isinstance(got, np.ndarray) and len(outputs) == 1:
+            got = {names[0]: got}
+        if not isinstance(got, Mapping):
+            raise InputError(f"{where}: returned a {type(got).__name__}; expected {expected}")
+        if sorted(map(str, got)) != sorted(names):
+            raise InputError(f"{where}: returned outputs {sorted(map(str, got))}; expected {expected}")
+        out = {}
+        for a in outputs:
+            value = got[a.name]
+            try:
+                array = np.asarray(value)
+            except Exception:  # noqa: BLE001 - ragged lists and the like
+                array = None
+            shape = np.shape(inputs[a.name]) if a.name in inputs else None
+            if array is None or array.dtype.kind not in "biuf" or (shape is not None and array.shape != shape):
+                found = f"{array.dtype} array of shape {array.shape}" if array is not None else type(value).__name__
+                want = f"shape {shape}" if shape is not None else "the output's shape"
+                raise InputError(f"{where}: output {a.name!r} must be a real numeric array of {want}, got {found}")
+            out[a.name] = np.ascontiguousarray(array)
+        return out
+
+
+def random_inputs(spec: KernelSpec, types: Mapping[str, str], key: Mapping[str, int], seed: int) -> dict[str, Any]:
+    """Caller-passed arguments for a bucket, random (InputRecipe._random)."""
+    return InputRecipe.of(spec, types, key, ".", seed)._random()
 
 
 def bucket_inputs(spec: KernelSpec, types: Mapping[str, str], key: Mapping[str, int], root: Path, seed: int = 0) -> dict[str, Any]:
     """The inputs a bucket is tuned on: the user's generator when configured, else random."""
-    import numpy as np
-
-    if spec.inputs is None:
-        return random_inputs(spec, types, key, seed)
-    where = f"{_hook(spec, 'inputs')} ({_bucket(types, key)})"
-    fn = load_function(spec.inputs, root, where)
-    got = _call(fn, where, dict(key), dict(types), np.random.default_rng(seed))
-    expected_names = [a.name for a in spec.args if a.value is None]
-    if not isinstance(got, Mapping):
-        raise InputError(f"{where}: returned a {type(got).__name__}; expected a dict with the arguments {expected_names}")
-    missing = [n for n in expected_names if n not in got]
-    extra = sorted(map(str, set(got) - set(expected_names)))
-    if missing or extra:
-        problems = ([f"missing {missing}"] if missing else []) + ([f"unknown {extra}"] if extra else [])
-        computed = [a.name for a in spec.args if a.value is not None]
-        note = f" ({', '.join(computed)} computed from the key, not passed)" if computed else ""
-        raise InputError(f"{where}: returned arguments {sorted(map(str, got))}: {', '.join(problems)}; expected {expected_names}{note}")
-    arr_shapes = shapes(spec, key, types)
-    key_sources = {k.source: k.name for k in spec.key if k.axis is None}
-    out: dict[str, Any] = {}
-    for a in spec.args:
-        if a.value is not None:
-            continue
-        value, dtype = got[a.name], resolved_dtype(a.dtype, types)
-        if a.is_array:
-            if not isinstance(value, np.ndarray) or value.dtype != np.dtype(dtype) or value.shape != arr_shapes[a.name]:
-                found = f"a {value.dtype} array of shape {value.shape}" if isinstance(value, np.ndarray) else f"a {type(value).__name__}"
-                raise InputError(f"{where}: argument {a.name!r} must be a {dtype} array of shape {arr_shapes[a.name]}, got {found}")
-            out[a.name] = np.ascontiguousarray(value)  # uploaded as raw bytes in C order
-            continue
-        integral = not dtype.startswith("float")
-        kind = numbers.Integral if integral else numbers.Real
-        if isinstance(value, bool) or not isinstance(value, kind):
-            raise InputError(f"{where}: argument {a.name!r} must be {'an integer' if integral else 'a number'} ({dtype}), got {value!r}")
-        if a.name in key_sources and value != key[key_sources[a.name]]:
-            dim = key_sources[a.name]
-            raise InputError(f"{where}: argument {a.name!r} is the key dim {dim!r} and must be {key[dim]} in this bucket, got {value!r}")
-        out[a.name] = value
-    return out
+    return InputRecipe.of(spec, types, key, root, seed).make()
 
 
 def reference_outputs(spec: KernelSpec, inputs: Mapping[str, Any], root: Path, types: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Expected outputs from the user's NumPy reference, or None when none is configured. Each
-    output's expected shape is the shape of its array in `inputs`. The instance's constants
-    are passed too, by name (a stencil's reference needs its radius)."""
+    """Expected outputs from the user's NumPy reference (InputRecipe.reference_outputs)."""
     import numpy as np
 
-    if spec.reference is None:
-        return None
-    where = _hook(spec, "reference")
-    outputs = [a for a in spec.args if a.is_array and a.intent in ("out", "inout")]
-    names = [a.name for a in outputs]
-    fn = load_function(spec.reference, root, where)
-    constants = {c: v for c, v in types.items() if c in spec.constants}
-    got = _call(fn, where, **{k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}, **constants)
-    expected = "{" + ", ".join(f"{n!r}: array" for n in names) + "}" + (" or one array" if len(names) == 1 else "")
-    if isinstance(got, np.ndarray) and len(outputs) == 1:
-        got = {names[0]: got}
-    if not isinstance(got, Mapping):
-        raise InputError(f"{where}: returned a {type(got).__name__}; expected {expected}")
-    if sorted(map(str, got)) != sorted(names):
-        raise InputError(f"{where}: returned outputs {sorted(map(str, got))}; expected {expected}")
-    out = {}
-    for a in outputs:
-        value = got[a.name]
-        try:
-            array = np.asarray(value)
-        except Exception:  # noqa: BLE001 - ragged lists and the like
-            array = None
-        shape = np.shape(inputs[a.name]) if a.name in inputs else None
-        if array is None or array.dtype.kind not in "biuf" or (shape is not None and array.shape != shape):
-            found = f"{array.dtype} array of shape {array.shape}" if array is not None else type(value).__name__
-            want = f"shape {shape}" if shape is not None else "the output's shape"
-            raise InputError(f"{where}: output {a.name!r} must be a real numeric array of {want}, got {found}")
-        out[a.name] = np.ascontiguousarray(array)
-    return out
+    key = {k.name: int(np.shape(inputs[k.source])[k.axis] if k.axis is not None else inputs[k.source]) for k in spec.key}
+    return InputRecipe.of(spec, types, key, root, 0).reference_outputs(inputs)

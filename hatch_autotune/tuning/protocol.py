@@ -1,19 +1,25 @@
-"""The tuning worker's protocol: what the tuner asks (`Hello`, `Setup`, `Reference`, `Measure`)
-and what the worker answers (`HelloReply`, `Done`, `Measured`, `Failure`), one JSON object per
-line each way (worker.py carries the lines). One typed definition per message with its JSON
+"""The tuning worker's protocol: what the tuner asks (`Hello`, `Setup`, `Prepare`, `Reference`,
+`Measure`) and what the worker answers (`HelloReply`, `Ready`, `Done`, `Measured`, `Failure`), one
+JSON object per line each way (worker.py carries the lines). One typed definition per message with its JSON
 form, so that the tuner, the worker and any stand-in (a replayed device, a test's fake worker)
 agree on the fields.
 
   {"op": "hello", "device": 0, "flush_l2": true}  -> {"ok": true, "device": {name, cc, driver, limits}}
-  {"op": "setup", ...the bucket...}               -> {"ok": true}
+  {"op": "setup", ...the bucket, its inputs' recipe...}
+                                                  -> {"ok": true, "phases", "prefetched"}
+  {"op": "prepare", "inputs": recipe}             -> {"ok": true}   (made in the background, for a later setup)
   {"op": "reference", "variant", "binary"}        -> {"ok": true}   (its outputs become the reference)
-  {"op": "measure", "variant", "binary", "leader_ms"}
+  {"op": "measure", "variant", "binary", "leader_ms", "timed"}
                                                   -> {"ok": true, "status", "samples", "reason", "phases"}
-  any request                                     -> {"ok": false, "error": "...", "fatal": true?}
+  any request                                     -> {"ok": false, "error": "...", "fatal": true?, "kind": "input"?}
 
 "binary" is the file of the variant's cubin (compiled as the search goes; setup's "binaries"
-may name some up front). A replayed device adds "seconds" to a measurement: its simulated time.
-"fatal" means the worker's CUDA context is unusable; the worker exits after sending it.
+may name some up front). A measurement with "timed": false only verifies (the reference's
+cross-check). A replayed device adds "seconds" to a measurement: its simulated time. "fatal"
+means the worker's CUDA context is unusable; the worker exits after sending it; "kind": "input"
+means the user's input generator or reference failed (a build error, not the variant's).
+No array crosses the protocol: the worker makes a bucket's inputs from their recipe
+(inputs.InputRecipe), and its verification answers with a verdict, not outputs.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any, ClassVar, Mapping, Union
 
 from ..declare.config import TuningSpec
 from ..lock import Bucket
+from .inputs import InputRecipe
 
 
 @dataclass(frozen=True)
@@ -85,21 +92,21 @@ class DeviceInfo:
 
 @dataclass(frozen=True)
 class Setup:
-    """One bucket: the kernel with its candidate variants, the inputs (an .npz file), the
-    reference outputs (a file; None: the first config measured makes them), the tolerances
-    and the timing settings. Replaces the previous bucket."""
+    """One bucket: the kernel with its candidate variants, the recipe of its inputs (the worker
+    makes them, and the user's reference outputs when the kernel has a reference function), the
+    tolerances, the timing settings and the compare kernels' binaries (a file per
+    'got/expected' dtype pair: verification on the device). Replaces the previous bucket."""
 
     op: ClassVar[str] = "setup"
     name: str
     kernel: Mapping[str, Any]  # the runtime's kernel JSON, with every candidate variant
     types: Mapping[str, str]
     key: Bucket
-    inputs: str
-    scalars: Mapping[str, Any]
-    reference: str | None
+    inputs: InputRecipe
     tolerances: Mapping[str, tuple[float, float]]  # per output: (rtol, atol)
     settings: TuningSpec
     binaries: Mapping[str, str] = field(default_factory=dict)  # variant id -> cubin file, for those compiled up front
+    comparers: Mapping[str, str] = field(default_factory=dict)  # 'float32/float32' -> the compare kernel's cubin file
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -109,11 +116,10 @@ class Setup:
             "binaries": dict(self.binaries),
             "types": dict(self.types),
             "key": self.key.as_dict(),
-            "inputs": self.inputs,
-            "scalars": dict(self.scalars),
-            "reference": self.reference,
+            "inputs": self.inputs.to_json(),
             "tolerances": {k: list(v) for k, v in self.tolerances.items()},
             "settings": dict(vars(self.settings)),
+            "comparers": dict(self.comparers),
         }
 
     @classmethod
@@ -123,13 +129,28 @@ class Setup:
             kernel=dict(raw["kernel"]),
             types=dict(raw["types"]),
             key=Bucket.of(raw["key"]),
-            inputs=raw["inputs"],
-            scalars=dict(raw["scalars"]),
-            reference=raw.get("reference") or None,
+            inputs=InputRecipe.from_json(raw["inputs"]),
             tolerances={k: (v[0], v[1]) for k, v in raw["tolerances"].items()},
             settings=TuningSpec(**raw["settings"]),
             binaries=dict(raw["binaries"]),
+            comparers=dict(raw.get("comparers", {})),
         )
+
+
+@dataclass(frozen=True)
+class Prepare:
+    """Make a later bucket's inputs in the background while this one measures (host work
+    only: nothing touches the device, so the timings are undisturbed); its Setup takes them."""
+
+    op: ClassVar[str] = "prepare"
+    inputs: InputRecipe
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "inputs": self.inputs.to_json()}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "Prepare":
+        return cls(InputRecipe.from_json(raw["inputs"]))
 
 
 @dataclass(frozen=True)
@@ -151,23 +172,25 @@ class Reference:
 @dataclass(frozen=True)
 class Measure:
     """Verify a variant against the reference, then time it; `leader_ms`, the fastest time
-    so far, lets the timer stop a clear loser early."""
+    so far, lets the timer stop a clear loser early. Not `timed`: verify only."""
 
     op: ClassVar[str] = "measure"
     variant: str
     binary: str | None = None
     leader_ms: float | None = None
+    timed: bool = True
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "variant": self.variant, "binary": self.binary, "leader_ms": self.leader_ms}
+        out = {"op": self.op, "variant": self.variant, "binary": self.binary, "leader_ms": self.leader_ms}
+        return out if self.timed else {**out, "timed": False}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> "Measure":
-        return cls(raw["variant"], raw.get("binary") or None, raw.get("leader_ms"))
+        return cls(raw["variant"], raw.get("binary") or None, raw.get("leader_ms"), bool(raw.get("timed", True)))
 
 
-Request = Union[Hello, Setup, Reference, Measure]
-_REQUESTS: dict[str, Any] = {c.op: c for c in (Hello, Setup, Reference, Measure)}  # each message names its op
+Request = Union[Hello, Setup, Prepare, Reference, Measure]
+_REQUESTS: dict[str, Any] = {c.op: c for c in (Hello, Setup, Prepare, Reference, Measure)}  # each message names its op
 OPERATIONS = tuple(_REQUESTS)
 
 
@@ -187,6 +210,23 @@ class Done:
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": True}
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A bucket is set up: where the worker's time went (seconds: `inputs` made or waited for,
+    `reference` the user's reference computed, `upload`), and whether its inputs were made
+    ahead (a Prepare)."""
+
+    phases: Mapping[str, float] = field(default_factory=dict)
+    prefetched: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": True, "phases": dict(self.phases), "prefetched": self.prefetched}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "Ready":
+        return cls({k: float(v) for k, v in raw.get("phases", {}).items()}, bool(raw.get("prefetched", False)))
 
 
 @dataclass(frozen=True)
@@ -240,17 +280,20 @@ class Measured:
 @dataclass(frozen=True)
 class Failure:
     """A request the worker could not serve, and why; `fatal`: its CUDA context is unusable,
-    and it exits after sending this."""
+    and it exits after sending this; `kind` "input": the user's input generator or reference
+    failed (the tuner raises it as the build error it is)."""
 
     error: str
     fatal: bool = False
+    kind: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": False, "fatal": True, "error": self.error} if self.fatal else {"ok": False, "error": self.error}
+        out: dict[str, Any] = {"ok": False, "fatal": True, "error": self.error} if self.fatal else {"ok": False, "error": self.error}
+        return {**out, "kind": self.kind} if self.kind else out
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> "Failure":
-        return cls(str(raw.get("error", "")), bool(raw.get("fatal", False)))
+        return cls(str(raw.get("error", "")), bool(raw.get("fatal", False)), str(raw.get("kind", "")))
 
 
-Reply = Union[Done, HelloReply, Measured, Failure]
+Reply = Union[Done, Ready, HelloReply, Measured, Failure]

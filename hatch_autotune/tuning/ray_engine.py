@@ -33,7 +33,7 @@ from ..lock import LockEntry
 from ..plan.devices import Gpu
 from ..plan.planner import make_plan, target_archs
 from ..runtime import short_repr
-from .binaries import InstanceBinaries, VariantBinaries
+from .binaries import CompareBinaries, InstanceBinaries, VariantBinaries
 from .bucket import BucketJob, tune_bucket
 from .decide import check_kernels
 from .errors import TuningError
@@ -41,7 +41,7 @@ from .protocol import DeviceInfo
 from .schedule import Job, SlotLost
 from .search import WarmStart
 from .session import WorkerSession
-from .tuner import Log, TuneSummary, plan_run, run_tuning
+from .tuner import Log, TuneSummary, output_dtypes, plan_run, run_tuning
 from .worker import WorkerClient
 
 RESOURCE_PREFIX = "hatch-autotune:"  # + arch: a node's number of GPUs of that arch
@@ -90,6 +90,7 @@ class TuneActor:
         self.jobs = {p.eid: BucketJob(inst, p) for inst in self.plan.instances for p in inst.points[arch]}
         self.cache = open_compile_cache(self.project.settings.cache)  # the node's disk, and the shared Redis if its settings name one
         self.binaries: dict[int, VariantBinaries] = {}
+        self.compare = CompareBinaries(arch, self.cache, output_dtypes(self.plan.instances), log=None)
         worker = worker or {}
         env = {**os.environ, **worker["env"]} if worker.get("env") else None
         self.session = WorkerSession(WorkerClient(worker.get("command"), env=env), 0, self.project.tuning)
@@ -128,7 +129,15 @@ class TuneActor:
                 self.binaries[key] = VariantBinaries(job.inst, self.arch, self.cache)
             lines: list[str] = []
             entry = tune_bucket(
-                self.session, job, self.binaries[key], WarmStart.from_json(warm), self.root, self.tmp, lines.append, self.plan.compiler
+                self.session,
+                job,
+                self.binaries[key],
+                WarmStart.from_json(warm),
+                self.root,
+                self.tmp,
+                lines.append,
+                self.plan.compiler,
+                self.compare,
             )
             return {"entry": entry.to_json(), "log": lines, "span": [began, time.monotonic()]}
 

@@ -54,7 +54,9 @@ class Slot(Protocol):
 
     def start(self, job: Job) -> Callable[[], LockEntry]:
         """Hand `job` over; the callable waits for its lock entry (SlotLost: the slot is gone).
-        A slot of depth 1 may do all the work in the callable."""
+        A slot of depth 1 may do all the work in the callable. A slot may also have
+        `upcoming(job | None)`: called before each wait with the job it would likely get next
+        (the head of its arch's queue), so that it prepares it meanwhile."""
         ...
 
 
@@ -135,6 +137,12 @@ def run_schedule(
             if not held:
                 return
             job, wait = held[0]
+            upcoming = getattr(slot, "upcoming", None)
+            if upcoming is not None:  # the slot may make the next job's inputs while this one runs
+                with cond:
+                    queue = pending.get(slot.arch)
+                    guess = queue[0] if queue else None
+                upcoming(guess)
             began = time.monotonic()
             try:
                 entry = wait()

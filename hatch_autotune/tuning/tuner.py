@@ -12,17 +12,17 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from ..compile.cache import CompileCache
 from ..compile.tiers import open_compile_cache
 from ..declare.config import ProjectSpec
 from ..lock import LockEntry
 from ..plan.devices import Gpu, detect_gpus
-from ..plan.planner import Plan, make_plan, target_archs
+from ..plan.planner import Instance, Plan, make_plan, target_archs
 from ..text import instance_text
-from .binaries import InstanceBinaries
-from .bucket import BucketJob, strategy_text, tune_bucket
+from .binaries import CompareBinaries, InstanceBinaries
+from .bucket import BucketJob, bucket_recipe, strategy_text, tune_bucket
 from .decide import Todo, TuningPlan, check_kernels, plan_tuning, stale_points
 from .errors import TuningError
 from .inputs import input_bytes
@@ -113,6 +113,8 @@ def tune(
     try:
         slots: list[Slot] = []
         binaries = InstanceBinaries(cache)
+        for arch, inst, _ in todo:  # the defaults compile while the workers start
+            binaries(inst, arch).request([inst.default_index])
         with tempfile.TemporaryDirectory(prefix="hatch-autotune-tune-") as tmpdir:
             for arch in dict.fromkeys(a for a, _, _ in todo):
                 # none detected (a stand-in worker, or a driver that would not say): device 0, whose worker says what it is
@@ -120,9 +122,12 @@ def tune(
                 log(
                     f"tuning {arch} on device{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))} (NVRTC {plan.compiler}), mode {mode}"
                 )
+                compare = CompareBinaries(arch, cache, output_dtypes(inst for a, inst, _ in todo if a == arch), log)
                 arch_sessions = [WorkerSession(factory(d), d, project.tuning) for d in devices]
                 sessions += arch_sessions
-                slots += [LocalSlot(s, arch, binaries, plan, Path(tmpdir), log) for s in matching_sessions(arch_sessions, arch, log)]
+                slots += [
+                    LocalSlot(s, arch, binaries, plan, Path(tmpdir), log, compare) for s in matching_sessions(arch_sessions, arch, log)
+                ]
             run_tuning(plan, todo, slots, binaries, summary, log)
     finally:
         for s in sessions:
@@ -139,11 +144,26 @@ def plan_run(plan: Plan, archs: Sequence[str], mode: str, kernels: Sequence[str]
     return todo
 
 
+def output_dtypes(instances: Iterable[Instance]) -> list[str]:
+    """The dtypes of the arrays the instances' kernels write: what their compare kernels take."""
+    found: dict[str, None] = {}
+    for inst in instances:
+        for a in inst.spec.args:
+            if a.is_array and a.intent != "in":
+                found[inst.types.get(a.dtype, a.dtype)] = None
+    return list(found)
+
+
 def matching_sessions(sessions: list[WorkerSession], gpu_arch: str, log: Log) -> list[WorkerSession]:
-    """Only devices of the arch being tuned measure it (a builder may hold several kinds)."""
+    """Only devices of the arch being tuned measure it (a builder may hold several kinds). The
+    workers start at once, one thread each (a worker's start is seconds of imports and a CUDA
+    context: not one after the other)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, len(sessions))) as pool:
+        infos = list(pool.map(lambda s: s.hello(), sessions))
     keep = []
-    for s in sessions:
-        info = s.hello()
+    for s, info in zip(sessions, infos):
         if info.arch == gpu_arch:
             keep.append(s)
         else:
@@ -155,12 +175,22 @@ def matching_sessions(sessions: list[WorkerSession], gpu_arch: str, log: Log) ->
 
 
 class LocalSlot:
-    """One GPU of this machine: its worker session tunes one bucket at a time."""
+    """One GPU of this machine: its worker session tunes one bucket at a time, and makes the
+    inputs of the bucket it is likely to get next while it measures (`upcoming`)."""
 
     depth = 1  # it runs in the scheduler's thread: one bucket at a time
 
-    def __init__(self, session: WorkerSession, arch: str, binaries: InstanceBinaries, plan: Plan, tmp: Path, log: Log):
-        self.session, self.arch, self.binaries, self.plan, self.log = session, arch, binaries, plan, log
+    def __init__(
+        self,
+        session: WorkerSession,
+        arch: str,
+        binaries: InstanceBinaries,
+        plan: Plan,
+        tmp: Path,
+        log: Log,
+        compare: CompareBinaries | None = None,
+    ):
+        self.session, self.arch, self.binaries, self.plan, self.log, self.compare = session, arch, binaries, plan, log, compare
         self.name = f"gpu{session.device}"
         self.workdir = tmp / self.name
         self.workdir.mkdir(exist_ok=True)
@@ -169,8 +199,12 @@ class LocalSlot:
         bucket: BucketJob = job.payload
         root, compiler = self.plan.project.root, self.plan.compiler
         return lambda: tune_bucket(
-            self.session, bucket, self.binaries(bucket.inst, self.arch), job.warm, root, self.workdir, self.log, compiler
+            self.session, bucket, self.binaries(bucket.inst, self.arch), job.warm, root, self.workdir, self.log, compiler, self.compare
         )
+
+    def upcoming(self, job: Job | None) -> None:
+        """The job the scheduler would hand this slot next (a guess: another slot may take it)."""
+        self.session.expect(bucket_recipe(job.payload, self.plan.project.root) if job is not None else None)
 
 
 def run_tuning(plan: Plan, todo: Todo, slots: Sequence[Slot], binaries: InstanceBinaries, summary: TuneSummary, log: Log) -> None:

@@ -18,10 +18,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..runtime import Binaries, CudaApi, CudaCallError, Kernel, check_cuda, cuda_api
+from .inputs import InputError, InputRecipe
 from .protocol import (
     DeviceInfo,
     Done,
@@ -31,6 +33,8 @@ from .protocol import (
     Limits,
     Measure,
     Measured,
+    Prepare,
+    Ready,
     Reference,
     Reply,
     Request,
@@ -245,6 +249,43 @@ class _Cubins(Binaries):
             return f.read()
 
 
+class _Expected:
+    """The outputs every variant must match, kept on the device where there is room (a variant's
+    outputs are then compared there, and only a verdict comes back: DeviceComparer), else on the
+    host (the variant's outputs are downloaded and compared there: verify.compare_host)."""
+
+    def __init__(self, driver: Any) -> None:
+        self._driver = driver
+        self.device: dict[str, tuple[int, Any]] = {}  # output -> (device pointer, dtype)
+        self.host: dict[str, Any] = {}  # output -> array
+
+    def keep_device(self, name: str, source: _DeviceArray, stream: Any) -> bool:
+        """Copy an output on the device (a variant's run); False when there is no room."""
+        try:
+            ptr = check_cuda(self._driver.cuMemAlloc(source.nbytes), "cuMemAlloc (reference)")
+        except CudaCallError:
+            return False
+        check_cuda(self._driver.cuMemcpyDtoDAsync(ptr, source.ptr, source.nbytes, stream), "cuMemcpyDtoDAsync (reference)")
+        self.device[name] = (ptr, source.dtype)
+        return True
+
+    def upload(self, name: str, host: Any) -> bool:
+        """The user's reference output on the device; False when there is no room."""
+        try:
+            ptr = check_cuda(self._driver.cuMemAlloc(max(int(host.nbytes), 1)), "cuMemAlloc (reference)")
+        except CudaCallError:
+            return False
+        if host.nbytes:
+            check_cuda(self._driver.cuMemcpyHtoD(ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD (reference)")
+        self.device[name] = (ptr, host.dtype)
+        return True
+
+    def free(self) -> None:
+        for ptr, _ in self.device.values():
+            check_cuda(self._driver.cuMemFree(ptr), "cuMemFree (reference)")
+        self.device, self.host = {}, {}
+
+
 @dataclass
 class _Bucket:
     """What the worker holds for the bucket it measures (set up by a Setup request)."""
@@ -252,15 +293,27 @@ class _Bucket:
     kernel: Kernel
     arrays: dict[str, _DeviceArray]  # every array argument, on the device
     scalars: dict[str, Any]
-    outputs: list[str]  # the arrays a variant writes: downloaded and verified
+    outputs: list[str]  # the arrays a variant writes: verified
     poisoned: set[str]  # the outputs poisoned before each run (intent out)
-    reference: dict[str, Any] | None  # the outputs every variant must match (None until a Reference request)
+    expected: _Expected | None  # what every variant must match (None until a Reference request, without a user reference)
     tolerances: Mapping[str, tuple[float, float]]
     cubins: _Cubins
     types: dict[str, str]
     key: dict[str, int]
     settings: Any  # TuningSpec: the timer's settings
+    comparer: Any  # device_verify.DeviceComparer, or None (verification on the host)
+    pairs: frozenset[tuple[str, str]]  # the (got, expected) dtypes it compares
     handles: dict[str, Any] = field(default_factory=dict)  # variant id -> its loaded kernel
+
+
+def _made_inputs(recipe: InputRecipe) -> tuple[dict[str, Any], dict[str, Any] | None, float]:
+    """A bucket's inputs and the user's reference outputs (None without a reference function),
+    made on the host from the recipe, and the seconds it took."""
+    import time
+
+    t0 = time.perf_counter()
+    inputs = recipe.make()
+    return inputs, recipe.reference_outputs(inputs), time.perf_counter() - t0
 
 
 class _WorkerState:
@@ -269,6 +322,8 @@ class _WorkerState:
         self.arch = ""
         self.timer: Any = None
         self.bucket: _Bucket | None = None
+        self._ahead: dict[str, Future] = {}  # recipe identity -> its inputs, being made in the background
+        self._pool: ThreadPoolExecutor | None = None
 
     def hello(self, msg: Hello) -> HelloReply:
         from .bench import GpuTimer
@@ -284,38 +339,71 @@ class _WorkerState:
         limits = Limits(int(props.max_threads_per_block), int(props.max_registers_per_block), int(props.max_shared_memory_per_block))
         return HelloReply(DeviceInfo(device.name, (major, minor), f"{version // 1000}.{(version % 1000) // 10}", limits))
 
-    def setup(self, msg: Setup) -> Done:
+    def prepare(self, msg: Prepare) -> Done:
+        """Start making a later bucket's inputs on a background thread (host work only)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="hatch-autotune-inputs")
+        identity = msg.inputs.identity()
+        if identity not in self._ahead:
+            self._ahead = {identity: self._pool.submit(_made_inputs, msg.inputs)}  # one bucket ahead: memory stays bounded
+        return Done()
+
+    def setup(self, msg: Setup) -> Ready:
+        """The bucket's inputs (made ahead by a Prepare, else now) on the device, its outputs
+        allocated (never uploaded), and the user's reference outputs on the device too."""
+        import time
+
         import numpy as np
 
         cuda = self._started()
         self._free()
+        t0 = time.perf_counter()
+        ahead = self._ahead.pop(msg.inputs.identity(), None)
+        self._ahead.clear()
+        host, user_reference, made_s = ahead.result() if ahead is not None else _made_inputs(msg.inputs)
+        t1 = time.perf_counter()
         spec = dict(msg.kernel, select={})
         cubins = _Cubins(dict(msg.binaries), self.arch)
         kernel = Kernel(msg.name, spec, cubins)
-        with np.load(msg.inputs, allow_pickle=False) as data:
-            host = {k: data[k] for k in data.files}
         outputs = [a["name"] for a in spec["args"] if a["kind"] == "array" and a["intent"] != "in"]
         poisoned = {a["name"] for a in spec["args"] if a["kind"] == "array" and a["intent"] == "out"}
-        arrays = {name: _DeviceArray(cuda.driver, h, keep_pristine=name not in poisoned) for name, h in host.items()}
+        arrays = {
+            name: _DeviceArray(cuda.driver, h, keep_pristine=name not in poisoned) for name, h in host.items() if isinstance(h, np.ndarray)
+        }
+        scalars = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in host.items() if not isinstance(v, np.ndarray)}
+        comparer, pairs = self._comparer(msg.comparers)
+        expected = None
+        if user_reference is not None:
+            expected = _Expected(cuda.driver)
+            for name, ref in user_reference.items():
+                if (str(arrays[name].dtype), str(ref.dtype)) not in pairs or not expected.upload(name, ref):
+                    expected.host[name] = ref
         check_cuda(cuda.driver.cuCtxSynchronize(), "cuCtxSynchronize after uploading inputs")
-        reference = None
-        if msg.reference:
-            with np.load(msg.reference, allow_pickle=False) as data:
-                reference = {k: data[k] for k in data.files}
+        t2 = time.perf_counter()
         self.bucket = _Bucket(
-            kernel,
-            arrays,
-            dict(msg.scalars),
-            outputs,
-            poisoned,
-            reference,
-            msg.tolerances,
-            cubins,
-            dict(msg.types),
-            msg.key.as_dict(),
-            msg.settings,
-        )
-        return Done()
+            kernel, arrays, scalars, outputs, poisoned, expected, msg.tolerances, cubins, dict(msg.types), msg.key.as_dict(),
+            msg.settings, comparer, pairs,
+        )  # fmt: skip
+        phases = {"inputs": t1 - t0, "upload": t2 - t1}
+        return Ready(phases if ahead is not None else {**phases, "made": made_s}, prefetched=ahead is not None)
+
+    def _comparer(self, files: Mapping[str, str]) -> tuple[Any, frozenset[tuple[str, str]]]:
+        """The compare kernels of this bucket's dtypes and the (got, expected) dtype pairs they
+        compare (none given, or they do not load: verification on the host)."""
+        if not files:
+            return None, frozenset()
+        from .device_verify import DeviceComparer
+
+        cubins = {}
+        for pair, path in files.items():
+            got, _, expected = pair.partition("/")
+            with open(path, "rb") as f:
+                cubins[(got, expected)] = f.read()
+        try:
+            return DeviceComparer(self._started(), cubins), frozenset(cubins)
+        except CudaCallError as exc:
+            print(f"hatch-autotune worker: the compare kernels do not load ({exc}); verifying on the host", file=sys.stderr)
+            return None, frozenset()
 
     def _started(self) -> CudaApi:
         if self.cuda is None:
@@ -326,6 +414,10 @@ class _WorkerState:
         if self.bucket is not None:
             for arr in self.bucket.arrays.values():
                 arr.free()
+            if self.bucket.expected is not None:
+                self.bucket.expected.free()
+            if self.bucket.comparer is not None:
+                self.bucket.comparer.free()
             self.bucket = None
 
     def _launcher(self, vid: str) -> Any:
@@ -346,8 +438,8 @@ class _WorkerState:
         launch = cuda.launch
         return lambda stream: launch(stream, launch_config, handle, *call.c_args)
 
-    def _run_once(self, vid: str) -> dict[str, Any]:
-        """Fresh inputs, poisoned outputs, one launch, outputs back on the host."""
+    def _run_once(self, vid: str) -> None:
+        """Fresh inputs, poisoned outputs, one launch; the outputs stay on the device."""
         cuda = self._started()
         b = self.bucket
         assert b is not None
@@ -362,7 +454,6 @@ class _WorkerState:
             self.timer.stream.sync()
         except Exception as exc:  # illegal address, launch failure: the context is gone
             raise _Fatal(f"variant {vid} failed at run time: {exc}") from None
-        return {name: b.arrays[name].download() for name in b.outputs}
 
     def _bind(self, variant: str, binary: str | None) -> str:
         """The request's variant, with its binary's file when the request names one."""
@@ -372,35 +463,59 @@ class _WorkerState:
         return variant
 
     def reference(self, msg: Reference) -> Done:
-        assert self.bucket is not None
-        self._bind(msg.variant, msg.binary)
-        self.bucket.reference = self._run_once(msg.variant)
+        """Run a variant once: its outputs become what every variant must match (on the device
+        where there is room)."""
+        b = self.bucket
+        assert b is not None
+        self._run_once(self._bind(msg.variant, msg.binary))
+        if b.expected is not None:
+            b.expected.free()
+        b.expected = expected = _Expected(self._started().driver)
+        for name in b.outputs:
+            same = (str(b.arrays[name].dtype),) * 2
+            if same not in b.pairs or not expected.keep_device(name, b.arrays[name], self.timer.stream.handle):
+                expected.host[name] = b.arrays[name].download()
+        self.timer.stream.sync()
         return Done()
 
-    def measure(self, msg: Measure) -> Measured:
-        """Verify the variant against the reference, then time it. The reply's phases say where
-        the worker's wall time went (run: reset, launch and download; verify; time), so that a
-        slow tuning run says what made it slow."""
-        import time
-
+    def _mismatch(self, name: str) -> str | None:
+        """Why output `name` of the variant just run is wrong (None: it matches), compared on
+        the device when the reference is there, else on the host."""
         from .verify import compare
+
+        b = self.bucket
+        assert b is not None and b.expected is not None
+        rtol, atol = b.tolerances[name]
+        got = b.arrays[name]
+        if name in b.expected.device:
+            ptr, dtype = b.expected.device[name]
+            found = b.comparer.compare(name, got.ptr, ptr, tuple(got.shape), str(got.dtype), str(dtype), rtol, atol, self.timer.stream)
+            return found.message()
+        return compare(name, got.download(), b.expected.host[name], rtol, atol)
+
+    def measure(self, msg: Measure) -> Measured:
+        """Verify the variant against the reference, then time it (unless the request only
+        verifies). The reply's phases say where the worker's wall time went (run: reset and
+        launch; verify; time), so that a slow tuning run says what made it slow."""
+        import time
 
         b = self.bucket
         assert b is not None
         vid = self._bind(msg.variant, msg.binary)
         t0 = time.perf_counter()
-        got = self._run_once(vid)
+        self._run_once(vid)
         t1 = time.perf_counter()
         phases = {"run": t1 - t0}
-        if b.reference is not None:
+        if b.expected is not None:
             for name in b.outputs:
-                rtol, atol = b.tolerances[name]
-                reason = compare(name, got[name], b.reference[name], rtol, atol)
+                reason = self._mismatch(name)
                 if reason:
                     phases["verify"] = time.perf_counter() - t1
                     return Measured("rejected", reason=f"wrong result: {reason}", phases=phases)
         t2 = time.perf_counter()
         phases["verify"] = t2 - t1
+        if not msg.timed:
+            return Measured("ok", phases=phases)
         fn = self._launcher(vid)
         try:
             timing = self.timer.time(fn, b.settings, msg.leader_ms)
@@ -414,6 +529,8 @@ class _WorkerState:
             return self.hello(msg)
         if isinstance(msg, Setup):
             return self.setup(msg)
+        if isinstance(msg, Prepare):
+            return self.prepare(msg)
         if isinstance(msg, Reference):
             return self.reference(msg)
         return self.measure(msg)
@@ -437,6 +554,8 @@ def main() -> None:
                 protocol.write(json.dumps(Failure(str(exc), fatal=True).to_json()) + "\n")
                 protocol.flush()
                 os._exit(3)
+        except InputError as exc:  # the user's generator or reference: the build's error, with their message
+            reply = Failure(str(exc), kind="input")
         except Exception as exc:
             reply = Failure(f"{type(exc).__name__}: {exc}")
         protocol.write(json.dumps(reply.to_json()) + "\n")
