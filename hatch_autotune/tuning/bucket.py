@@ -10,6 +10,7 @@ import datetime
 import math
 import time
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -237,11 +238,12 @@ class BucketTuning:
             comparers=self.compare.files(self.tmp, dtypes) if self.compare is not None else {},
         )
 
-    def _binary(self, i: int) -> Any:
-        """Config i's compile result, the wait for it counted as compiling."""
+    @contextmanager
+    def _compiling(self) -> Iterator[None]:
+        """The time inside counted as waiting for NVRTC."""
         t = time.monotonic()
         try:
-            return self.binaries.get(i)
+            yield
         finally:
             self.costs["compile_wait"] += time.monotonic() - t
 
@@ -249,7 +251,8 @@ class BucketTuning:
         """Why config i cannot run on the device (it did not compile, or exceeds a limit)."""
         job, spec, config = self.job, self.job.spec, self.configs[i]
         assert self.info is not None
-        result = self._binary(i)
+        with self._compiling():
+            result = self.binaries.get(i)
         env = lambda c: {**self.key, **c, **spec.type_env(job.types)}  # noqa: E731
         return prune_reason(
             config,
@@ -261,11 +264,8 @@ class BucketTuning:
         )
 
     def _file(self, i: int) -> str:
-        t = time.monotonic()
-        try:
+        with self._compiling():
             return self.binaries.file(i, self.tmp)
-        finally:
-            self.costs["compile_wait"] += time.monotonic() - t
 
     # -- the reference ---------------------------------------------------------------------
 
@@ -284,9 +284,9 @@ class BucketTuning:
                 else:
                     self._record(measured(i, self.configs[i], "pruned", reason=reason))
 
-    def _check(self, i: int) -> str | None:
-        """Run config i once against the reference without timing it: None when its outputs
-        agree; else why not ("failed: ..." when it did not run: it is recorded as failed)."""
+    def _check(self, i: int) -> tuple[bool, str | None]:
+        """Run config i once against the reference without timing it: whether it ran (one
+        that did not is recorded as failed), and why its outputs disagree (None: they agree)."""
         vid, binary = self.job.variants[i].id, self._file(i)
         asked = time.monotonic()
         try:
@@ -296,8 +296,8 @@ class BucketTuning:
         if isinstance(reply, Failure):  # the time a crash or hang took is its measurement's, not the reference's
             self.costs["measure"] += time.monotonic() - asked
             self._record(measured(i, self.configs[i], "failed", reason=reply.error or "unknown error"))
-            return f"failed: {reply.error}"
-        return (reply.reason or "wrong result") if reply.status == "rejected" else None
+            return False, reply.error
+        return True, (reply.reason or "wrong result") if reply.status == "rejected" else None
 
     def _witness(self, chosen: Sequence[int], skip: set[int]) -> tuple[int, str | None] | None:
         """The runnable config most unlike the configs `chosen` so far (the most axes that
@@ -310,10 +310,10 @@ class BucketTuning:
 
         ranked = sorted((i for i in range(len(self.configs)) if i not in skip and i not in chosen), key=lambda i: (-unlike(i), i))
         for i in self._runnable(ranked, WITNESS_LOOKS - len(skip)):
-            verdict = self._check(i)
+            ran, why = self._check(i)
             skip.add(i)
-            if verdict is None or not verdict.startswith("failed: "):
-                return i, verdict
+            if ran:
+                return i, why
         return None
 
     def _settle_reference(self) -> None:
@@ -368,7 +368,7 @@ class BucketTuning:
             )
         first = dissent[0][0]
         self.session.reference(Reference(job.variants[first].id, self._file(first)))  # is it the default that is wrong?
-        agreeing = [i for i, _ in dissent[1:] if self._check(i) is None]
+        agreeing = [i for i, _ in dissent[1:] if self._check(i) == (True, None)]
         if agreeing:
             self.reference = first
             self.reference_text = f"config {first}, cross-checked with config {agreeing[0]} ({name} disagreed with {len(dissent)} configs)"

@@ -94,10 +94,7 @@ def shapes(spec: KernelSpec, key: Mapping[str, int], types: Mapping[str, Any]) -
 
 def input_bytes(spec: KernelSpec, key: Mapping[str, int], types: Mapping[str, Any]) -> int:
     """What a bucket's arrays hold, in bytes, without making them (the scheduler's cost estimate)."""
-    import numpy as np
-
-    sizes = shapes(spec, key, types)
-    return sum(math.prod(sizes[a.name]) * np.dtype(resolved_dtype(a.dtype, types)).itemsize for a in spec.args if a.is_array)
+    return InputRecipe.of(spec, types, key, ".", 0).nbytes()
 
 
 RANDOM_BLOCK = 1 << 22  # elements drawn from one seed: blocks are drawn in parallel, the same data whatever the threads

@@ -259,11 +259,17 @@ class _Expected:
         self.device: dict[str, tuple[int, Any]] = {}  # output -> (device pointer, dtype)
         self.host: dict[str, Any] = {}  # output -> array
 
+    def _room(self, nbytes: int) -> int | None:
+        """Device memory for one reference output; None when there is no room."""
+        try:
+            return int(check_cuda(self._driver.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc (reference)"))
+        except CudaCallError:
+            return None
+
     def keep_device(self, name: str, source: _DeviceArray, stream: Any) -> bool:
         """Copy an output on the device (a variant's run); False when there is no room."""
-        try:
-            ptr = check_cuda(self._driver.cuMemAlloc(source.nbytes), "cuMemAlloc (reference)")
-        except CudaCallError:
+        ptr = self._room(source.nbytes)
+        if ptr is None:
             return False
         check_cuda(self._driver.cuMemcpyDtoDAsync(ptr, source.ptr, source.nbytes, stream), "cuMemcpyDtoDAsync (reference)")
         self.device[name] = (ptr, source.dtype)
@@ -271,9 +277,8 @@ class _Expected:
 
     def upload(self, name: str, host: Any) -> bool:
         """The user's reference output on the device; False when there is no room."""
-        try:
-            ptr = check_cuda(self._driver.cuMemAlloc(max(int(host.nbytes), 1)), "cuMemAlloc (reference)")
-        except CudaCallError:
+        ptr = self._room(int(host.nbytes))
+        if ptr is None:
             return False
         if host.nbytes:
             check_cuda(self._driver.cuMemcpyHtoD(ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD (reference)")
