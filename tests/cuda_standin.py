@@ -207,6 +207,8 @@ class StandIn:
         self.memory: dict[int, _Allocation] = {}
         self.streams: dict[int, FakeStream] = {}
         self.launches: list[Launch] = []
+        self.modules: dict[int, tuple[FakeObjectCode, int]] = {}  # cuModuleLoadData's: handle -> (code, device)
+        self.functions_loaded: dict[int, tuple[FakeKernel, int]] = {}  # cuModuleGetFunction's: handle -> (kernel, device)
         self.refused: list[str] = []  # what the driver refused, in order
         self.calls: dict[str, int] = {}
         self.lock = threading.Lock()
@@ -256,6 +258,7 @@ class StandIn:
         "cuMemcpyHtoD",
         "cuMemcpyDtoH",
         "cuMemsetD8Async",
+        "cuLaunchKernel",
     }
 
     def _counted(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -412,7 +415,84 @@ class StandIn:
         alloc, offset = found
         return np.frombuffer(alloc.data, dtype=dtype, count=count, offset=offset)
 
-    # -- cuda.core's launch ---------------------------------------------------------------------
+    # -- modules and the driver's launch (the runtime's call path) -----------------------------
+
+    def cuModuleLoadData(self, image: Any) -> tuple:
+        """A cubin or PTX (a C string) loaded into the current context: refused, as the driver
+        does at load, for another arch or PTX newer than the driver."""
+        device = self.current()
+        if device is None:
+            return R.CUDA_ERROR_INVALID_CONTEXT, None
+        data = bytes(image)
+        code = FakeObjectCode(data, "cubin") if data[:4] == b"\x7fELF" else FakeObjectCode(data.rstrip(b"\0"), "ptx")
+        try:
+            FakeKernel.check_code_runs_on(code, self, device)
+        except CUDAError as exc:
+            return self._code(exc), None
+        with self.lock:
+            handle = self._next_handle = getattr(self, "_next_handle", 0xD000) + 0x10
+            self.modules[handle] = (code, device)
+        return R.CUDA_SUCCESS, handle
+
+    def cuModuleGetFunction(self, module: Any, name: bytes) -> tuple:
+        found = self.modules.get(int(module))
+        if found is None:
+            return R.CUDA_ERROR_INVALID_HANDLE, None
+        code, device = found
+        try:
+            kernel = code.get_kernel(name.decode())
+        except CUDAError as exc:
+            return self._code(exc), None
+        with self.lock:
+            handle = self._next_handle = self._next_handle + 0x10
+            self.functions_loaded[handle] = (kernel, device)
+        return R.CUDA_SUCCESS, handle
+
+    def cuLaunchKernel(self, f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int, stream: Any, params: Any, extra: Any) -> tuple:
+        """The driver's launch: each parameter's bytes are read through the `params` array of
+        pointers, as many and as large as the kernel's binary declares, as a GPU driver reads
+        them. Stricter than a driver: parameters whose bytes overlap are refused, so that a
+        buffer laid out with a slot too small for its parameter cannot pass."""
+        found = self.functions_loaded.get(int(f))
+        if found is None:
+            return (R.CUDA_ERROR_INVALID_HANDLE,)
+        kernel, loaded_on = found
+        try:
+            device = self.current()
+            if device is None:
+                raise self.refuse("CUDA_ERROR_INVALID_CONTEXT", f"{kernel.entry}: no current context in this thread")
+            if device != loaded_on:
+                raise self.refuse("CUDA_ERROR_INVALID_HANDLE", f"{kernel.entry}: a function of device {loaded_on} in a context of device {device}")
+            handle = int(stream)
+            fake = self.streams.get(handle)
+            if fake is None:
+                if handle not in LEGACY_STREAMS:
+                    raise self.refuse("CUDA_ERROR_INVALID_HANDLE", f"{kernel.entry}: no stream {handle:#x}")
+                fake = FakeStream(self, handle, None)
+            if extra not in (0, None):
+                raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: `extra` given (the runtime passes kernelParams)")
+            sizes = kernel.params
+            if sizes and not int(params):
+                raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: no kernelParams for {len(sizes)} parameters")
+            addresses = list((ctypes.c_void_p * len(sizes)).from_address(int(params))) if sizes else []
+            spans = sorted((int(addr or 0), int(addr or 0) + size, i) for i, (addr, size) in enumerate(zip(addresses, sizes)))
+            for (start, _, i), (_, end, j) in zip(spans[1:], spans):
+                if start < end:
+                    raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: the bytes of parameters {j} and {i} overlap")
+            if any(not addr for addr in addresses):
+                raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: a null parameter pointer")
+            values = [ctypes.string_at(addr, size) for addr, size in zip(addresses, sizes)]
+            self._run(kernel, fake, (gx, gy, gz), (bx, by, bz), int(shmem), values)
+        except CUDAError as exc:
+            return (self._code(exc),)
+        return (R.CUDA_SUCCESS,)
+
+    @staticmethod
+    def _code(exc: CUDAError) -> Any:
+        """The CUresult of a refusal (its message starts with the error's name)."""
+        return getattr(R, str(exc).split(":")[0])
+
+    # -- cuda.core's launch (the tuning worker's) -------------------------------------------------
 
     def launch(self, stream: Any, config: Any, kernel: Any, *args: Any) -> None:
         if not isinstance(config, LaunchConfig):
@@ -421,21 +501,8 @@ class StandIn:
             raise TypeError(f"launch(): kernel must be a cuda.core Kernel, got {type(kernel).__name__}")
         if not isinstance(stream, FakeStream):
             raise TypeError(f"launch(): stream must be a cuda.core Stream, got {type(stream).__name__}")
-        device = self.current()
-        if device is None:
+        if self.current() is None:
             raise self.refuse("CUDA_ERROR_INVALID_CONTEXT", f"{kernel.entry}: no current context in this thread")
-        if stream.ordinal is not None and stream.ordinal != device:
-            raise self.refuse(
-                "CUDA_ERROR_INVALID_HANDLE", f"{kernel.entry}: stream of device {stream.ordinal} in a context of device {device}"
-            )
-        kernel.check_runs_on(self, device)
-        block, grid = tuple(config.block), tuple(config.grid)
-        if block[0] * block[1] * block[2] > 1024 or block[2] > 64 or min(block) < 1:
-            raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: block {block}")
-        if grid[0] >= 2**31 or grid[1] > 65535 or grid[2] > 65535 or min(grid) < 1:
-            raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: grid {grid}")
-        if config.shmem_size > 48 * 1024:
-            raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: {config.shmem_size} B dynamic shared memory without opt-in")
         sizes = kernel.params
         if len(args) != len(sizes):
             raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: {len(args)} arguments for {len(sizes)} parameters")
@@ -447,10 +514,25 @@ class StandIn:
                 )
         holder = ParamHolder(args)  # cuda.core's own packing, as launch() does it
         addresses = (ctypes.c_void_p * len(args)).from_address(holder.ptr)
-        params = [ctypes.string_at(addresses[i], size) for i, size in enumerate(sizes)]
-        record = Launch(
-            kernel.entry, kernel.binary, device, stream, grid, block, config.shmem_size, params, threading.get_ident(), len(self.stack)
-        )
+        values = [ctypes.string_at(addresses[i], size) for i, size in enumerate(sizes)]
+        self._run(kernel, stream, tuple(config.grid), tuple(config.block), config.shmem_size, values)
+
+    def _run(self, kernel: "FakeKernel", stream: "FakeStream", grid: tuple, block: tuple, shmem: int, params: list[bytes]) -> None:
+        """What both launches check of the device, then the launch recorded and emulated."""
+        device = self.current()
+        if stream.ordinal is not None and stream.ordinal != device:
+            raise self.refuse(
+                "CUDA_ERROR_INVALID_HANDLE", f"{kernel.entry}: stream of device {stream.ordinal} in a context of device {device}"
+            )
+        kernel.check_runs_on(self, device)
+        block, grid = tuple(int(b) for b in block), tuple(int(g) for g in grid)
+        if block[0] * block[1] * block[2] > 1024 or block[2] > 64 or min(block) < 1:
+            raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: block {block}")
+        if grid[0] >= 2**31 or grid[1] > 65535 or grid[2] > 65535 or min(grid) < 1:
+            raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: grid {grid}")
+        if shmem > 48 * 1024:
+            raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: {shmem} B dynamic shared memory without opt-in")
+        record = Launch(kernel.entry, kernel.binary, device, stream, grid, block, shmem, params, threading.get_ident(), len(self.stack))
         with self.lock:
             self.launches.append(record)
         emulate = EMULATORS.get(kernel.entry)
@@ -497,18 +579,24 @@ class FakeKernel:
         self.tag = code.tag
 
     def check_runs_on(self, standin: StandIn, device: int) -> None:
+        self.check_code_runs_on(self.code, standin, device)
+
+    @staticmethod
+    def check_code_runs_on(code: "FakeObjectCode", standin: StandIn, device: int) -> None:
         cc = standin.devices[device].cc
-        if self.code.kind == "ptx":
-            isa = ptx_isa(self.code.data.decode())
+        if code.kind == "ptx":
+            text = code.data.decode()
+            isa = ptx_isa(text)
             supported = (9, standin.version % 1000 // 10) if standin.version >= 13000 else (8, 8)
             if isa > supported:
                 raise standin.refuse("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", f"PTX ISA {isa[0]}.{isa[1]} on driver {standin.version}")
-            if int(self.binary.split("_")[1]) > cc[0] * 10 + cc[1]:
-                raise standin.refuse("CUDA_ERROR_NO_BINARY_FOR_GPU", f"{self.binary} PTX on sm_{cc[0]}{cc[1]}")
+            target = int(re.search(r"^\s*\.target\s+sm_(\d+)", text, re.M).group(1))
+            if target > cc[0] * 10 + cc[1]:
+                raise standin.refuse("CUDA_ERROR_NO_BINARY_FOR_GPU", f"compute_{target} PTX on sm_{cc[0]}{cc[1]}")
         else:
-            major, minor = cubin_cc(self.code.data)
+            major, minor = cubin_cc(code.data)
             if major != cc[0] or minor > cc[1]:
-                raise standin.refuse("CUDA_ERROR_NO_BINARY_FOR_GPU", f"{self.binary} cubin on sm_{cc[0]}{cc[1]}")
+                raise standin.refuse("CUDA_ERROR_NO_BINARY_FOR_GPU", f"sm_{major}{minor} cubin on sm_{cc[0]}{cc[1]}")
 
 
 _TAG = re.compile(rb"EMU:([A-Za-z0-9_=;.\-]+)")

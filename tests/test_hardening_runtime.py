@@ -21,7 +21,14 @@ from hypothesis import strategies as st
 from hatch_autotune import runtime
 from hatch_autotune.declare.expr import parse
 from hatch_autotune.runtime import Binaries, CudaApi, Kernel, NoDriverError, stream_handle
-from hatch_autotune.runtime.args import c_scalar, scalar_converter
+from hatch_autotune.runtime.args import c_scalar
+from hatch_autotune.runtime.params import PACK_ERRORS, ParamBuffer
+
+
+def fast_bytes(value, dtype):
+    """A scalar as the repeated-call path packs it: the struct of a ParamBuffer, which raises one
+    of PACK_ERRORS for a value the dtype cannot hold (the call then takes the checked path)."""
+    return ParamBuffer([(dtype, 0, None)]).convert.pack(value)
 
 EXAMPLE_ARCHS = ("sm_90",)  # example_kernels: the stand-in is an sm_90 device
 EXAMPLES = int(os.environ.get("HATCH_AUTOTUNE_EXAMPLES", "300"))
@@ -244,18 +251,20 @@ def test_a_finite_float_beyond_its_dtype_is_refused(value, dtype, shown):
         warnings.simplefilter("error")  # no RuntimeWarning from numpy on the way
         with pytest.raises(ValueError, match=expected):
             c_scalar(value, dtype, "k", "a")
-        with pytest.raises(ValueError, match=expected):
-            scalar_converter(dtype, "k", "a")(value)  # the repeated-call path
+        with pytest.raises(PACK_ERRORS):
+            fast_bytes(value, dtype)  # the repeated-call path: refused too, so the checked path names it
 
 
 def test_inf_nan_and_values_that_round_within_range_pass_as_given():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for dtype in ("float16", "float32", "float64"):
-            for convert in (lambda v, d=dtype: c_scalar(v, d, "k", "a"), scalar_converter(dtype, "k", "a")):
-                bits = [convert(v) for v in (math.inf, -math.inf, math.nan)]
-                values = [b.view(np.float16) if dtype == "float16" else b for b in bits]
-                assert values[0] == np.inf and values[1] == -np.inf and np.isnan(values[2])
+            bits = [c_scalar(v, dtype, "k", "a") for v in (math.inf, -math.inf, math.nan)]
+            values = [b.view(np.float16) if dtype == "float16" else b for b in bits]
+            assert values[0] == np.inf and values[1] == -np.inf and np.isnan(values[2])
+            assert [fast_bytes(v, dtype) for v in (math.inf, -math.inf)] == [b.tobytes() for b in bits[:2]]
+            fast_nan = np.frombuffer(fast_bytes(math.nan, dtype), "<f2" if dtype == "float16" else np.dtype(dtype))[0]
+            assert np.isnan(fast_nan)
         assert c_scalar(65519.0, "float16", "k", "a").view(np.float16) == 65504  # rounds to the largest half
         assert c_scalar(3.4028235e38, "float32", "k", "a") == np.finfo(np.float32).max
         assert c_scalar(1e-50, "float32", "k", "a") == 0  # underflow is rounding, not an error
@@ -423,10 +432,26 @@ def test_any_float_scalar_converts_exactly_or_is_refused_naming_it(value):
             except ValueError as exc:
                 assert str(exc).startswith("k(): argument 'a'=") and f"does not fit in {dtype}" in str(exc)
                 assert isinstance(value, int) or math.isfinite(value)
-                with pytest.raises(ValueError):
-                    scalar_converter(dtype, "k", "a")(value)
+                with pytest.raises(PACK_ERRORS):
+                    fast_bytes(value, dtype)
                 continue
             converted = float(bits.view(np.float16) if dtype == "float16" else bits)
             assert math.isfinite(converted) == (isinstance(value, int) or math.isfinite(value))
-            fast = scalar_converter(dtype, "k", "a")(value)
-            assert fast.tobytes() == bits.tobytes()
+            if not math.isnan(converted):  # a NaN's payload bits may differ; it is a NaN either way
+                assert fast_bytes(value, dtype) == bits.tobytes()
+
+
+@PROPERTY
+@given(value=st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.sampled_from([np.int64(-1), np.uint64(2**64 - 1), np.int8(-128)])))
+def test_any_integer_scalar_packs_as_the_checked_path_converts_it_or_both_refuse_it(value):
+    """The repeated-call path packs a caller's integer with struct; the checked path converts it
+    with c_scalar: the same bytes, and the same values refused (the call then says which)."""
+    for dtype in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
+        try:
+            exact = c_scalar(value, dtype, "k", "a")
+        except ValueError as exc:
+            assert f"does not fit in {dtype}" in str(exc)
+            with pytest.raises(PACK_ERRORS):
+                fast_bytes(value, dtype)
+            continue
+        assert fast_bytes(value, dtype) == exact.tobytes()

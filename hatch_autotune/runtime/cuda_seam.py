@@ -12,7 +12,6 @@ import sys
 from _thread import allocate_lock  # threading.Lock itself, without importing threading
 
 from .errors import CudaCallError, NoDriverError
-from .record import Record
 
 try:  # weakref.WeakSet itself, from its small pure-Python module (weakref imports more)
     from _weakrefset import WeakSet
@@ -21,7 +20,7 @@ except ImportError:  # pragma: no cover - depends on the interpreter
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
-    from typing import Any, Callable, Protocol, Sequence
+    from typing import Any, Protocol, Sequence
 
     class PlanHolder(Protocol):
         """A kernel, as GpuState sees it: it holds plans made over a state, and drops them."""
@@ -43,6 +42,9 @@ def check_cuda(result: Sequence[Any], call: str) -> Any:
         return None
     return result[1] if len(result) == 2 else tuple(result[1:])
 
+
+CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 0x1, 0x2  # the driver's special stream handles
+PER_THREAD_VARIABLE = "CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM"
 
 _NO_DRIVER_HINT = (
     "running a kernel needs an NVIDIA GPU and its driver; `<kernel>.select(arch='sm_90', ...)` "
@@ -80,37 +82,74 @@ def check_cuda_core(path: Sequence[str] | None = None) -> None:
         )
 
 
-class CudaApi(Record):
+_CORE_NAMES = ("Device", "Stream", "LaunchConfig", "ObjectCode", "EventOptions", "launch")
+
+
+class CudaApi:
     """Every CUDA name that the runtime and the tuning worker call, in one object, so that a
     test can hand them a stand-in: cuda.bindings' `driver` module (its cu* functions and the
-    CUresult, CUdevice_attribute and CUpointer_attribute enums) and six names of cuda.core."""
+    CUresult, CUdevice_attribute and CUpointer_attribute enums), which is all that a call of a
+    kernel uses, and six names of cuda.core for the tuning worker (Device, Stream, LaunchConfig,
+    ObjectCode, EventOptions, launch), imported at their first use: cuda.core takes hundreds of
+    milliseconds to import (it imports NVML and its program compiler), which a first call must
+    not pay."""
 
-    __slots__ = ("driver", "Device", "Stream", "LaunchConfig", "ObjectCode", "EventOptions", "launch")
-    driver: Any
-    Device: Any
-    Stream: Any
-    LaunchConfig: Any
-    ObjectCode: Any
-    EventOptions: Any
-    launch: Callable[..., None]
+    __slots__ = ("driver", "_core")
+    CORE_NAMES = _CORE_NAMES
+
+    def __init__(self, driver: Any, *core: Any, **named: Any):
+        self.driver = driver
+        given = {**dict(zip(_CORE_NAMES, core)), **named}
+        unknown = sorted(set(given) - set(_CORE_NAMES))
+        if unknown:
+            raise TypeError(f"CudaApi: unknown name(s) {unknown}; expected some of {list(_CORE_NAMES)}")
+        self._core: dict[str, Any] | None = given if len(given) == len(_CORE_NAMES) else None
+        if self._core is None and given:
+            raise TypeError(f"CudaApi: give all of cuda.core's names or none (given {sorted(given)})")
+
+    def __getattr__(self, name: str) -> Any:  # only for names that are not slots: cuda.core's
+        if name not in _CORE_NAMES:
+            raise AttributeError(name)
+        core = self._core
+        if core is None:
+            core = self._core = _load_core()
+        return core[name]
 
     @classmethod
     def load(cls, driver: Any = None) -> CudaApi:
-        """The real ones, from cuda-bindings and cuda-core; ImportError for a cuda-core too old."""
+        """The real driver bindings; cuda.core's names come at their first use."""
         if driver is None:
             from cuda.bindings import driver as bindings_driver
 
             driver = bindings_driver
-        try:
-            from cuda.core import Device, EventOptions, LaunchConfig, ObjectCode, Stream, launch
-        except ImportError as exc:
-            need = ".".join(map(str, MIN_CUDA_CORE))
-            raise ImportError(f"hatch-autotune kernels need cuda-core >= {need} (the `cuda.core` API): {exc}") from None
-        return cls(driver, Device, Stream, LaunchConfig, ObjectCode, EventOptions, launch)
+        return cls(driver)
 
     def replace(self, **changes: Any) -> CudaApi:
-        """A copy with some names replaced (e.g. a counting `launch`)."""
-        return type(self)(**{**{n: getattr(self, n) for n in self.__slots__}, **changes})
+        """A copy with some names replaced (e.g. a counting `driver`)."""
+        driver = changes.pop("driver", self.driver)
+        if not changes:
+            return type(self)(driver, **(self._core or {}))
+        core = {n: changes.pop(n) if n in changes else getattr(self, n) for n in _CORE_NAMES}
+        if changes:
+            raise TypeError(f"CudaApi.replace: unknown name(s) {sorted(changes)}")
+        return type(self)(driver, **core)
+
+
+def _load_core() -> dict[str, Any]:
+    """cuda.core's names that the tuning worker uses; ImportError for a cuda-core too old."""
+    try:
+        from cuda.core import Device, EventOptions, LaunchConfig, ObjectCode, Stream, launch
+    except ImportError as exc:
+        need = ".".join(map(str, MIN_CUDA_CORE))
+        raise ImportError(f"hatch-autotune needs cuda-core >= {need} (the `cuda.core` API): {exc}") from None
+    return {
+        "Device": Device,
+        "Stream": Stream,
+        "LaunchConfig": LaunchConfig,
+        "ObjectCode": ObjectCode,
+        "EventOptions": EventOptions,
+        "launch": launch,
+    }
 
 
 class GpuState:
@@ -128,8 +167,10 @@ class GpuState:
         self.driver_version = (0, 0)
         self.cc: dict[int, tuple[int, int]] = {}
         self.primary: dict[int, Any] = {}
-        self.default_streams: dict[int, Any] = {}
-        self.handle_streams: dict[int, Any] = {}
+        # What stream=None launches on when the arrays' library has no current stream of its own:
+        # the current context's legacy default stream, or its per-thread one where cuda-python
+        # is told to use that (cuda.core's Device.default_stream reads the same variable).
+        self.default_stream = CU_STREAM_PER_THREAD if os.environ.get(PER_THREAD_VARIABLE, "0") not in ("", "0") else CU_STREAM_LEGACY
         self.planners: WeakSet[PlanHolder] = WeakSet()  # kernels whose plans hold this API's objects
         self.lock = allocate_lock()
 
@@ -205,34 +246,21 @@ class GpuState:
         """A block with `device` current in the calling thread (see _OnDevice)."""
         return _OnDevice(self, device)
 
-    def launch(self, device: int, stream: Any, config: Any, kernel: Any, c_args: Sequence[Any]) -> None:
-        """Launch with `device` current in the calling thread: as it is when the caller's
-        context is already on that device, else its primary context pushed and popped, so that
-        any thread can call and the caller's current device never changes."""
-        if self.current_device() == device:
-            self._api.launch(stream, config, kernel, *c_args)
-            return
-        with _OnDevice(self, device):
-            self._api.launch(stream, config, kernel, *c_args)
-
-    def launch_stream(self, stream: Any, handle: int | None, device: int) -> Any:
-        """What to launch on: a cuda.core Stream as given; the device's default stream for None;
-        anything else by its handle, wrapped once (Stream.from_handle costs microseconds)."""
-        api = self._api
-        if isinstance(stream, api.Stream):
-            return stream
-        if handle is None:
-            found = self.default_streams.get(device)
-            if found is None:
-                with _OnDevice(self, device):
-                    found = self.default_streams.setdefault(device, api.Device(device).default_stream)
-            return found
-        found = self.handle_streams.get(handle)
-        if found is None:
-            if len(self.handle_streams) >= CACHE_LIMIT:
-                self.handle_streams.clear()
-            found = self.handle_streams.setdefault(handle, api.Stream.from_handle(handle))
-        return found
+    def launch(self, device: int, head: tuple[Any, ...], stream: int, params: int, what: str) -> None:
+        """cuLaunchKernel(*head, stream, params) with `device` current in the calling thread: as it
+        is when the caller's context is already on that device, else its primary context pushed
+        and popped, so that any thread can call and the caller's current device never changes.
+        `head` is (function, grid x3, block x3, shared bytes); `params` the address of the
+        kernel's parameter pointers (params.ParamBuffer)."""
+        driver = self._api.driver
+        err, current = driver.cuCtxGetDevice()
+        if not err and int(current) == device:
+            result = driver.cuLaunchKernel(*head, stream, params, 0)
+        else:
+            with _OnDevice(self, device):
+                result = driver.cuLaunchKernel(*head, stream, params, 0)
+        if result[0]:
+            raise CudaCallError(f"cuLaunchKernel ({what})", getattr(result[0], "name", str(result[0])))
 
 
 class _OnDevice:

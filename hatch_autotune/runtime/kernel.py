@@ -8,28 +8,21 @@ from __future__ import annotations
 from _thread import allocate_lock  # threading.Lock itself, without importing threading
 
 from . import cuda_seam
-from .args import (
-    PreparedCall,
-    array_view,
-    as_constant,
-    c_scalar,
-    integral_types,
-    scalar_converter,
-    stream_handle,
-)
-from .cuda_seam import CACHE_LIMIT, current_device_cc
+from .args import _READERS, CUPY, TORCH, PreparedCall, array_reader, array_view, as_constant, c_scalar, integral_types, stream_handle
+from .cuda_seam import CACHE_LIMIT, CU_STREAM_LEGACY, check_cuda, current_device_cc
 from .errors import ArrayInterfaceError, ExpressionError, short_repr
 from .expr import compile_expr, tree_text
+from .params import PACK_ERRORS, POINTER, ParamBuffer
 from .selection import Selection, as_compute_capability, map_to_bucket, ptx_driver_needed
 from .table import TableEntry
 from .values import MAX_SIZE, instance_env, types_key
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
-    from typing import Any, Mapping, Sequence
+    from typing import Any, Callable, Mapping, Sequence
 
     from .args import ArrayView
-    from .cuda_seam import CudaApi, GpuState
+    from .cuda_seam import GpuState
 
 
 class Binaries:
@@ -93,6 +86,8 @@ class Kernel:
         key_scalars = {k["from"] for k in self.key if k["axis"] is None}
         kinds = {a["name"]: (_ARRAY if a["kind"] == "array" else _KEY_SCALAR if a["name"] in key_scalars else _SCALAR) for a in self.args}
         self._user_kinds = tuple(kinds[n] for n in self.user_args)
+        c_slot = {a["name"]: c for c, a in enumerate(self.args)}
+        self._user_slots = tuple(c_slot[n] for n in self.user_args)  # each argument's C parameter
         self._kernels: dict[tuple[int, str, str], Any] = {}
         self._load_lock = allocate_lock()
         self.__doc__ = self._docstring()
@@ -383,11 +378,13 @@ class Kernel:
             c_args.append(c_scalar(value, dtype, name, arg))
         return PreparedCall(types, key, tuple(c_args), arrays)
 
-    # The call path. A first call with a given signature (array dtypes, shapes, layouts, scalar
-    # types, stream) goes through every check in _prepare, then starts the driver, and records a
-    # _FastPlan per device; later calls with the same signature only read each array's pointer,
-    # check its alignment, convert the scalars and launch, from any thread. With one GPU the
-    # device is known; with several, each call asks the driver which device its arrays are on.
+    # The call path. A first call with a given signature (array types, dtypes, shapes, layouts
+    # and devices, scalar types, stream) goes through every check in _prepare, then starts the
+    # driver, and records a _FastPlan per device; later calls with the same signature read each
+    # array's pointer (CuPy's and PyTorch's through their own attributes: args.array_reader),
+    # check its alignment, pack the pointers and scalars into the plan's parameter buffer and
+    # launch, from any thread. The device is the arrays' own (CuPy, PyTorch), the only one, or,
+    # with several GPUs and other arrays, the one the driver says they are on.
 
     def __call__(self, *args: Any, stream: Any = None, **kwargs: Any) -> None:
         constants = self._take_constants(kwargs) if kwargs else {}
@@ -398,30 +395,50 @@ class Kernel:
             if any(type(v) not in (int, bool) for v in constants.values()):
                 return self._call_checked(list(args), stream, None, constants)  # names what is wrong, or converts
             sig.append(tuple((c, type(v), v) for c, v in constants.items()))
+        values: list[Any] = []  # the caller's values as the kernel takes them: pointers for arrays
         ptrs = []
+        device = None  # the arrays' own device, where they say (CuPy, PyTorch)
+        library_stream = None  # the current stream of the first such array's library
+        readers = _READERS
         for obj, kind in zip(args, self._user_kinds):
             if kind is _ARRAY:
-                cai = getattr(obj, "__cuda_array_interface__", None)
-                if cai is None:
-                    return self._call_checked(list(args), stream, None, constants)
-                try:
-                    data = cai["data"]
-                    sig.append((cai["typestr"], cai["shape"], data[1], cai.get("strides")))
-                except (LookupError, TypeError):  # not a real interface: the checked path names it
-                    return self._call_checked(list(args), stream, None, constants)
-                ptrs.append(data[0])
-            elif kind is _KEY_SCALAR:
-                sig.append((type(obj), obj))  # its value picks the bucket
+                t = type(obj)
+                reader = readers.get(t) or array_reader(t)  # found once per type
+                code = reader.code
+                if code is CUPY:
+                    memory = obj.data
+                    ptr = memory.ptr
+                    on = memory.device_id
+                    sig += (t, obj.dtype, obj.shape, obj.strides, on)
+                elif code is TORCH:
+                    ptr = obj.data_ptr()
+                    on = obj.get_device()
+                    sig += (t, obj.dtype, obj.shape, obj.stride(), on)
+                else:
+                    on = None
+                    try:
+                        cai = obj.__cuda_array_interface__
+                        data = cai["data"]
+                        sig += (t, cai["typestr"], cai["shape"], data[1], cai.get("strides"))
+                    except (LookupError, TypeError, AttributeError):  # DLPack only, not an array, or not a real
+                        return self._call_checked(list(args), stream, None, constants)  # interface: checked
+                    ptr = data[0]
+                if on is not None and device is None:
+                    device, library_stream = on, reader.current_stream
+                ptrs.append(ptr)
+                values.append(ptr)
             else:
-                sig.append(type(obj))
+                sig.append((type(obj), obj) if kind is _KEY_SCALAR else type(obj))  # a key scalar's value picks the bucket
+                values.append(obj)
         gpu = cuda_seam.current
         if gpu.api is None:  # the first call in this process: checks first, then the driver
             return self._call_checked(list(args), stream, tuple(sig), constants)
-        device = gpu.single_device
         if device is None:
-            device = self._arrays_device(gpu, ptrs)
-            if device is None:  # unknown, mixed or zero-sized: the checked path says which
-                return self._call_checked(list(args), stream, tuple(sig), constants)
+            device = gpu.single_device
+            if device is None:
+                device = self._arrays_device(gpu, ptrs)
+                if device is None:  # unknown, mixed or zero-sized: the checked path says which
+                    return self._call_checked(list(args), stream, tuple(sig), constants)
         sig.append(device)
         try:
             plan = self._fast.get(tuple(sig))
@@ -429,16 +446,29 @@ class Kernel:
             return self._call_checked(list(args), stream, None, constants)
         if plan is None or (stream is not None and plan.stream_ref is not stream and type(stream) is not int):
             return self._call_checked(list(args), stream, tuple(sig[:-1]), constants)
-        c_args = plan.c_args.copy()
-        for (slot, align, lowest), ptr in zip(plan.ptr_checks, ptrs):
-            # an int pointer that cuda.core packs (below 2**63), aligned, and not null for a non-empty array
+        for (align, lowest), ptr in zip(plan.ptr_checks, ptrs):
+            # an int pointer that fits the parameter (below 2**63), aligned, and not null for a non-empty array
             if type(ptr) is not int or not lowest <= ptr <= MAX_SIZE or ptr % align:
                 return self._call_checked(list(args), stream, None, constants)  # says which is wrong
-            c_args[slot] = ptr
-        for slot, index, convert in plan.scalar_slots:
-            c_args[slot] = convert(args[index])
-        if not plan.empty:
-            gpu.launch(device, plan.stream, plan.config, plan.kernel, c_args)
+        if plan.empty:
+            return None
+        handle = plan.stream
+        if handle is None:  # stream=None: where the arrays' library runs its own work, else the default
+            handle = library_stream(device) if library_stream is not None else gpu.default_stream
+        params = plan.params
+        lock = params.lock
+        if not lock.acquire(False):  # another thread is launching this plan: a buffer of its own
+            params = params.fresh()
+            lock = params.lock
+            lock.acquire()
+        try:
+            try:
+                params.convert.pack_into(params.storage, 0, *values)
+            except PACK_ERRORS:  # a scalar its C type cannot hold: the checked path says which
+                return self._call_checked(list(args), stream, None, constants)
+            gpu.launch(device, plan.head, handle, params.address, self.name)
+        finally:
+            lock.release()
         return None
 
     @staticmethod
@@ -459,30 +489,45 @@ class Kernel:
         """Every check, then the launch; records a fast plan under `fast_sig` + device."""
         self.checked_calls += 1
         handle = stream_handle(stream)
-        call = self._prepare(bound, handle or 1, constants)  # DLPack forbids stream 0; 1 is the legacy default stream
         gpu = cuda_seam.current
-        api = gpu.start()  # NoDriverError only now, after every check that needs no driver
+        ordering = gpu.default_stream if handle is None else handle or CU_STREAM_LEGACY  # DLPack forbids stream 0
+        call = self._prepare(bound, ordering, constants)
+        gpu.start()  # NoDriverError only now, after every check that needs no driver
         gpu.planners.add(self)  # so that use_gpu() drops the plans made below
         device = self._device_of(gpu, call)
         memo_key = (device, tuple(call.types.values()), tuple(call.key.values()))
-        plan = self._memo.get(memo_key)
-        if plan is None:
-            plan = self._plan(gpu, api, device, call)
+        head = self._memo.get(memo_key)
+        if head is None:
+            head = self._plan(gpu, device, call)
             if len(self._memo) >= CACHE_LIMIT:
                 self._memo.clear()
-            self._memo[memo_key] = plan
-        kernel, config, empty = plan
-        launch_stream = gpu.launch_stream(stream, handle, device)
+            self._memo[memo_key] = head
+        plan = _FastPlan(self, call, head, handle, stream)
         if fast_sig is not None:
             if len(self._fast) >= CACHE_LIMIT:
                 self._fast.clear()
-            fast_plan = _FastPlan(self, call, kernel, config, empty, launch_stream, stream)
             try:
-                self._fast[(*fast_sig, device)] = fast_plan
+                self._fast[(*fast_sig, device)] = plan
             except TypeError:  # an unhashable key (a list in an array interface): every such call is checked
                 pass
-        if not empty:  # a zero-sized problem launches nothing
-            gpu.launch(device, launch_stream, config, kernel, call.c_args)
+        if plan.empty:  # a zero-sized problem launches nothing
+            return
+        if handle is None:
+            library_stream = self._library_stream(bound)
+            handle = library_stream(device) if library_stream is not None else gpu.default_stream
+        params = plan.params
+        with params.lock:
+            params.exact.pack_into(params.storage, 0, *[call.c_args[c] for c in self._user_slots])
+            gpu.launch(device, plan.head, handle, params.address, self.name)
+
+    def _library_stream(self, bound: Sequence[Any]) -> Callable[[int], int] | None:
+        """The current-stream reader of the first array whose library has one (CuPy, PyTorch)."""
+        for obj, kind in zip(bound, self._user_kinds):
+            if kind is _ARRAY:
+                reader = array_reader(type(obj))
+                if reader.current_stream is not None:
+                    return reader.current_stream
+        return None
 
     def _drop_plans(self) -> None:
         """Forget everything made over a GpuState (see use_gpu): plans, loaded code."""
@@ -507,13 +552,15 @@ class Kernel:
         current = gpu.current_device()
         return 0 if current is None else current
 
-    def _plan(self, gpu: GpuState, api: CudaApi, device: int, call: PreparedCall) -> tuple[Any, Any, bool]:
-        """Kernel handle and LaunchConfig for a (device, types, key): computed once, memoised."""
+    def _plan(self, gpu: GpuState, device: int, call: PreparedCall) -> tuple[Any, ...] | None:
+        """(function, grid x3, block x3, shared bytes) for a (device, types, key), the head of
+        its cuLaunchKernel; None for a zero-sized problem. Computed once, memoised."""
         sel = self._selection(gpu.device_cc(device), call.types, call.key)
         grid, block, shared = self.geometry(sel.config, call.types, call.key)
         if min(grid) == 0:
-            return None, None, True
-        return self._kernel_handle(gpu, api, device, sel), api.LaunchConfig(grid=grid, block=block, shmem_size=shared), False
+            return None
+        dims = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
+        return (self._kernel_handle(gpu, device, sel), *dims[0], *dims[1], shared)
 
     def geometry(
         self, config: Mapping[str, Any], types: Mapping[str, str], key: Mapping[str, int]
@@ -527,21 +574,26 @@ class Kernel:
             raise ValueError(f"{self.name}: launch geometry grid={grid} block={block} shared={shared} is invalid for {dict(key)}")
         return grid, block, shared
 
-    def _kernel_handle(self, gpu: GpuState, api: CudaApi, device: int, sel: Selection) -> Any:
+    def _kernel_handle(self, gpu: GpuState, device: int, sel: Selection) -> Any:
+        """The CUfunction of a selection on a device: its cubin (or PTX, JIT-compiled) loaded
+        into the device's primary context once, with the driver's own calls."""
         cache_key = (device, sel.variant, sel.binary)
         handle = self._kernels.get(cache_key)
         if handle is None:
             with self._load_lock:
                 handle = self._kernels.get(cache_key)
                 if handle is None:
-                    code_type = api.ObjectCode
                     data = self.binary(sel)
                     is_ptx = sel.binary.startswith("compute_")
                     if is_ptx:
                         self._check_ptx_driver(gpu, sel)
+                        if not data.endswith(b"\0"):
+                            data += b"\0"  # cuModuleLoadData reads PTX as a C string
+                    driver = gpu.start().driver
+                    what = f"{self.name} variant {sel.variant}, {sel.binary}, on device {device}"
                     with gpu.on_device(device):
-                        code = code_type.from_ptx(data) if is_ptx else code_type.from_cubin(data)
-                        handle = code.get_kernel(self.entry)
+                        module = check_cuda(driver.cuModuleLoadData(data), f"cuModuleLoadData ({what})")
+                        handle = check_cuda(driver.cuModuleGetFunction(module, self.entry.encode()), f"cuModuleGetFunction ({what})")
                     self._kernels[cache_key] = handle
         return handle
 
@@ -571,24 +623,28 @@ def _env_text(env: Mapping[str, Any]) -> str:
 
 
 class _FastPlan:
-    """What a repeated call needs: the C arguments with holes for pointers and user scalars."""
+    """What a call with a known signature needs: the launch's head (function, grid, block,
+    shared bytes), the parameter buffer that its pointers and scalars are packed into, the
+    checks of its pointers, and its stream (None: asked at each call, see Kernel.__call__)."""
 
-    __slots__ = ("c_args", "ptr_checks", "scalar_slots", "kernel", "config", "empty", "stream", "stream_ref")
+    __slots__ = ("params", "ptr_checks", "head", "empty", "stream", "stream_ref")
 
-    def __init__(self, kernel: Kernel, call: PreparedCall, handle: Any, config: Any, empty: bool, stream: Any, stream_ref: Any):
-        c_index = {a["name"]: i for i, a in enumerate(kernel.args)}
+    def __init__(self, kernel: Kernel, call: PreparedCall, head: tuple[Any, ...] | None, stream: int | None, stream_ref: Any):
         by_name = {a["name"]: a for a in kernel.args}
-        self.c_args = list(call.c_args)
-        # per array: (C slot, alignment, lowest pointer): 1 for a non-empty array, which must not
-        # be null; 0 for an empty one (its shape is in the plan's signature, so it stays empty)
-        self.ptr_checks: list[tuple[int, int, int]] = []
-        self.scalar_slots: list[tuple[int, int, Any]] = []
-        for i, name in enumerate(kernel.user_args):
-            a = by_name[name]
-            if a["kind"] == "array":
-                self.ptr_checks.append((c_index[name], a.get("align") or 1, 0 if 0 in call.arrays[name].shape else 1))
-            else:
-                dtype = call.types.get(a["dtype"], a["dtype"])
-                self.scalar_slots.append((c_index[name], i, scalar_converter(dtype, kernel.name, name)))
-        self.kernel, self.config, self.empty, self.stream = handle, config, empty, stream
+        user_index = {name: i for i, name in enumerate(kernel.user_args)}
+        layout = []
+        for a, value in zip(kernel.args, call.c_args):
+            name = a["name"]
+            dtype = POINTER if a["kind"] == "array" else call.types.get(a["dtype"], a["dtype"])
+            layout.append((dtype, user_index.get(name), None if name in user_index else value))
+        self.params = ParamBuffer(layout)
+        # per array, in call order: (alignment, lowest pointer): 1 for a non-empty array, which
+        # must not be null; 0 for an empty one (its shape is in the plan's signature, so it stays empty)
+        self.ptr_checks = [
+            (by_name[name].get("align") or 1, 0 if 0 in call.arrays[name].shape else 1)
+            for name in kernel.user_args
+            if by_name[name]["kind"] == "array"
+        ]
+        self.head, self.empty = head or (), head is None
+        self.stream = stream
         self.stream_ref = stream_ref  # the user's stream object, so a new object is not mistaken for it

@@ -1,0 +1,84 @@
+"""A kernel's parameters in one buffer that is reused call after call. cuLaunchKernel reads each
+parameter through an array of pointers (`kernelParams`), so the buffer and that array are made
+once per kernel instance; a call writes only what it changes (its pointers and scalars) with one
+`struct.pack_into` and hands the driver the same address. Packing by struct also converts and
+range-checks a call's scalars in C: a value its type cannot hold raises, and the call takes the
+checked path, which names it."""
+
+from __future__ import annotations
+
+import struct
+from _thread import allocate_lock  # threading.Lock itself, without importing threading
+
+TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
+    from typing import Any, Sequence
+
+POINTER = "pointer"
+# dtype -> struct code of a caller's value: struct converts it as numpy does (round to nearest,
+# float16 included), and refuses what numpy would turn into inf or wrap around
+CONVERT = {
+    "float16": "e", "float32": "f", "float64": "d",
+    "int8": "b", "int16": "h", "int32": "i", "int64": "q",
+    "uint8": "B", "uint16": "H", "uint32": "I", "uint64": "Q",
+    POINTER: "Q",
+}  # fmt: skip
+# dtype -> struct code of a value that is already a C value (args.c_scalar: float16 as its raw bits)
+EXACT = {**CONVERT, "float16": "H"}
+# what struct raises for a value it cannot pack as the code asks
+PACK_ERRORS = (struct.error, OverflowError, TypeError, ValueError)
+
+
+class ParamBuffer:
+    """The parameters of one kernel instance, each at an offset aligned to its size: first the
+    caller's values, one per argument in call order (array pointers and scalars, which one
+    Struct packs: `convert` for a caller's values, `exact` for C values), then the fixed ones
+    (scalars computed from the key), packed once. `address` is what cuLaunchKernel takes as
+    `kernelParams`; `lock` is held from packing to launching, since the driver reads the buffer
+    during the launch (a thread that finds it held packs into a `fresh()` copy)."""
+
+    __slots__ = ("convert", "exact", "storage", "address", "lock", "_layout", "_keep")
+
+    def __init__(self, layout: Sequence[tuple[str, int | None, Any]]):
+        """`layout`: per C parameter in the kernel's order, (dtype or POINTER, the caller's
+        argument index or None, the fixed value for a parameter no caller gives)."""
+        import numpy
+
+        self._layout = tuple(layout)
+        user = sorted((index, dtype, c) for c, (dtype, index, _) in enumerate(layout) if index is not None)
+        fixed = [(dtype, value, c) for c, (dtype, index, value) in enumerate(layout) if index is None]
+        offsets = [0] * len(layout)
+        convert, exact, end = ["="], ["="], 0
+        for _, dtype, c in user:
+            size = struct.calcsize("=" + CONVERT[dtype])
+            pad = -end % size
+            convert.append(f"{pad}x{CONVERT[dtype]}" if pad else CONVERT[dtype])
+            exact.append(f"{pad}x{EXACT[dtype]}" if pad else EXACT[dtype])
+            offsets[c] = end + pad
+            end += pad + size
+        self.convert, self.exact = struct.Struct("".join(convert)), struct.Struct("".join(exact))
+        fixed_at = []
+        for dtype, value, c in fixed:
+            size = struct.calcsize("=" + EXACT[dtype])
+            end += -end % size
+            offsets[c] = end
+            fixed_at.append((end, dtype, value))
+            end += size
+        self.storage = bytearray(max(end, 1))
+        for offset, dtype, value in fixed_at:
+            struct.pack_into("=" + EXACT[dtype], self.storage, offset, value)
+        # numpy's views pin the bytearray (it cannot be resized while they exist) and tell its address
+        data = numpy.frombuffer(self.storage, numpy.uint8)
+        base = data.__array_interface__["data"][0]
+        pointers = numpy.array([base + offset for offset in offsets], numpy.uint64)
+        self.address = pointers.__array_interface__["data"][0] if len(offsets) else 0
+        self._keep = (data, pointers)
+        self.lock = allocate_lock()
+
+    def fresh(self) -> ParamBuffer:
+        """A buffer of the same layout and fixed values, for a call that finds this one in use."""
+        return ParamBuffer(self._layout)
+
+    def values(self) -> tuple[Any, ...]:
+        """The caller's values as the exact struct reads them back (for tests and messages)."""
+        return self.exact.unpack_from(self.storage, 0)
