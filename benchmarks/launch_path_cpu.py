@@ -1,66 +1,141 @@
-"""Per-call Python cost of a generated kernel callable on the CPU (no GPU needed).
+"""Per-call Python cost of a generated kernel callable on the CPU (no GPU needed), against a raw
+pre-packed launch on the same stand-in.
 
-The launch path runs through the driver stand-in (tests/cuda_standin.py) with cuda.core's launch
-replaced by a no-op and the two driver queries of a repeated call (the current context's device;
-with several GPUs, each array's device) replaced by constant functions, so that what is timed is
-hatch-autotune's own Python: the fast path on one GPU, the fast path on two GPUs (arrays on the
-second device), and the fully checked path that every call took on several GPUs before. It is
-not a GPU measurement: the real driver queries add their own cost (benchmarks/launch_overhead.py
-measures the whole call against a raw cuda.core launch on a GPU).
+Both sides call the same driver stand-in (tests/cuda_standin.py) through the runtime's seam, with
+the driver's launch (`cuLaunchKernel`) and the current-context query (`cuCtxGetDevice`) replaced
+by functions that return success at once: what remains is Python. The raw side is what a
+hand-written launcher costs at best: `cuLaunchKernel(function, grid, block, shared, stream,
+params, 0)` with a parameter buffer packed once. The generated side is `kernels.saxpy(a, x, y)`
+on its fast path (pointer reads, the plan's lookup and checks, packing into its buffer, the
+context check, the launch). "ours" = generated - raw per call is our layer's Python cost. Arrays:
+the stand-in's __cuda_array_interface__ arrays, and imitations of CuPy arrays and PyTorch
+tensors (tests/standin_arrays.py: plain Python attributes, so their reads cost less or more than
+the real libraries' C attributes; benchmarks/launch_overhead.py measures those on a GPU). Also:
+the fast path on two GPUs (arrays on the second device) and the fully checked path.
 
-    python benchmarks/launch_path_cpu.py [--out DIR]   # writes launch_path_cpu.json (--quick: fewer calls)
+The contenders are interleaved within each repetition; medians and spreads over repetitions.
+
+    python benchmarks/launch_path_cpu.py [--out DIR] [--quick]   # writes launch_path_cpu.json
 """
 
 from __future__ import annotations
 
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from _common import ROOT, example_project, import_generated, machine, options, write_result
 
-CALLS, REPEATS = 20_000, 7
+CALLS, REPEATS = 20_000, 9
+N = 1024
+GOAL_US = 1.5
 
 
-def per_call_us(fn, calls: int = CALLS) -> float:
-    samples = []
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(samples)
+def loop_us(fn, calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
+
+
+def setup(rt, kernels, gpus: int, patch) -> dict:
+    """The contenders over a fresh stand-in of `gpus` devices, arrays on the last one; each
+    checked once to launch what it should before the launch becomes a no-op."""
+    import cuda_standin
+    import numpy as np
+    from standin_arrays import install_cupy, install_torch
+
+    device = gpus - 1
+    ok = cuda_standin.R.CUDA_SUCCESS
+    standin = cuda_standin.install_globally([(9, 0)] * gpus, runtime=rt)
+    cuda_standin.FakeDevice(device).set_current()
+    api = standin.api()
+    driver = SimpleNamespace(**vars(api.driver))
+    driver.cuCtxGetDevice = lambda: (ok, device)
+    driver.cuPointerGetAttribute = lambda attr, ptr: (ok, device)
+    rt.use_gpu(api.replace(driver=driver))
+    saxpy = rt.Library.load(kernels._LIBRARY.directory).kernels["saxpy"]
+    cupy, torch = install_cupy(patch, standin), install_torch(patch, standin)
+    arrays = {"cai": [cuda_standin.DeviceArray.empty(standin, (N,), device=device) for _ in range(2)]}
+    if gpus == 1:
+        arrays["cupy"] = [cupy.ndarray((N,), device=device) for _ in range(2)]
+        arrays["torch"] = [torch.Tensor((N,), device=device) for _ in range(2)]
+    pointer = {"cai": lambda a: a.__cuda_array_interface__["data"][0], "cupy": lambda a: a.data.ptr, "torch": lambda a: a.data_ptr()}
+    for i, (kind, (x, y)) in enumerate(arrays.items()):
+        saxpy(2.0, x, y)  # the checked path: records the plan (and loads the module)
+        saxpy(2.0, x, y)
+        assert saxpy.checked_calls == 1 + i, f"{kind}: the fast path was missed"
+        launch = standin.launches[-1]
+        assert float(launch.param(0, "float32")) == 2.0 and int(launch.param(1, "uint64")) == pointer[kind](x), f"{kind}: other parameters"
+    driver.cuLaunchKernel = lambda *args: (ok,)  # from here on, launches do nothing
+    head = next(iter(saxpy._fast.values())).head
+    x, y = arrays["cai"]
+    params = rt.params.ParamBuffer([("float32", 0, None), ("pointer", 1, None), ("pointer", 2, None), ("int32", None, N)])
+    params.exact.pack_into(params.storage, 0, np.float32(2.0), pointer["cai"](x), pointer["cai"](y))
+    launch_kernel, address, stream = driver.cuLaunchKernel, params.address, rt.cuda_seam.current.default_stream
+    contenders = {"raw_prepacked": lambda: launch_kernel(*head, stream, address, 0)}
+    for kind, (x, y) in arrays.items():
+        contenders[f"generated_{kind}"] = lambda x=x, y=y: saxpy(2.0, x, y)
+    if gpus == 2:
+        x, y = arrays["cai"]
+        contenders["checked_path"] = lambda: saxpy._call_checked([2.0, x, y], None, None, {})
+    return contenders
+
+
+def interleaved(contenders: dict, calls: int, repeats: int, label: str) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for rep in range(repeats):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:  # rotated: none always first
+            samples[name].append(loop_us(contenders[name], calls))
+        print(f"  {label} [{rep + 1}/{repeats}] " + ", ".join(f"{n} {samples[n][-1]:.2f}" for n in names), flush=True)
+    return samples
 
 
 def main() -> None:
     opts = options(__doc__).parse_args()
-    calls = CALLS // 10 if opts.quick else CALLS
+    calls, repeats = (CALLS // 10, 5) if opts.quick else (CALLS, REPEATS)
     sys.path.insert(0, str(ROOT / "tests"))
-    import cuda_standin
-    from cuda.bindings import driver
+    import pytest
 
     host = machine()  # before the stand-in is installed, which would answer for a "GPU"
     kernels = import_generated(example_project(), Path(tempfile.mkdtemp()))
     rt = kernels._runtime
-    ok = driver.CUresult.CUDA_SUCCESS
-    results = {}
-    for label, ccs, device in [("one_gpu_fast_path_us", [(9, 0)], 0), ("two_gpus_fast_path_us", [(9, 0), (9, 0)], 1)]:
-        standin = cuda_standin.install_globally(ccs, runtime=rt)
-        cuda_standin.FakeDevice(device).set_current()
-        api = standin.api()
-        api.driver.cuCtxGetDevice = lambda: (ok, device)
-        api.driver.cuPointerGetAttribute = lambda attr, ptr: (ok, device)
-        rt.use_gpu(api.replace(launch=lambda *args: None))  # the runtime's seam: no patching
-        saxpy = rt.Library.load(kernels._LIBRARY.directory).kernels["saxpy"]
-        x, y = (cuda_standin.DeviceArray.empty(standin, (1024,), device=device) for _ in range(2))
-        saxpy(2.0, x, y)
-        results[label] = per_call_us(lambda: saxpy(2.0, x, y), calls)
-        if device == 1:
-            results["checked_path_us"] = per_call_us(lambda: saxpy._call_checked([2.0, x, y], None, None, {}), calls)
-    results["two_gpus_vs_one"] = results["two_gpus_fast_path_us"] / results["one_gpu_fast_path_us"]
-    payload = {"what": __doc__.strip().splitlines()[0], "calls": calls, "repeats": REPEATS, "results": results, "machine": host}
+    patch = pytest.MonkeyPatch()  # sys.modules entries for the CuPy and PyTorch imitations
+    samples = {
+        "one_gpu": interleaved(setup(rt, kernels, 1, patch), calls, repeats, "one GPU"),
+        "two_gpus": interleaved(setup(rt, kernels, 2, patch), calls, repeats, "two GPUs"),
+    }
+    patch.undo()
+    results = {setup_name: {name: summary(values) for name, values in per.items()} for setup_name, per in samples.items()}
+    ours = {}
+    for setup_name, per in results.items():
+        raw = per["raw_prepacked"]["median"]
+        for name, stats in per.items():
+            if name.startswith("generated_"):
+                ours[f"{setup_name}_{name.removeprefix('generated_')}"] = stats["median"] - raw
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
+    payload = {
+        "what": __doc__.strip().splitlines()[0],
+        "calls_per_loop": calls,
+        "repeats": repeats,
+        "quick": opts.quick,
+        "results_us_per_call": results,
+        "our_layer_us": ours,
+        "goal_us": GOAL_US,
+        "goal_met": all(v <= GOAL_US for v in ours.values()),
+        "samples_us": samples,
+        "commit": commit,
+        "machine": host,
+    }
     print(write_result("launch_path_cpu.json", payload, opts.out).read_text())
 
 

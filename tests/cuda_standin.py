@@ -448,7 +448,9 @@ class StandIn:
             self.functions_loaded[handle] = (kernel, device)
         return R.CUDA_SUCCESS, handle
 
-    def cuLaunchKernel(self, f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int, stream: Any, params: Any, extra: Any) -> tuple:
+    def cuLaunchKernel(
+        self, f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int, stream: Any, params: Any, extra: Any
+    ) -> tuple:
         """The driver's launch: each parameter's bytes are read through the `params` array of
         pointers, as many and as large as the kernel's binary declares, as a GPU driver reads
         them. Stricter than a driver: parameters whose bytes overlap are refused, so that a
@@ -462,7 +464,9 @@ class StandIn:
             if device is None:
                 raise self.refuse("CUDA_ERROR_INVALID_CONTEXT", f"{kernel.entry}: no current context in this thread")
             if device != loaded_on:
-                raise self.refuse("CUDA_ERROR_INVALID_HANDLE", f"{kernel.entry}: a function of device {loaded_on} in a context of device {device}")
+                raise self.refuse(
+                    "CUDA_ERROR_INVALID_HANDLE", f"{kernel.entry}: a function of device {loaded_on} in a context of device {device}"
+                )
             handle = int(stream)
             fake = self.streams.get(handle)
             if fake is None:

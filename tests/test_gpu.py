@@ -228,6 +228,52 @@ def test_pytorch_tensors_on_a_pytorch_stream_keep_its_order(kernels):
     np.testing.assert_allclose(y.cpu().numpy(), 2 * y64 + 3 * x64 + 1, rtol=1e-6, atol=1e-5)
 
 
+def test_pytorch_tensors_without_a_stream_run_on_pytorchs_current_stream(kernels):
+    """stream=None with PyTorch tensors means PyTorch's current stream, as for PyTorch's own
+    operations: inside `with torch.cuda.stream(s)` (a non-blocking stream, which the legacy
+    default stream does not wait for) the kernel is ordered between the two operations on s,
+    on the fast path too; a tensor that requires grad is passed by its data; a CPU tensor is named."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    n = 1 << 22
+    x = torch.from_numpy(rng_array(n, np.float32, 24)).cuda().requires_grad_(True)
+    y = torch.from_numpy(rng_array(n, np.float32, 25)).cuda()
+    x64, y64 = x.detach().cpu().numpy().astype(np.float64), y.cpu().numpy().astype(np.float64)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(3):  # the checked path, then the fast path
+            y.mul_(2.0)
+            kernels.saxpy(3.0, x, y)
+        y.add_(1.0)
+    s.synchronize()
+    expected = y64
+    for _ in range(3):
+        expected = 2 * expected + 3 * x64
+    np.testing.assert_allclose(y.cpu().numpy(), expected + 1, rtol=1e-5, atol=1e-3)
+    with pytest.raises(ValueError, match=r"^saxpy\(\): argument 'y' is in host memory; expected a GPU array$"):
+        kernels.saxpy(3.0, x, torch.zeros(n))
+
+
+def test_cupy_arrays_without_a_stream_run_on_cupys_current_stream(kernels, cp):
+    n = 1 << 22
+    x0, y0 = rng_array(n, np.float32, 26), rng_array(n, np.float32, 27)
+    x, y = cp.asarray(x0), cp.asarray(y0)
+    cp.cuda.Device().synchronize()
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        for _ in range(3):
+            y *= 2.0
+            kernels.saxpy(3.0, x, y)
+        y += 1.0
+    s.synchronize()
+    expected = y0.astype(np.float64)
+    for _ in range(3):
+        expected = 2 * expected + 3 * x0.astype(np.float64)
+    np.testing.assert_allclose(cp.asnumpy(y), expected + 1, rtol=1e-5, atol=1e-3)
+
+
 TWO_PROCESSES = """
 import os, sys, time
 import numpy as np

@@ -30,6 +30,7 @@ def fast_bytes(value, dtype):
     of PACK_ERRORS for a value the dtype cannot hold (the call then takes the checked path)."""
     return ParamBuffer([(dtype, 0, None)]).convert.pack(value)
 
+
 EXAMPLE_ARCHS = ("sm_90",)  # example_kernels: the stand-in is an sm_90 device
 EXAMPLES = int(os.environ.get("HATCH_AUTOTUNE_EXAMPLES", "300"))
 PROPERTY = settings(max_examples=EXAMPLES, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -442,7 +443,9 @@ def test_any_float_scalar_converts_exactly_or_is_refused_naming_it(value):
 
 
 @PROPERTY
-@given(value=st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.sampled_from([np.int64(-1), np.uint64(2**64 - 1), np.int8(-128)])))
+@given(
+    value=st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.sampled_from([np.int64(-1), np.uint64(2**64 - 1), np.int8(-128)]))
+)
 def test_any_integer_scalar_packs_as_the_checked_path_converts_it_or_both_refuse_it(value):
     """The repeated-call path packs a caller's integer with struct; the checked path converts it
     with c_scalar: the same bytes, and the same values refused (the call then says which)."""

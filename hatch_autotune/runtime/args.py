@@ -76,6 +76,7 @@ class ArrayReader:
 
 
 _READERS: dict[type, ArrayReader] = {}
+_CODES: dict[type, str] = {}  # type -> its reader's code: what the fast path reads, one lookup
 
 
 def array_reader(kind: type) -> ArrayReader:
@@ -85,7 +86,9 @@ def array_reader(kind: type) -> ArrayReader:
     if reader is None:
         if len(_READERS) >= 4096:  # classes made per call would otherwise grow it without end
             _READERS.clear()
+            _CODES.clear()
         reader = _READERS[kind] = _reader_of(kind)
+        _CODES[kind] = reader.code
     return reader
 
 

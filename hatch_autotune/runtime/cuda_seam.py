@@ -156,9 +156,10 @@ class GpuState:
     """What the runtime learns from CUDA, once per process: the API it calls, the device count
     and driver version, per-device facts and objects, and which kernels hold plans over it."""
 
-    # `api` as the methods that run only after start() read it: not Optional, so that the
-    # launch path needs no None check. Set with `api` by start(), unset before.
+    # `api` (and its driver) as the methods that run only after start() read them: not Optional,
+    # so that the launch path needs no None check. Set with `api` by start(), unset before.
     _api: CudaApi
+    driver: Any
 
     def __init__(self, api: CudaApi | None = None):
         self._given = api  # None: the real cuda-bindings and cuda-core, imported at the first launch
@@ -202,6 +203,7 @@ class GpuState:
             self.single_device = 0 if count == 1 else None
             self.driver_version = (version // 1000, (version % 1000) // 10)
             self._api = api
+            self.driver = api.driver
             self.api = api
             return api
 
@@ -252,7 +254,7 @@ class GpuState:
         and popped, so that any thread can call and the caller's current device never changes.
         `head` is (function, grid x3, block x3, shared bytes); `params` the address of the
         kernel's parameter pointers (params.ParamBuffer)."""
-        driver = self._api.driver
+        driver = self.driver
         err, current = driver.cuCtxGetDevice()
         if not err and int(current) == device:
             result = driver.cuLaunchKernel(*head, stream, params, 0)
@@ -260,7 +262,11 @@ class GpuState:
             with _OnDevice(self, device):
                 result = driver.cuLaunchKernel(*head, stream, params, 0)
         if result[0]:
-            raise CudaCallError(f"cuLaunchKernel ({what})", getattr(result[0], "name", str(result[0])))
+            self.raise_launch_error(result[0], what)
+
+    @staticmethod
+    def raise_launch_error(err: Any, what: str) -> None:
+        raise CudaCallError(f"cuLaunchKernel ({what})", getattr(err, "name", str(err)))
 
 
 class _OnDevice:

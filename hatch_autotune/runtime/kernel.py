@@ -8,7 +8,19 @@ from __future__ import annotations
 from _thread import allocate_lock  # threading.Lock itself, without importing threading
 
 from . import cuda_seam
-from .args import _READERS, CUPY, TORCH, PreparedCall, array_reader, array_view, as_constant, c_scalar, integral_types, stream_handle
+from .args import (
+    _CODES,
+    _READERS,
+    CUPY,
+    TORCH,
+    PreparedCall,
+    array_reader,
+    array_view,
+    as_constant,
+    c_scalar,
+    integral_types,
+    stream_handle,
+)
 from .cuda_seam import CACHE_LIMIT, CU_STREAM_LEGACY, check_cuda, current_device_cc
 from .errors import ArrayInterfaceError, ExpressionError, short_repr
 from .expr import compile_expr, tree_text
@@ -42,7 +54,15 @@ class Binaries:
 
 
 _MISSING = object()
-_ARRAY, _KEY_SCALAR, _SCALAR = "array", "key scalar", "scalar"
+STREAM_DOC = (
+    "stream: None (the current stream of the arrays' library, CuPy's or PyTorch's, else the device's "
+    "default stream), a cuda.core/CuPy/PyTorch stream, or a raw handle (int)"
+)  # the stubs' docstrings say it too (wheel/stub.py)
+_NO_CONSTANTS: Mapping[str, Any] = {}
+
+# How the fast path takes each argument: an array is its alignment in bytes (1 or more), so that
+# one `ptr % kind` checks it; a scalar is 0, a key scalar (its value picks the bucket) -1.
+_SCALAR, _KEY_SCALAR = 0, -1
 
 
 class Kernel:
@@ -84,8 +104,11 @@ class Kernel:
         self._n_user = len(self.user_args)
         self._constant_names = tuple(self.constants)
         key_scalars = {k["from"] for k in self.key if k["axis"] is None}
-        kinds = {a["name"]: (_ARRAY if a["kind"] == "array" else _KEY_SCALAR if a["name"] in key_scalars else _SCALAR) for a in self.args}
-        self._user_kinds = tuple(kinds[n] for n in self.user_args)
+        kinds = {
+            a["name"]: (a.get("align") or 1) if a["kind"] == "array" else _KEY_SCALAR if a["name"] in key_scalars else _SCALAR
+            for a in self.args
+        }
+        self._user_kinds: tuple[int, ...] = tuple(kinds[n] for n in self.user_args)
         c_slot = {a["name"]: c for c, a in enumerate(self.args)}
         self._user_slots = tuple(c_slot[n] for n in self.user_args)  # each argument's C parameter
         self._kernels: dict[tuple[int, str, str], Any] = {}
@@ -128,7 +151,7 @@ class Kernel:
                 lines.append(f"  {a['name']}: scalar, {dtype}")
         for c, values in self.constants.items():
             lines.append(f"  {c}: constant, keyword only, one of {values!r}" + (" (the only value)" if len(values) == 1 else ""))
-        lines.append("  stream: None (the device's default stream), a cuda.core/CuPy/PyTorch stream, or a raw handle")
+        lines.append(f"  {STREAM_DOC}")
         lines.append("Key (selects the variant): " + ", ".join(f"{k['name']} in {k['buckets']} ({k['mapping']})" for k in self.key))
         return "\n".join(lines)
 
@@ -387,35 +410,38 @@ class Kernel:
     # with several GPUs and other arrays, the one the driver says they are on.
 
     def __call__(self, *args: Any, stream: Any = None, **kwargs: Any) -> None:
-        constants = self._take_constants(kwargs) if kwargs else {}
-        if kwargs or len(args) != self._n_user:
-            return self._call_checked(self._bind(args, kwargs), stream, None, constants)
         sig: list[Any] = [stream if stream is None or type(stream) is int else id(stream)]
-        if constants:  # their values pick the instance; the type too (True == 1, but not for a constant)
+        constants: Mapping[str, Any] = _NO_CONSTANTS
+        if kwargs:
+            constants = self._take_constants(kwargs)
+            if kwargs:
+                return self._call_checked(self._bind(args, kwargs), stream, None, constants)
             if any(type(v) not in (int, bool) for v in constants.values()):
                 return self._call_checked(list(args), stream, None, constants)  # names what is wrong, or converts
-            sig.append(tuple((c, type(v), v) for c, v in constants.items()))
+            sig.append(tuple((c, type(v), v) for c, v in constants.items()))  # the type too: True == 1, not for a constant
+        if len(args) != self._n_user:
+            return self._call_checked(self._bind(args, kwargs), stream, None, constants)
         values: list[Any] = []  # the caller's values as the kernel takes them: pointers for arrays
-        ptrs = []
         device = None  # the arrays' own device, where they say (CuPy, PyTorch)
-        library_stream = None  # the current stream of the first such array's library
-        readers = _READERS
+        codes = _CODES
         for obj, kind in zip(args, self._user_kinds):
-            if kind is _ARRAY:
+            if kind > 0:  # an array; `kind` is its alignment
                 t = type(obj)
-                reader = readers.get(t) or array_reader(t)  # found once per type
-                code = reader.code
+                code = codes.get(t) or array_reader(t).code  # found once per type
                 if code is CUPY:
                     memory = obj.data
                     ptr = memory.ptr
                     on = memory.device_id
                     sig += (t, obj.dtype, obj.shape, obj.strides, on)
+                    if device is None:
+                        device, library = on, t
                 elif code is TORCH:
                     ptr = obj.data_ptr()
                     on = obj.get_device()
                     sig += (t, obj.dtype, obj.shape, obj.stride(), on)
+                    if device is None:
+                        device, library = on, t
                 else:
-                    on = None
                     try:
                         cai = obj.__cuda_array_interface__
                         data = cai["data"]
@@ -423,12 +449,13 @@ class Kernel:
                     except (LookupError, TypeError, AttributeError):  # DLPack only, not an array, or not a real
                         return self._call_checked(list(args), stream, None, constants)  # interface: checked
                     ptr = data[0]
-                if on is not None and device is None:
-                    device, library_stream = on, reader.current_stream
-                ptrs.append(ptr)
+                # an int pointer that fits the parameter (below 2**63), aligned, not null: a null or
+                # odd one (an empty array's, or a mistake) takes the checked path, which says which
+                if type(ptr) is not int or ptr <= 0 or ptr % kind:  # above 2**63 - 1: struct refuses it
+                    return self._call_checked(list(args), stream, None, constants)
                 values.append(ptr)
             else:
-                sig.append((type(obj), obj) if kind is _KEY_SCALAR else type(obj))  # a key scalar's value picks the bucket
+                sig.append((type(obj), obj) if kind else type(obj))  # a key scalar's value picks the bucket
                 values.append(obj)
         gpu = cuda_seam.current
         if gpu.api is None:  # the first call in this process: checks first, then the driver
@@ -436,9 +463,12 @@ class Kernel:
         if device is None:
             device = gpu.single_device
             if device is None:
-                device = self._arrays_device(gpu, ptrs)
-                if device is None:  # unknown, mixed or zero-sized: the checked path says which
+                device = self._arrays_device(gpu, [v for v, kind in zip(values, self._user_kinds) if kind > 0])
+                if device is None:  # unknown or mixed: the checked path says which
                     return self._call_checked(list(args), stream, tuple(sig), constants)
+            current_stream = None
+        else:
+            current_stream = _READERS[library].current_stream  # the arrays' library's, asked below
         sig.append(device)
         try:
             plan = self._fast.get(tuple(sig))
@@ -446,29 +476,27 @@ class Kernel:
             return self._call_checked(list(args), stream, None, constants)
         if plan is None or (stream is not None and plan.stream_ref is not stream and type(stream) is not int):
             return self._call_checked(list(args), stream, tuple(sig[:-1]), constants)
-        for (align, lowest), ptr in zip(plan.ptr_checks, ptrs):
-            # an int pointer that fits the parameter (below 2**63), aligned, and not null for a non-empty array
-            if type(ptr) is not int or not lowest <= ptr <= MAX_SIZE or ptr % align:
-                return self._call_checked(list(args), stream, None, constants)  # says which is wrong
-        if plan.empty:
-            return None
         handle = plan.stream
         if handle is None:  # stream=None: where the arrays' library runs its own work, else the default
-            handle = library_stream(device) if library_stream is not None else gpu.default_stream
-        params = plan.params
-        lock = params.lock
-        if not lock.acquire(False):  # another thread is launching this plan: a buffer of its own
-            params = params.fresh()
-            lock = params.lock
-            lock.acquire()
+            handle = current_stream(device) if current_stream is not None else gpu.default_stream
         try:
-            try:
-                params.convert.pack_into(params.storage, 0, *values)
-            except PACK_ERRORS:  # a scalar its C type cannot hold: the checked path says which
-                return self._call_checked(list(args), stream, None, constants)
-            gpu.launch(device, plan.head, handle, params.address, self.name)
-        finally:
-            lock.release()
+            params = plan.take()  # the plan's buffer, unless another thread is launching from it
+        except IndexError:
+            params = plan.params.fresh()
+        try:
+            params.pack(params.storage, 0, *values)
+        except PACK_ERRORS:  # a scalar its C type cannot hold: the checked path says which
+            plan.give(params)
+            return self._call_checked(list(args), stream, None, constants)
+        driver = gpu.driver  # the launch, as GpuState.launch does it, inline: a call costs 0.1 µs
+        err, current = driver.cuCtxGetDevice()
+        if err or int(current) != device:
+            gpu.launch(device, plan.head, handle, params.address, self.name)  # the caller's context is elsewhere
+        else:
+            result = driver.cuLaunchKernel(*plan.head, handle, params.address, 0)
+            if result[0]:
+                gpu.raise_launch_error(result[0], self.name)
+        plan.give(params)  # not after a failed launch: a later call makes a fresh one
         return None
 
     @staticmethod
@@ -503,7 +531,7 @@ class Kernel:
                 self._memo.clear()
             self._memo[memo_key] = head
         plan = _FastPlan(self, call, head, handle, stream)
-        if fast_sig is not None:
+        if fast_sig is not None and not plan.empty:  # an empty problem's calls stay on this path: they launch nothing
             if len(self._fast) >= CACHE_LIMIT:
                 self._fast.clear()
             try:
@@ -515,15 +543,15 @@ class Kernel:
         if handle is None:
             library_stream = self._library_stream(bound)
             handle = library_stream(device) if library_stream is not None else gpu.default_stream
-        params = plan.params
-        with params.lock:
-            params.exact.pack_into(params.storage, 0, *[call.c_args[c] for c in self._user_slots])
-            gpu.launch(device, plan.head, handle, params.address, self.name)
+        params = plan.take()  # the plan is new: nobody else has it
+        params.exact.pack_into(params.storage, 0, *[call.c_args[c] for c in self._user_slots])
+        gpu.launch(device, plan.head, handle, params.address, self.name)
+        plan.give(params)
 
     def _library_stream(self, bound: Sequence[Any]) -> Callable[[int], int] | None:
         """The current-stream reader of the first array whose library has one (CuPy, PyTorch)."""
         for obj, kind in zip(bound, self._user_kinds):
-            if kind is _ARRAY:
+            if kind > 0:
                 reader = array_reader(type(obj))
                 if reader.current_stream is not None:
                     return reader.current_stream
@@ -624,13 +652,13 @@ def _env_text(env: Mapping[str, Any]) -> str:
 
 class _FastPlan:
     """What a call with a known signature needs: the launch's head (function, grid, block,
-    shared bytes), the parameter buffer that its pointers and scalars are packed into, the
-    checks of its pointers, and its stream (None: asked at each call, see Kernel.__call__)."""
+    shared bytes), the parameter buffers that its pointers and scalars are packed into
+    (`take()` one, `give()` it back), and its stream (None: asked at each call, see
+    Kernel.__call__)."""
 
-    __slots__ = ("params", "ptr_checks", "head", "empty", "stream", "stream_ref")
+    __slots__ = ("params", "take", "give", "head", "empty", "stream", "stream_ref")
 
     def __init__(self, kernel: Kernel, call: PreparedCall, head: tuple[Any, ...] | None, stream: int | None, stream_ref: Any):
-        by_name = {a["name"]: a for a in kernel.args}
         user_index = {name: i for i, name in enumerate(kernel.user_args)}
         layout = []
         for a, value in zip(kernel.args, call.c_args):
@@ -638,13 +666,11 @@ class _FastPlan:
             dtype = POINTER if a["kind"] == "array" else call.types.get(a["dtype"], a["dtype"])
             layout.append((dtype, user_index.get(name), None if name in user_index else value))
         self.params = ParamBuffer(layout)
-        # per array, in call order: (alignment, lowest pointer): 1 for a non-empty array, which
-        # must not be null; 0 for an empty one (its shape is in the plan's signature, so it stays empty)
-        self.ptr_checks = [
-            (by_name[name].get("align") or 1, 0 if 0 in call.arrays[name].shape else 1)
-            for name in kernel.user_args
-            if by_name[name]["kind"] == "array"
-        ]
+        # Buffers not in use: cuLaunchKernel reads a buffer while it runs (without the GIL), so a
+        # call takes one (list.pop is atomic) and gives it back after its launch; a call that
+        # finds none (another thread launches this plan) packs into a fresh one.
+        free = [self.params]
+        self.take, self.give = free.pop, free.append
         self.head, self.empty = head or (), head is None
         self.stream = stream
         self.stream_ref = stream_ref  # the user's stream object, so a new object is not mistaken for it

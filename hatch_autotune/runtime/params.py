@@ -8,7 +8,6 @@ checked path, which names it."""
 from __future__ import annotations
 
 import struct
-from _thread import allocate_lock  # threading.Lock itself, without importing threading
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
@@ -21,7 +20,7 @@ CONVERT = {
     "float16": "e", "float32": "f", "float64": "d",
     "int8": "b", "int16": "h", "int32": "i", "int64": "q",
     "uint8": "B", "uint16": "H", "uint32": "I", "uint64": "Q",
-    POINTER: "Q",
+    POINTER: "q",  # signed: a pointer from 2**63 on (none is; a mistake) is refused, as the checked path does
 }  # fmt: skip
 # dtype -> struct code of a value that is already a C value (args.c_scalar: float16 as its raw bits)
 EXACT = {**CONVERT, "float16": "H"}
@@ -34,10 +33,10 @@ class ParamBuffer:
     caller's values, one per argument in call order (array pointers and scalars, which one
     Struct packs: `convert` for a caller's values, `exact` for C values), then the fixed ones
     (scalars computed from the key), packed once. `address` is what cuLaunchKernel takes as
-    `kernelParams`; `lock` is held from packing to launching, since the driver reads the buffer
-    during the launch (a thread that finds it held packs into a `fresh()` copy)."""
+    `kernelParams`; `pack` is convert.pack_into. The driver reads the buffer during the launch,
+    so one buffer serves one launch at a time (Kernel's _FastPlan hands them out)."""
 
-    __slots__ = ("convert", "exact", "storage", "address", "lock", "_layout", "_keep")
+    __slots__ = ("convert", "exact", "pack", "storage", "address", "_layout", "_keep")
 
     def __init__(self, layout: Sequence[tuple[str, int | None, Any]]):
         """`layout`: per C parameter in the kernel's order, (dtype or POINTER, the caller's
@@ -73,7 +72,7 @@ class ParamBuffer:
         pointers = numpy.array([base + offset for offset in offsets], numpy.uint64)
         self.address = pointers.__array_interface__["data"][0] if len(offsets) else 0
         self._keep = (data, pointers)
-        self.lock = allocate_lock()
+        self.pack = self.convert.pack_into  # bound once: the call path's lookups are what it costs
 
     def fresh(self) -> ParamBuffer:
         """A buffer of the same layout and fixed values, for a call that finds this one in use."""

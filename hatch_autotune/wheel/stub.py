@@ -22,6 +22,7 @@ from typing import Any
 from .. import __version__
 from ..declare.config import ArgSpec, KernelSpec, ProjectSpec
 from ..runtime import INT_RANGES
+from ..runtime.kernel import STREAM_DOC
 
 STUB_FILE = "__init__.pyi"
 TYPED_MARKER = "py.typed"  # empty: the stub is complete, not partial
@@ -92,7 +93,6 @@ _ATTRIBUTES = (
     ("user_args", "{list}[{str}]"),
 )
 _ARCH_DOC = "arch: 'sm_86', '8.6', 86 or (8, 6); None asks the current CUDA device."
-_STREAM_DOC = "stream: None (the device's default stream), a cuda.core/CuPy/PyTorch stream, or a raw handle (int)"
 
 
 def _signature(spec: Any) -> str:
@@ -233,7 +233,7 @@ def _call_doc(spec: KernelSpec) -> str:
             lines.append(f"  {a.name}: scalar, {dtype}")
     for c, values in spec.constants.items():
         lines.append(f"  {c}: constant, keyword only, one of {list(values)!r}" + (" (the only value)" if len(values) == 1 else ""))
-    lines.append(f"  {_STREAM_DOC}")
+    lines.append(f"  {STREAM_DOC}")
     computed = [(a.name, _expr_text(a.value.text)) for a in spec.args if a.value is not None]
     if computed:
         lines.append("Not passed (computed from the key): " + ", ".join(n if n == e else f"{n} = {e}" for n, e in computed))

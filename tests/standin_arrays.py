@@ -1,0 +1,106 @@
+"""CuPy arrays and PyTorch tensors in the stand-in's device memory, for the call path's readers
+of those two types (runtime/args.py `array_reader`). Neither library makes a CUDA array without
+a GPU, so these imitate exactly what the runtime reads of them: for CuPy `data.ptr`,
+`data.device_id`, `dtype`, `shape`, `strides` and the current stream; for PyTorch `data_ptr()`,
+`dtype`, `shape`, `stride()`, `get_device()`, `device.type` and `_C._cuda_getCurrentRawStream`.
+`install_cupy` / `install_torch` put a module of that name into sys.modules for one test (the
+runtime finds an array's library there, never by importing it). tests/test_gpu.py runs the real
+libraries on a GPU."""
+
+from __future__ import annotations
+
+import math
+import sys
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    strides, step = [], itemsize
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def install_cupy(monkeypatch: Any, standin: Any) -> ModuleType:
+    """A `cupy` module whose `ndarray(shape, dtype, device)` lives in the stand-in's memory;
+    `cupy.current` holds the current device and each device's current stream (handle)."""
+    cupy = ModuleType("cupy")
+    current = SimpleNamespace(device=0, streams={})
+
+    class MemoryPointer:
+        def __init__(self, ptr: int, device_id: int):
+            self.ptr, self.device_id = ptr, device_id
+
+    class ndarray:  # noqa: N801 - CuPy's name
+        def __init__(self, shape: tuple[int, ...], dtype: str = "float32", device: int = 0, strides: tuple[int, ...] | None = None):
+            self.dtype = np.dtype(dtype)
+            self.shape = tuple(shape)
+            n = math.prod(self.shape)
+            self.strides = strides if strides is not None else _c_strides(self.shape, self.dtype.itemsize)
+            self.data = MemoryPointer(standin.alloc(device, n * self.dtype.itemsize) if n else 0, device)
+
+        def get(self) -> np.ndarray:
+            return standin.view(self.data.ptr, self.dtype.str, math.prod(self.shape)).reshape(self.shape).copy()
+
+    def get_current_stream(device_id: int | None = None) -> Any:
+        return SimpleNamespace(ptr=current.streams.get(current.device if device_id is None else device_id, 0))
+
+    cupy.ndarray = ndarray
+    cupy.current = current
+    cupy.cuda = SimpleNamespace(
+        stream=SimpleNamespace(get_current_stream_ptr=lambda: current.streams.get(current.device, 0)),
+        runtime=SimpleNamespace(getDevice=lambda: current.device),
+        get_current_stream=get_current_stream,
+    )
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    return cupy
+
+
+class _TorchDtype:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"torch.{self.name}"
+
+
+def install_torch(monkeypatch: Any, standin: Any) -> ModuleType:
+    """A `torch` module whose `Tensor(shape, dtype, device)` lives in the stand-in's memory
+    (device -1: a CPU tensor); `torch.current_streams` maps a device to its current stream."""
+    torch = ModuleType("torch")
+    streams: dict[int, int] = {}
+    dtypes = {name: _TorchDtype(name) for name in ("float16", "float32", "float64", "int32", "int64", "bfloat16", "bool")}
+
+    class Tensor:
+        def __init__(self, shape: tuple[int, ...], dtype: str = "float32", device: int = 0, stride: tuple[int, ...] | None = None):
+            self.dtype = dtypes[dtype]
+            self.shape = tuple(shape)
+            itemsize = 2 if dtype in ("float16", "bfloat16") else 1 if dtype == "bool" else np.dtype(dtype).itemsize
+            n = math.prod(self.shape)
+            self._stride = stride if stride is not None else tuple(s // itemsize for s in _c_strides(self.shape, itemsize))
+            self._device = device
+            self.device = SimpleNamespace(type="cuda" if device >= 0 else "cpu", index=device if device >= 0 else None)
+            self._ptr = (standin.alloc(device, n * itemsize) if n else 0) if device >= 0 else 0x1000 * (n + 1)
+
+        def data_ptr(self) -> int:
+            return self._ptr
+
+        def stride(self) -> tuple[int, ...]:
+            return self._stride
+
+        def get_device(self) -> int:
+            return self._device
+
+    class Parameter(Tensor):
+        pass
+
+    torch.Tensor = Tensor
+    torch.nn = SimpleNamespace(parameter=SimpleNamespace(Parameter=Parameter))
+    torch._C = SimpleNamespace(_cuda_getCurrentRawStream=lambda device: streams.get(device, 0))
+    torch.current_streams = streams
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    return torch
