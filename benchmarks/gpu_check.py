@@ -722,19 +722,44 @@ def _atomic(path: Path, text: str) -> None:
 
 
 def _line_launch(p: dict[str, Any]) -> str:
+    """Medians of host µs per call (each loop queued behind a kernel that holds the GPU): the
+    generated callable with CuPy arrays and PyTorch tensors against a raw cuLaunchKernel with
+    pre-packed arguments, CuPy's RawKernel and cuda.core; the goal; loops the GPU limited."""
     r = p["results"]
-    return (
-        f"generated {r['generated_callable_us']:.2f} µs/call, raw cuda.core {r['raw_cuda_core_launch_us']:.2f}, "
-        f"CuPy {r['cupy_rawkernel_us']:.2f}: {r['ratio_generated_vs_raw']:.2f}x raw" + (" (GPU-bound loop)" if r.get("gpu_bound") else "")
+    us = {name: s["median"] for name, s in r["us_per_call"].items()}
+    ratios = r["ratios"]
+
+    def x(key: str) -> str:
+        return f"{ratios[key]['median']:.2f}x" if key in ratios else "n/a"
+
+    generated = ", ".join(f"{label} {us[k]:.2f}" for k, label in (("generated_cupy", "CuPy"), ("generated_torch", "PyTorch")) if k in us)
+    line = (
+        f"generated {generated} µs/call; raw cuLaunchKernel {us['raw_cuLaunchKernel']:.2f}, CuPy RawKernel {us['cupy_rawkernel']:.2f}, "
+        f"cuda.core {us['cuda_core_launch']:.2f}; vs raw {x('generated_cupy_vs_raw')}/{x('generated_torch_vs_raw')}: "
+        f"goal {'met' if r['goals']['met'] else 'MISSED'}"
     )
+    wrong = [name for name, ok in r.get("correct", {}).items() if not ok]
+    if wrong:
+        line += f"; WRONG results: {', '.join(wrong)}"
+    if r.get("gpu_limited_loops"):
+        line += f"; {r['gpu_limited_loops']} of {r['loops']} loops GPU-limited"
+    return line
 
 
 def _line_first_call(p: dict[str, Any]) -> str:
+    """Fresh-process medians: the import, the first call split into its parts, with PyTorch
+    tensors, CuPy's RawModule; the goals; cuda.core imported by the first call, if it was."""
     r = p["results"]
-    return (
-        f"import {r['import_ms']:.0f} ms, first call {r['first_call_ms']:.1f} ms (CuPy RawModule {r['cupy_rawmodule_first_call_ms']:.1f}), "
-        f"second {r['second_call_ms']:.2f} ms"
+    torch = r.get("torch")
+    line = (
+        f"import {r['import_ms']:.1f} ms, first call {r['first_call_ms']:.1f} ms (load {r['module_load_ms']:.1f}, launch {r['launch_ms']:.2f}, "
+        f"selection+checks {r['selection_and_checks_ms']:.1f}, sync {r['sync_ms']:.2f}; driver import {r['driver_import_ms']:.1f})"
+        + (f", PyTorch {torch['first_call_ms']:.1f}" if torch else "")
+        + f"; CuPy RawModule {r['cupy_rawmodule_first_call_ms']:.2f}; goals {'met' if r['goals']['met'] else 'MISSED'}"
     )
+    if r.get("cuda_core_imported_by_first_call"):
+        line += "; cuda.core imported by the first call"
+    return line
 
 
 def _line_roofline(p: dict[str, Any]) -> str:

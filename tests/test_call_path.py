@@ -85,6 +85,22 @@ def test_cupy_arrays_on_a_second_gpu_launch_there_without_asking_the_driver(fres
         saxpy(2.0, cupy.ndarray((64,), device=0), y)
 
 
+def test_an_other_array_beside_a_pytorch_tensor_is_still_asked_where_it_is(fresh, monkeypatch, rt):
+    """A PyTorch tensor says its device; an __cuda_array_interface__ array beside it does not, so
+    with several GPUs the driver is asked for it at each call: a plan made with both on device 1
+    does not launch one on device 0 there."""
+    standin = install(monkeypatch, rt, ccs=[(9, 0), (9, 0)])
+    torch = install_torch(monkeypatch, standin)
+    saxpy = fresh()["saxpy"]
+    x = torch.Tensor((256,), device=1)
+    for _ in range(2):
+        saxpy(1.0, x, DeviceArray.empty(standin, (256,), device=1))
+    assert [launch.device for launch in standin.launches] == [1, 1] and saxpy.checked_calls == 1
+    with pytest.raises(ValueError, match=r"arrays are on different devices \(x on device 1, y on device 0\)"):
+        saxpy(1.0, x, DeviceArray.empty(standin, (256,), device=0))
+    assert len(standin.launches) == 2
+
+
 def test_pytorch_tensors_take_the_fast_path_on_pytorchs_current_stream(fresh, monkeypatch, rt):
     standin = install(monkeypatch, rt, ccs=[(9, 0), (9, 0)])
     torch = install_torch(monkeypatch, standin)

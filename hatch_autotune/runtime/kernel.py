@@ -460,12 +460,17 @@ class Kernel:
         gpu = cuda_seam.current
         if gpu.api is None:  # the first call in this process: checks first, then the driver
             return self._call_checked(list(args), stream, tuple(sig), constants)
+        if gpu.single_device is None:  # several GPUs: the driver says where the other arrays are
+            others = [v for v, obj, kind in zip(values, args, self._user_kinds) if kind > 0 and codes[type(obj)] not in (CUPY, TORCH)]
+            if others:
+                found = self._arrays_device(gpu, others)
+                if found is None or (device is not None and found != device):  # unknown or mixed: the
+                    return self._call_checked(list(args), stream, tuple(sig), constants)  # checked path says which
+                device = found
         if device is None:
             device = gpu.single_device
-            if device is None:
-                device = self._arrays_device(gpu, [v for v, kind in zip(values, self._user_kinds) if kind > 0])
-                if device is None:  # unknown or mixed: the checked path says which
-                    return self._call_checked(list(args), stream, tuple(sig), constants)
+            if device is None:  # several GPUs, no array to say which: the checked path finds it
+                return self._call_checked(list(args), stream, tuple(sig), constants)
             current_stream = None
         else:
             current_stream = _READERS[library].current_stream  # the arrays' library's, asked below
