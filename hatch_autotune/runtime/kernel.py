@@ -422,7 +422,7 @@ class Kernel:
         if len(args) != self._n_user:
             return self._call_checked(self._bind(args, kwargs), stream, None, constants)
         values: list[Any] = []  # the caller's values as the kernel takes them: pointers for arrays
-        device = None  # the arrays' own device, where they say (CuPy, PyTorch)
+        device = library = None  # the arrays' own device, and their type, where they say (CuPy, PyTorch)
         codes = _CODES
         for obj, kind in zip(args, self._user_kinds):
             if kind > 0:  # an array; `kind` is its alignment
@@ -471,9 +471,7 @@ class Kernel:
             device = gpu.single_device
             if device is None:  # several GPUs, no array to say which: the checked path finds it
                 return self._call_checked(list(args), stream, tuple(sig), constants)
-            current_stream = None
-        else:
-            current_stream = _READERS[library].current_stream  # the arrays' library's, asked below
+        current_stream = _READERS[library].current_stream if library is not None else None  # asked below
         sig.append(device)
         try:
             plan = self._fast.get(tuple(sig))
