@@ -2,13 +2,17 @@
 
 Only the lowest layer is replaced: the `cuda.bindings.driver` functions that hatch-autotune
 calls, and cuda.core's `Device`, `Stream`, `Event`, `ObjectCode` and `launch` (`StandIn.api()`
-hands them over as the runtime's `CudaApi`).
-cuda.core's real `LaunchConfig` and its real kernel-argument packing (`ParamHolder`) stay: every
-launch is packed by cuda.core exactly as on a GPU, then the packed parameter buffer is decoded and
-checked against the parameters that the cubin itself declares in its `.nv.info.<entry>` section
-(for PTX: its `.entry` parameter list). What a real driver would refuse, the stand-in refuses with
-the driver's error name: no current context, a stream or module of another device, a block or
-shared-memory size over the device's limits, PTX newer than the driver, a cubin of another arch.
+hands them over as the runtime's `CudaApi`). A kernel call launches as on a GPU, through the
+driver: `cuModuleLoadData` (refusing a cubin of another arch or PTX newer than the driver),
+`cuModuleGetFunction`, then `cuLaunchKernel`, whose parameter bytes are read through its
+`kernelParams` pointers, as many and as large as the cubin itself declares in its
+`.nv.info.<entry>` section (for PTX: its `.entry` parameter list). The tuning worker launches
+with cuda.core's `launch`: there cuda.core's real `LaunchConfig` and argument packing
+(`ParamHolder`) stay, and the packed buffer is decoded the same way. What a real driver would
+refuse, the stand-in refuses with the driver's error name: no current context, a stream or
+module of another device, a block or shared-memory size over the device's limits, PTX newer
+than the driver, a cubin of another arch; and, stricter than a driver, parameters whose bytes
+overlap.
 
 Device memory is emulated (host buffers at fake device addresses), and kernels can be emulated
 in Python (see `EMULATORS`), so that the real tuning worker can run whole buckets: an emulated
