@@ -83,9 +83,24 @@ def _dist_version(*names: str) -> str | None:
     return None
 
 
+def commit() -> str:
+    """The checkout's commit (`+dirty` when tracked files differ from it), or 'unknown': a device
+    machine's copy of the working tree may have no .git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=20)
+        if head.returncode != 0 or not head.stdout.strip():
+            return "unknown"
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
 def machine() -> dict[str, Any]:
-    """GPU, driver and versions, for the results files."""
-    info: dict[str, Any] = {"python": platform.python_version(), "host": platform.node()}
+    """GPU, driver, versions and the commit, for the results files."""
+    info: dict[str, Any] = {"python": platform.python_version(), "host": platform.node(), "commit": commit()}
     for key, names in {
         "cuda-core": ("cuda-core",),
         "cuda-bindings": ("cuda-bindings",),

@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, example_project, import_generated, machine, options, require_gpu, write_result
+from _common import example_project, import_generated, machine, options, require_gpu, write_result
 
 N = 1 << 20
 CHILD_TIMEOUT_S = 60
@@ -212,21 +212,6 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def checkout_commit() -> str:
-    """`git rev-parse HEAD` of this checkout (`+dirty` when tracked files differ from it), or
-    'unknown': a device machine's copy of the working tree may have no .git."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=20)
-        if head.returncode != 0 or not head.stdout.strip():
-            return "unknown"
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True, timeout=20
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
-
-
 def main() -> None:
     opts = options(__doc__).parse_args()
     started = time.monotonic()
@@ -291,7 +276,7 @@ def main() -> None:
         "parameters": {"n": N, "repeats": repeats, "child_timeout_s": CHILD_TIMEOUT_S, "torch_deadline_s": torch_deadline},
         "results": results,
         "samples": {"ours": ours, "cupy_rawmodule": cupy, "ours_torch": torch_rows},
-        "machine": {**machine(), "commit": checkout_commit()},
+        "machine": machine(),
     }
     out = write_result("first_call.json", payload, opts.out)
     r = results

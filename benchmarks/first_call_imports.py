@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import ROOT, example_project, import_generated, machine, options, write_result
+from _common import example_project, import_generated, machine, options, write_result
 
 MARK = "hatch-autotune-phase:"
 PROBE = f"""
@@ -100,7 +100,6 @@ def main() -> None:
     call_modules = sorted({m for r in ours for m in r["imports"].get("call", {})})
     import_modules = sorted({m for r in ours for m in r["imports"].get("import", {})})
     med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
     payload = {
         "what": __doc__.strip().splitlines()[0],
         "repeats": repeats,
@@ -121,7 +120,6 @@ def main() -> None:
             "ours": [{k: v for k, v in r.items() if k != "imports"} for r in ours],
             "cuda_core_import_ms": [r["import_ms"] for r in core],
         },
-        "commit": commit,
         "machine": machine(),
     }
     print(write_result("first_call_imports_cpu.json", payload, opts.out).read_text())

@@ -46,14 +46,13 @@ import functools
 import itertools
 import math
 import statistics
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from _common import ROOT, example_project, import_generated, machine, options, require_gpu, write_result
+from _common import example_project, import_generated, machine, options, require_gpu, write_result
 
 N = 1024
 A = 2.0
@@ -202,21 +201,6 @@ def host_us(fn: Callable[[], Any]) -> dict[str, Any]:
             fn()
         samples.append((time.perf_counter() - t0) / HOST_CALLS * 1e6)
     return spread(samples)
-
-
-def checkout_commit() -> str:
-    """`git rev-parse HEAD` of this checkout (`+dirty` when tracked files differ from it), or
-    'unknown': a device machine's copy of the working tree may have no .git."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=20)
-        if head.returncode != 0 or not head.stdout.strip():
-            return "unknown"
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True, timeout=20
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 
 
 def import_torch() -> tuple[Any, str | None]:
@@ -423,7 +407,7 @@ def main() -> None:
         },
         "results": results,
         "samples": {"us_per_call_per_loop": loops, "us_per_call_per_rep": per_rep, "gpu_limited": gpu_limited},
-        "machine": {**machine(), "commit": checkout_commit()},
+        "machine": machine(),
     }
     out = write_result("launch_overhead.json", payload, opts.out)
     for name, s in us_per_call.items():

@@ -21,7 +21,6 @@ The contenders are interleaved within each repetition; medians and spreads over 
 from __future__ import annotations
 
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -122,7 +121,6 @@ def main() -> None:
         for name, stats in per.items():
             if name.startswith("generated_"):
                 ours[f"{setup_name}_{name.removeprefix('generated_')}"] = stats["median"] - raw
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
     payload = {
         "what": __doc__.strip().splitlines()[0],
         "calls_per_loop": calls,
@@ -133,7 +131,6 @@ def main() -> None:
         "goal_us": GOAL_US,
         "goal_met": all(v <= GOAL_US for v in ours.values()),
         "samples_us": samples,
-        "commit": commit,
         "machine": host,
     }
     print(write_result("launch_path_cpu.json", payload, opts.out).read_text())

@@ -68,7 +68,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from _common import EXAMPLE, ROOT, example_project, machine, options, require_gpu, write_result
+from _common import EXAMPLE, ROOT, commit, example_project, machine, options, require_gpu, write_result
 
 KT_ITERATIONS = 7  # Kernel Tuner's default `iterations` (tune_kernel, its CuPy and nvcuda backends)
 KT_RTOL = 1e-05  # numpy.allclose's default rtol, which Kernel Tuner's default verify function keeps
@@ -136,20 +136,6 @@ def _version(dist: str) -> str | None:
         return version(dist)
     except Exception:
         return None
-
-
-def commit() -> str:
-    """The checkout's commit (`+dirty` when tracked files differ from it), or 'unknown' (no git, no .git)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=20)
-        if head.returncode != 0 or not head.stdout.strip():
-            return "unknown"
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True, timeout=20
-        )
-        return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 # --------------------------------------------------------------------------------------------
