@@ -273,6 +273,21 @@ def example_kernels(request, example_site):
         sys.modules.update(saved)
 
 
+@pytest.fixture
+def rt(example_kernels):
+    """The generated package's runtime; back on the real driver (a fresh state) afterwards."""
+    runtime = example_kernels._runtime
+    runtime.use_gpu(None)
+    yield runtime
+    runtime.use_gpu(None)
+
+
+@pytest.fixture
+def fresh(rt, example_kernels):
+    """A new Library (empty plans and module caches) over example_pkg's generated files."""
+    return lambda: rt.Library.load(example_kernels._LIBRARY.directory).kernels
+
+
 def pip_constraints(path: Path) -> Path:
     """A pip constraints file pinning, in a build environment, the hatchling and NVRTC of this
     one: a wheel built with build isolation then equals one built here (and the compile cache,

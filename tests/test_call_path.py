@@ -26,19 +26,6 @@ from standin_arrays import install_cupy, install_torch
 from hatch_autotune.runtime.params import ParamBuffer
 
 
-@pytest.fixture
-def rt(example_kernels):
-    runtime = example_kernels._runtime
-    runtime.use_gpu(None)
-    yield runtime
-    runtime.use_gpu(None)
-
-
-@pytest.fixture
-def fresh(rt, example_kernels):
-    return lambda: rt.Library.load(example_kernels._LIBRARY.directory).kernels
-
-
 def saxpy_params(launch) -> tuple[float, int, int, int]:
     """(a, x pointer, y pointer, n) as the saxpy kernel receives them (float32 instance)."""
     return (

@@ -28,21 +28,6 @@ SGEMM_SHAPES = [(1, 1, 1), (37, 29, 19), (256, 256, 256), (300, 1500, 5000), (40
 DEVICES = [(8, 0), (8, 6), (9, 0), (10, 0), (12, 0)]
 
 
-@pytest.fixture
-def rt(example_kernels):
-    """The generated package's runtime; back on the real driver (a fresh state) afterwards."""
-    runtime = example_kernels._runtime
-    runtime.use_gpu(None)
-    yield runtime
-    runtime.use_gpu(None)
-
-
-@pytest.fixture
-def fresh(rt, example_kernels):
-    """A new Library (empty plans and module caches) over example_pkg's generated files."""
-    return lambda: rt.Library.load(example_kernels._LIBRARY.directory).kernels
-
-
 def expected_params(kernel, values: dict) -> list[bytes]:
     """What the kernel must receive: each argument in C order, as the bytes of its C type."""
     types = values.pop("_types")
