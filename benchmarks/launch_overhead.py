@@ -34,7 +34,7 @@ fresh values and is checked against y = a * x + y, so that a contender that laun
 the wrong thing, cannot post a fast time (the result is written, then the script exits 1). Also
 timed, alone and without GPU work: the host parts that explain the differences (two CuPy
 pointers, two PyTorch pointers, each library's current stream as the runtime reads it,
-cuCtxGetDevice, the parameter buffer's pack_into of a saxpy call's values).
+cuCtxGetCurrent (the launch's context check), the parameter buffer's pack_into of a saxpy call's values).
 
     python benchmarks/launch_overhead.py [--out DIR] [--quick]   # writes DIR/launch_overhead.json
 """
@@ -340,7 +340,7 @@ def main() -> None:
     host_part("lambda_call_floor", lambda: lambda: None)
     host_part("two_cupy_data_ptr", lambda: lambda: (xc.data.ptr, yc.data.ptr))
     host_part("cupy_current_stream", lambda: functools.partial(cupy_stream, 0))
-    host_part("cuCtxGetDevice", lambda: driver.cuCtxGetDevice)
+    host_part("cuCtxGetCurrent", lambda: driver.cuCtxGetCurrent)
 
     def pack_into() -> Callable[[], Any]:
         layout = [("float32", 0, None), (rt.params.POINTER, 1, None), (rt.params.POINTER, 2, None), ("int32", None, N)]

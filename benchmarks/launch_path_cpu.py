@@ -2,8 +2,8 @@
 pre-packed launch on the same stand-in.
 
 Both sides call the same driver stand-in (tests/cuda_standin.py) through the runtime's seam, with
-the driver's launch (`cuLaunchKernel`) and the current-context query (`cuCtxGetDevice`) replaced
-by functions that return success at once: what remains is Python. The raw side is what a
+the driver's launch (`cuLaunchKernel`) and the current-context queries (`cuCtxGetCurrent`,
+`cuCtxGetDevice`) replaced by functions that return success at once: what remains is Python. The raw side is what a
 hand-written launcher costs at best: `cuLaunchKernel(function, grid, block, shared, stream,
 params, 0)` with a parameter buffer packed once. The generated side is `kernels.saxpy(a, x, y)`
 on its fast path (pointer reads, the plan's lookup and checks, packing into its buffer, the
@@ -58,7 +58,9 @@ def setup(rt, kernels, gpus: int, patch) -> dict:
     cuda_standin.FakeDevice(device).set_current()
     api = standin.api()
     driver = SimpleNamespace(**vars(api.driver))
+    primary = api.driver.cuDevicePrimaryCtxRetain(device)[1]
     driver.cuCtxGetDevice = lambda: (ok, device)
+    driver.cuCtxGetCurrent = lambda: (ok, primary)  # the launch's check: the device's primary context is current
     driver.cuPointerGetAttribute = lambda attr, ptr: (ok, device)
     rt.use_gpu(api.replace(driver=driver))
     saxpy = rt.Library.load(kernels._LIBRARY.directory).kernels["saxpy"]

@@ -1,8 +1,9 @@
 """CuPy arrays and PyTorch tensors in the stand-in's device memory, for the call path's readers
 of those two types (runtime/args.py `array_reader`). Neither library makes a CUDA array without
 a GPU, so these imitate exactly what the runtime reads of them: for CuPy `data.ptr`,
-`data.device_id`, `dtype`, `shape`, `strides` and the current stream; for PyTorch `data_ptr()`,
-`dtype`, `shape`, `stride()`, `get_device()`, `device.type` and `_C._cuda_getCurrentRawStream`.
+`data.device_id`, `dtype`, `shape`, `strides` and `cuda.get_current_stream(device)`; for PyTorch
+`data_ptr()`, `dtype`, `shape`, `stride()`, `get_device()`, `is_cuda`, `device.type` and
+`_C._cuda_getCurrentRawStream`.
 `install_cupy` / `install_torch` put a module of that name into sys.modules for one test (the
 runtime finds an array's library there, never by importing it). tests/test_gpu.py runs the real
 libraries on a GPU."""
@@ -51,11 +52,7 @@ def install_cupy(monkeypatch: Any, standin: Any) -> ModuleType:
 
     cupy.ndarray = ndarray
     cupy.current = current
-    cupy.cuda = SimpleNamespace(
-        stream=SimpleNamespace(get_current_stream_ptr=lambda: current.streams.get(current.device, 0)),
-        runtime=SimpleNamespace(getDevice=lambda: current.device),
-        get_current_stream=get_current_stream,
-    )
+    cupy.cuda = SimpleNamespace(get_current_stream=get_current_stream)  # CuPy 14's Python API: no get_current_stream_ptr
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     return cupy
 
@@ -84,6 +81,7 @@ def install_torch(monkeypatch: Any, standin: Any) -> ModuleType:
             self._stride = stride if stride is not None else tuple(s // itemsize for s in _c_strides(self.shape, itemsize))
             self._device = device
             self.device = SimpleNamespace(type="cuda" if device >= 0 else "cpu", index=device if device >= 0 else None)
+            self.is_cuda = device >= 0
             self._ptr = (standin.alloc(device, n * itemsize) if n else 0) if device >= 0 else 0x1000 * (n + 1)
 
         def data_ptr(self) -> int:

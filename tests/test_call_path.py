@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from types import SimpleNamespace
 
 import cuda_standin
 import numpy as np
@@ -44,7 +45,7 @@ def test_cupy_arrays_take_the_fast_path_on_cupys_current_stream(fresh, monkeypat
     for a in (0.5, 1.5, 2.5):
         saxpy(a, x, y)
         assert saxpy_params(standin.launches[-1]) == (a, x.data.ptr, y.data.ptr, 5000)
-        assert standin.launches[-1].stream.handle == 0  # CuPy's null stream: its current one
+        assert standin.launches[-1].stream.handle == 1  # CuPy's current one, its null stream: the legacy stream
     assert saxpy.checked_calls == 1
     device = cuda_standin.FakeDevice(0)
     device.set_current()
@@ -103,7 +104,7 @@ def test_pytorch_tensors_take_the_fast_path_on_pytorchs_current_stream(fresh, mo
         saxpy(1.0 + i, x, y)
         launch = standin.launches[-1]
         assert saxpy_params(launch) == (1.0 + i, x.data_ptr(), y.data_ptr(), 300) and launch.device == 1
-        assert launch.stream is created if i >= 2 else launch.stream.handle == 0
+        assert launch.stream is created if i >= 2 else launch.stream.handle == 1  # PyTorch's null stream: the legacy one
     assert saxpy.checked_calls == 1
 
 
@@ -127,6 +128,10 @@ def test_the_fast_path_keeps_every_check_for_cupy_and_pytorch(fresh, monkeypatch
         saxpy(1.0, t, torch.Tensor((99,)))
     with pytest.raises(ValueError, match=r"^saxpy\(\): argument 'x' is in host memory; expected a GPU array$"):
         saxpy(1.0, torch.Tensor((100,), device=-1), u)  # a CPU tensor: same dtype, shape and strides
+    other_backend = torch.Tensor((100,))  # as an XPU tensor: a device index, but no CUDA memory
+    other_backend.is_cuda, other_backend.device = False, SimpleNamespace(type="xpu", index=0)
+    with pytest.raises(ValueError, match=r"^saxpy\(\): argument 'x' is in host memory; expected a GPU array$"):
+        saxpy(1.0, other_backend, u)
     with pytest.raises(ValueError, match=r"^saxpy\(\): argument 'a'=1e\+39 does not fit in float32"):
         saxpy(1e39, x, y)  # struct refuses it on the fast path; the checked path names it
     with pytest.raises(TypeError, match=r"^saxpy\(\): argument 'a' must be a number"):

@@ -117,16 +117,11 @@ def _torch_stream(torch: Any) -> Callable[[int], int]:
 
 
 def _cupy_stream(cupy: Any) -> Callable[[int], int]:
-    """CuPy's current stream on a device (`with cupy.cuda.Stream():`): what its own kernels run on."""
-    stream_module = cupy.cuda.stream
-    current_ptr = stream_module.get_current_stream_ptr  # the current device's, without making a Stream object
-    current_device = cupy.cuda.runtime.getDevice
+    """CuPy's current stream on a device (`with cupy.cuda.Stream():`): what its own kernels run on.
+    (CuPy keeps that Stream object per thread and device; its C-level get_current_stream_ptr is
+    not reachable from Python.)"""
     get = cupy.cuda.get_current_stream
-
-    def current(device: int) -> int:
-        return int(current_ptr()) if current_device() == device else int(get(device).ptr)
-
-    return current
+    return lambda device: int(get(device).ptr)
 
 
 def _cupy_view(obj: Any) -> ArrayView:

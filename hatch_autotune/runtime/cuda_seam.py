@@ -168,6 +168,7 @@ class GpuState:
         self.driver_version = (0, 0)
         self.cc: dict[int, tuple[int, int]] = {}
         self.primary: dict[int, Any] = {}
+        self.primary_handles: dict[int, int] = {}  # the same contexts as ints: what cuCtxGetCurrent is compared with
         # What stream=None launches on when the arrays' library has no current stream of its own:
         # the current context's legacy default stream, or its per-thread one where cuda-python
         # is told to use that (cuda.core's Device.default_stream reads the same variable).
@@ -242,21 +243,33 @@ class GpuState:
         if ctx is None:
             found = check_cuda(self._api.driver.cuDevicePrimaryCtxRetain(device), f"cuDevicePrimaryCtxRetain (device {device})")
             ctx = self.primary.setdefault(device, found)
+            self.primary_handles.setdefault(device, int(ctx))
         return ctx
+
+    def in_primary(self, device: int) -> bool:
+        """Whether the calling thread's current context is `device`'s primary context, where the
+        runtime loads its modules and launches: not merely a context on that device (a module
+        loaded in one context cannot be launched in another)."""
+        err, ctx = self._api.driver.cuCtxGetCurrent()
+        if err:
+            return False
+        handle = self.primary_handles.get(device)
+        if handle is None:
+            self.primary_context(device)
+            handle = self.primary_handles[device]
+        return int(ctx) == handle
 
     def on_device(self, device: int) -> _OnDevice:
         """A block with `device` current in the calling thread (see _OnDevice)."""
         return _OnDevice(self, device)
 
     def launch(self, device: int, head: tuple[Any, ...], stream: int, params: int, what: str) -> None:
-        """cuLaunchKernel(*head, stream, params) with `device` current in the calling thread: as it
-        is when the caller's context is already on that device, else its primary context pushed
-        and popped, so that any thread can call and the caller's current device never changes.
-        `head` is (function, grid x3, block x3, shared bytes); `params` the address of the
-        kernel's parameter pointers (params.ParamBuffer)."""
+        """cuLaunchKernel(*head, stream, params) in `device`'s primary context: as it is when the
+        caller's current context is that one, else pushed and popped, so that any thread can call
+        and the caller's current context never changes. `head` is (function, grid x3, block x3,
+        shared bytes); `params` the address of the kernel's parameter pointers (params.ParamBuffer)."""
         driver = self.driver
-        err, current = driver.cuCtxGetDevice()
-        if not err and int(current) == device:
+        if self.in_primary(device):
             result = driver.cuLaunchKernel(*head, stream, params, 0)
         else:
             with _OnDevice(self, device):
@@ -271,7 +284,9 @@ class GpuState:
 
 class _OnDevice:
     """Run a block with `device`'s primary context current, restoring the caller's afterwards,
-    so that loading or launching never changes which device CuPy or PyTorch consider current."""
+    so that loading or launching never changes which device or context CuPy or PyTorch consider
+    current (a caller's own context on the same device, from cuCtxCreate, is not the primary
+    one: the module would be loaded into it, and fail in every other context)."""
 
     __slots__ = ("gpu", "device", "pushed")
 
@@ -280,7 +295,7 @@ class _OnDevice:
 
     def __enter__(self) -> None:
         gpu = self.gpu
-        if gpu.current_device() == self.device:
+        if gpu.in_primary(self.device):
             return
         check_cuda(gpu._api.driver.cuCtxPushCurrent(gpu.primary_context(self.device)), f"cuCtxPushCurrent (device {self.device})")
         self.pushed = True

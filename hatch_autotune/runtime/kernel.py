@@ -10,7 +10,6 @@ from _thread import allocate_lock  # threading.Lock itself, without importing th
 from . import cuda_seam
 from .args import (
     _CODES,
-    _READERS,
     CUPY,
     TORCH,
     PreparedCall,
@@ -437,7 +436,7 @@ class Kernel:
                         device, library = on, t
                 elif code is TORCH:
                     ptr = obj.data_ptr()
-                    on = obj.get_device()
+                    on = obj.get_device() if obj.is_cuda else -1  # another backend's index is no CUDA device
                     sig += (t, obj.dtype, obj.shape, obj.stride(), on)
                     if device is None:
                         device, library = on, t
@@ -461,7 +460,7 @@ class Kernel:
         if gpu.api is None:  # the first call in this process: checks first, then the driver
             return self._call_checked(list(args), stream, tuple(sig), constants)
         if gpu.single_device is None:  # several GPUs: the driver says where the other arrays are
-            others = [v for v, obj, kind in zip(values, args, self._user_kinds) if kind > 0 and codes[type(obj)] not in (CUPY, TORCH)]
+            others = [v for v, obj, kind in zip(values, args, self._user_kinds) if kind > 0 and codes.get(type(obj)) not in (CUPY, TORCH)]
             if others:
                 found = self._arrays_device(gpu, others)
                 if found is None or (device is not None and found != device):  # unknown or mixed: the
@@ -471,7 +470,7 @@ class Kernel:
             device = gpu.single_device
             if device is None:  # several GPUs, no array to say which: the checked path finds it
                 return self._call_checked(list(args), stream, tuple(sig), constants)
-        current_stream = _READERS[library].current_stream if library is not None else None  # asked below
+        current_stream = array_reader(library).current_stream if library is not None else None  # asked below
         sig.append(device)
         try:
             plan = self._fast.get(tuple(sig))
@@ -481,7 +480,9 @@ class Kernel:
             return self._call_checked(list(args), stream, tuple(sig[:-1]), constants)
         handle = plan.stream
         if handle is None:  # stream=None: where the arrays' library runs its own work, else the default
-            handle = current_stream(device) if current_stream is not None else gpu.default_stream
+            # (a library's null stream 0 is its legacy one: 0 is the per-thread one where cuda-python
+            # is told to use that)
+            handle = (current_stream(device) or CU_STREAM_LEGACY) if current_stream is not None else gpu.default_stream
         try:
             params = plan.take()  # the plan's buffer, unless another thread is launching from it
         except IndexError:
@@ -492,9 +493,9 @@ class Kernel:
             plan.give(params)
             return self._call_checked(list(args), stream, None, constants)
         driver = gpu.driver  # the launch, as GpuState.launch does it, inline: a call costs 0.1 µs
-        err, current = driver.cuCtxGetDevice()
-        if err or int(current) != device:
-            gpu.launch(device, plan.head, handle, params.address, self.name)  # the caller's context is elsewhere
+        err, current = driver.cuCtxGetCurrent()
+        if err or int(current) != plan.context:
+            gpu.launch(device, plan.head, handle, params.address, self.name)  # the caller's context is another
         else:
             result = driver.cuLaunchKernel(*plan.head, handle, params.address, 0)
             if result[0]:
@@ -533,7 +534,8 @@ class Kernel:
             if len(self._memo) >= CACHE_LIMIT:
                 self._memo.clear()
             self._memo[memo_key] = head
-        plan = _FastPlan(self, call, head, handle, stream)
+        gpu.primary_context(device)
+        plan = _FastPlan(self, call, head, handle, stream, gpu.primary_handles[device])
         if fast_sig is not None and not plan.empty:  # an empty problem's calls stay on this path: they launch nothing
             if len(self._fast) >= CACHE_LIMIT:
                 self._fast.clear()
@@ -545,8 +547,11 @@ class Kernel:
             return
         if handle is None:
             library_stream = self._library_stream(bound)
-            handle = library_stream(device) if library_stream is not None else gpu.default_stream
-        params = plan.take()  # the plan is new: nobody else has it
+            handle = (library_stream(device) or CU_STREAM_LEGACY) if library_stream is not None else gpu.default_stream
+        try:
+            params = plan.take()  # published above: a fast call of another thread may hold it
+        except IndexError:
+            params = plan.params.fresh()
         params.exact.pack_into(params.storage, 0, *[call.c_args[c] for c in self._user_slots])
         gpu.launch(device, plan.head, handle, params.address, self.name)
         plan.give(params)
@@ -659,9 +664,9 @@ class _FastPlan:
     (`take()` one, `give()` it back), and its stream (None: asked at each call, see
     Kernel.__call__)."""
 
-    __slots__ = ("params", "take", "give", "head", "empty", "stream", "stream_ref")
+    __slots__ = ("params", "take", "give", "head", "empty", "stream", "stream_ref", "context")
 
-    def __init__(self, kernel: Kernel, call: PreparedCall, head: tuple[Any, ...] | None, stream: int | None, stream_ref: Any):
+    def __init__(self, kernel: Kernel, call: PreparedCall, head: tuple[Any, ...] | None, stream: int | None, stream_ref: Any, context: int):
         user_index = {name: i for i, name in enumerate(kernel.user_args)}
         layout = []
         for a, value in zip(kernel.args, call.c_args):
@@ -677,3 +682,4 @@ class _FastPlan:
         self.head, self.empty = head or (), head is None
         self.stream = stream
         self.stream_ref = stream_ref  # the user's stream object, so a new object is not mistaken for it
+        self.context = context  # the device's primary context (an int): where the launch must happen
