@@ -487,22 +487,6 @@ class BucketTuning:
         )
 
 
-def tune_bucket(
-    session: WorkerSession,
-    job: BucketJob,
-    binaries: VariantBinaries,
-    warm: WarmStart,
-    root: Path,
-    tmp: Path,
-    log: Log,
-    compiler: str,
-    compare: CompareBinaries | None = None,
-) -> LockEntry:
-    """One bucket's lock entry, tuned in `session` (BucketTuning): what a local GPU and a Ray
-    actor both run."""
-    return BucketTuning(session, job, binaries, warm, root, tmp, log, compiler, compare).run()
-
-
 def bucket_recipe(job: BucketJob, root: Path) -> InputRecipe:
     """The recipe of a bucket's inputs, seeded by its entry id: the same data whoever makes it."""
     return InputRecipe.of(job.spec, job.types, job.bucket.as_dict(), root, seed=zlib.crc32(job.eid.encode()))

@@ -4,7 +4,7 @@ Each node advertises how many GPUs of each arch it has as a custom resource
 (`hatch-autotune ray-resources` prints them for `ray start --resources`), so one cluster of H100s
 and A100s tunes sm_90 and sm_80 in one run (Kernel Tuner's Ray runner refuses a cluster whose GPUs
 differ). An actor holds one GPU (`num_gpus=1` and one unit of its arch's resource), renders the
-project once, and tunes the buckets it is sent with the code a local GPU runs (`tune_bucket`:
+project once, and tunes the buckets it is sent with the code a local GPU runs (`BucketTuning`:
 compiling on its node's CPUs while it measures, crashes isolated in its worker process). The
 driver keeps the lock: `run_tuning` merges each entry as it arrives and saves it. Only plain data
 crosses Ray: the project directory (shipped as the job's working_dir), entry ids, warm starts,
@@ -34,7 +34,7 @@ from ..plan.devices import Gpu
 from ..plan.planner import make_plan, target_archs
 from ..runtime import short_repr
 from .binaries import CompareBinaries, InstanceBinaries, VariantBinaries
-from .bucket import BucketJob, tune_bucket
+from .bucket import BucketJob, BucketTuning
 from .decide import check_kernels
 from .errors import TuningError
 from .protocol import DeviceInfo
@@ -128,7 +128,7 @@ class TuneActor:
             if key not in self.binaries:
                 self.binaries[key] = VariantBinaries(job.inst, self.arch, self.cache)
             lines: list[str] = []
-            entry = tune_bucket(
+            entry = BucketTuning(
                 self.session,
                 job,
                 self.binaries[key],
@@ -138,7 +138,7 @@ class TuneActor:
                 lines.append,
                 self.plan.compiler,
                 self.compare,
-            )
+            ).run()
             return {"entry": entry.to_json(), "log": lines, "span": [began, time.monotonic()]}
 
     def close(self) -> None:

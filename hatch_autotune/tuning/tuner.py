@@ -22,7 +22,7 @@ from ..plan.devices import Gpu, detect_gpus
 from ..plan.planner import Instance, Plan, make_plan, target_archs
 from ..text import instance_text
 from .binaries import CompareBinaries, InstanceBinaries
-from .bucket import BucketJob, bucket_recipe, strategy_text, tune_bucket
+from .bucket import BucketJob, BucketTuning, bucket_recipe, strategy_text
 from .decide import Todo, TuningPlan, check_kernels, plan_tuning, stale_points
 from .errors import TuningError
 from .inputs import input_bytes
@@ -198,9 +198,9 @@ class LocalSlot:
     def start(self, job: Job) -> Callable[[], LockEntry]:
         bucket: BucketJob = job.payload
         root, compiler = self.plan.project.root, self.plan.compiler
-        return lambda: tune_bucket(
+        return lambda: BucketTuning(
             self.session, bucket, self.binaries(bucket.inst, self.arch), job.warm, root, self.workdir, self.log, compiler, self.compare
-        )
+        ).run()
 
     def upcoming(self, job: Job | None) -> None:
         """The job the scheduler would hand this slot next (a guess: another slot may take it)."""
