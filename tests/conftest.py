@@ -288,6 +288,16 @@ def fresh(rt, example_kernels):
     return lambda: rt.Library.load(example_kernels._LIBRARY.directory).kernels
 
 
+@pytest.fixture
+def gpu(rt, fresh, monkeypatch):
+    """example_pkg's kernels over the driver stand-in (one sm_90 device), with no plans yet:
+    (stand-in, kernels by name)."""
+    from cuda_standin import install
+
+    standin = install(monkeypatch, rt)
+    return standin, fresh()
+
+
 def pip_constraints(path: Path) -> Path:
     """A pip constraints file pinning, in a build environment, the hatchling and NVRTC of this
     one: a wheel built with build isolation then equals one built here (and the compile cache,

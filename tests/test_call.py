@@ -200,17 +200,6 @@ def test_docstring_and_signature(kernels):
 # ---- the repeated-call fast path, through the driver stand-in (tests/cuda_standin.py) ----------
 
 
-@pytest.fixture
-def gpu(kernels, monkeypatch):
-    """A stand-in driver with one sm_90 device, and fresh kernel objects (no plans yet)."""
-    from cuda_standin import install
-
-    rt = kernels._runtime
-    standin = install(monkeypatch, rt)
-    yield standin, rt.Library.load(kernels._LIBRARY.directory).kernels
-    rt.use_gpu(None)
-
-
 def test_a_new_signature_takes_the_checked_path(gpu):
     from cuda_standin import DeviceArray
 

@@ -148,17 +148,6 @@ def test_a_null_pointer_for_a_non_empty_array_is_refused_before_the_driver(spy):
     assert spy.inits == 1
 
 
-@pytest.fixture
-def gpu(example_kernels, monkeypatch):
-    """example_pkg's kernels over the driver stand-in (one sm_90 device), with no plans yet."""
-    from cuda_standin import install
-
-    rt = example_kernels._runtime
-    standin = install(monkeypatch, rt)
-    yield standin, rt.Library.load(example_kernels._LIBRARY.directory).kernels
-    rt.use_gpu(None)
-
-
 def test_a_null_pointer_never_reaches_a_launch_on_the_fast_path(gpu):
     from cuda_standin import DeviceArray
 
