@@ -253,11 +253,15 @@ class GpuState:
         err, ctx = self._api.driver.cuCtxGetCurrent()
         if err:
             return False
+        return int(ctx) == self.primary_handle(device)
+
+    def primary_handle(self, device: int) -> int:
+        """`device`'s primary context as an int: what cuCtxGetCurrent's answer is compared with."""
         handle = self.primary_handles.get(device)
         if handle is None:
             self.primary_context(device)
             handle = self.primary_handles[device]
-        return int(ctx) == handle
+        return handle
 
     def on_device(self, device: int) -> _OnDevice:
         """A block with `device` current in the calling thread (see _OnDevice)."""

@@ -534,8 +534,7 @@ class Kernel:
             if len(self._memo) >= CACHE_LIMIT:
                 self._memo.clear()
             self._memo[memo_key] = head
-        gpu.primary_context(device)
-        plan = _FastPlan(self, call, head, handle, stream, gpu.primary_handles[device])
+        plan = _FastPlan(self, call, head, handle, stream, gpu.primary_handle(device))
         if fast_sig is not None and not plan.empty:  # an empty problem's calls stay on this path: they launch nothing
             if len(self._fast) >= CACHE_LIMIT:
                 self._fast.clear()
@@ -625,7 +624,7 @@ class Kernel:
                         self._check_ptx_driver(gpu, sel)
                         if not data.endswith(b"\0"):
                             data += b"\0"  # cuModuleLoadData reads PTX as a C string
-                    driver = gpu.start().driver
+                    driver = gpu.driver
                     what = f"{self.name} variant {sel.variant}, {sel.binary}, on device {device}"
                     with gpu.on_device(device):
                         module = check_cuda(driver.cuModuleLoadData(data), f"cuModuleLoadData ({what})")
