@@ -447,3 +447,18 @@ def test_any_integer_scalar_packs_as_the_checked_path_converts_it_or_both_refuse
                 fast_bytes(value, dtype)
             continue
         assert fast_bytes(value, dtype) == exact.tobytes()
+
+
+def test_a_cuda_api_takes_all_of_cuda_cores_names_or_none():
+    """A stand-in's CudaApi either brings every cuda.core name (the tuning worker's) or none
+    (then the real ones come at their first use): half of them would mix two worlds silently."""
+    with pytest.raises(TypeError, match=r"^CudaApi: give all of cuda.core's names or none \(given \['Device'\]\)$"):
+        CudaApi(object(), Device=object())
+    with pytest.raises(TypeError, match=r"^CudaApi: unknown name\(s\) \['Devise'\]"):
+        CudaApi(object(), Devise=object())
+    api = CudaApi("driver")
+    with pytest.raises(TypeError, match=r"^CudaApi.replace: unknown name\(s\) \['lanch'\]$"):
+        api.replace(Device=1, Stream=2, LaunchConfig=3, ObjectCode=4, EventOptions=5, launch=6, lanch=7)
+    assert api.replace(driver="other").driver == "other" and api.replace(driver="other")._core is None  # still lazy
+    with pytest.raises(AttributeError):
+        api.not_a_name  # noqa: B018
