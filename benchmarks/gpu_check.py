@@ -763,17 +763,36 @@ def _line_first_call(p: dict[str, Any]) -> str:
 
 
 def _line_roofline(p: dict[str, Any]) -> str:
-    rows = p["rows"]
-    parts = [f"copy {p['copy_GB_per_s']:.0f} GB/s"]
-    for k in ("saxpy", "row_softmax"):
-        fr = [r["fraction_of_copy"] for r in rows if r["kernel"] == k]
-        if fr:
-            parts.append(f"{k} up to {max(fr):.0%} of copy")
-    sg = [r for r in rows if r["kernel"] == "sgemm"]
-    if sg:
-        big = max(sg, key=lambda r: r["m=n=k"])
-        parts.append(f"sgemm {big['m=n=k']}: {big['TFLOP/s']:.1f} TFLOP/s, {big['fraction_of_cublas']:.0%} of cuBLAS")
-    return "; ".join(parts)
+    """The streaming-kernel ceiling (and memcpy) at 2 GiB; saxpy and row_softmax at 2 GiB as a
+    share of that ceiling, each DRAM byte counted once; SGEMM against cuBLAS FP32 at 4096³ and
+    1024³ (cuBLAS time / ours); the goals; results found wrong."""
+    c = p["ceilings"]
+
+    def share(r: dict[str, Any]) -> str:
+        f = r.get("fraction_of_streaming") or {}
+        return f"{f['median']:.0%}" if f.get("median") is not None else "n/a"
+
+    big = [r for r in p["rows"] if r["section"] == "2GiB"]
+    saxpy = ", ".join(f"{r['dtype']} {share(r)}" for r in big if r["kernel"] == "saxpy")
+    softmax = [r for r in big if r["kernel"] == "row_softmax"]
+    streaming = f"{c['streaming_GB_per_s']:.0f} GB/s" if c.get("streaming_GB_per_s") else "n/a"
+    memcpy = f"{c['memcpy_GB_per_s']:.0f}" if c.get("memcpy_GB_per_s") else "n/a"
+    parts = [
+        f"streaming ceiling {streaming} ({c.get('streaming_best')}), memcpy {memcpy}",
+        f"2 GiB, bytes once, of streaming: saxpy {saxpy or 'n/a'}; row_softmax cols "
+        + "/".join(str(r["cols"]) for r in softmax)
+        + " "
+        + ("/".join(share(r) for r in softmax) or "n/a"),
+    ]
+    gemm = {r["m"]: r for r in p["sgemm"] if r.get("headline")}
+    vs = [f"{m}³ {gemm[m]['fraction_of_cublas']['median']:.2f}x" for m in (4096, 1024) if m in gemm]
+    parts.append(f"sgemm vs cuBLAS {', '.join(vs) or 'n/a'}")
+    line = "; ".join(parts) + f"; goals {'met' if p['goals']['met'] else 'MISSED'}"
+    wrong = [n for n, v in c["contenders"].items() if v.get("correct") is False]
+    wrong += [r["name"] for r in p["rows"] + p["sgemm"] if not r.get("correct")] + sorted(p.get("errors") or {})
+    if wrong:
+        line += f"; WRONG or failed: {', '.join(wrong[:4])}" + (f" (+{len(wrong) - 4})" if len(wrong) > 4 else "")
+    return line
 
 
 def _line_kt(p: dict[str, Any]) -> str:

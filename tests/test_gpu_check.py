@@ -109,3 +109,66 @@ def test_gpu_check_reads_a_lock_where_the_package_is_not_installed(tmp_path):
     proc = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "lock: 30 entries for sm_90, 30 tuned (30 in all)"
+
+
+def test_roofline_line_summarises_what_roofline_writes():
+    """roofline.py's result, built by its own functions from made-up timings (no GPU), summarised
+    by gpu_check's one line: the streaming ceiling, the 2 GiB shares with bytes counted once, and
+    SGEMM against cuBLAS at 4096³ and 1024³; a wrong result is named."""
+    rl, gc = load_benchmark("roofline"), load_benchmark("gpu_check")
+    big, rounds = 2 << 30, (1.0, 0.98, 1.03)
+    meta, samples, checks = {}, {}, {}
+
+    def add(name, gb_per_s, **m):
+        meta[name] = m
+        samples[name] = [m["bytes"] / (gb_per_s * 1e6) * j for j in rounds]  # ms at that rate
+        checks[name] = {"ok": True}
+
+    add("memcpy_d2d", 4150, kind="memcpy", section="2GiB", bytes=2 * big)
+    add("stream:chunk_b256_u4", 4600, kind="streaming", section="2GiB", bytes=2 * big, shape={})
+    sel = {"config": {"BLOCK": 256}, "tuned": True, "bucket": {}}
+    add("saxpy float32 n=536870912", 4370, kind="saxpy", section="2GiB", dtype="float32", n=big // 4, bytes=3 * big, **sel)
+    for cols in (128, 1024, 8192):
+        add(
+            f"row_softmax {big // (cols * 4)}x{cols}",
+            4186,
+            kind="row_softmax",
+            section="2GiB",
+            rows=big // (cols * 4),
+            cols=cols,
+            bytes=2 * big,
+            **sel,
+        )
+    add("bucket saxpy float32 n=4096", 14, kind="saxpy", section="bucket", dtype="float32", n=4096, bytes=3 * 4096 * 4, **sel)
+    for size, ours, theirs in ((1024, 0.025, 0.020), (4096, 4.3, 2.7)):
+        meta[f"sgemm {size}"] = {"kind": "sgemm", "peer": f"cublas {size}", "m": size, "n": size, "k": size, "headline": True, **sel}
+        meta[f"cublas {size}"] = {"kind": "cublas"}
+        samples[f"sgemm {size}"], samples[f"cublas {size}"] = [ours * j for j in rounds], [theirs * j for j in rounds]
+        checks[f"sgemm {size}"] = {"ok": size == 1024, "rel_err_vs_cublas": 1e-6 if size == 1024 else 0.5}
+    ceil = rl.ceilings(meta, samples, {n: True for n in meta})
+    rows, sgemm = rl.memory_rows(meta, samples, checks, ceil), rl.gemm_rows(meta, samples, checks)
+    payload = {
+        "ceilings": ceil,
+        "rows": rows,
+        "sgemm": sgemm,
+        "goals": rl.goals(rows, sgemm, ceil),
+        "errors": {},
+        "parameters": {"big_bytes": big},
+    }
+    json.dumps(payload)  # what write_result writes
+
+    line = gc._line_roofline(payload)
+    assert line.startswith("streaming ceiling 4600 GB/s (stream:chunk_b256_u4), memcpy 4150; "), line
+    assert "saxpy float32 95%" in line and "row_softmax cols 128/1024/8192 91%/91%/91%" in line, line
+    assert "sgemm vs cuBLAS 4096³ 0.63x, 1024³ 0.80x" in line and "goals MISSED" in line, line
+    assert line.endswith("WRONG or failed: sgemm 4096"), line
+    assert payload["goals"]["checks"] == {
+        "saxpy float32 n=536870912": True,
+        "row_softmax 4194304x128": True,
+        "row_softmax 524288x1024": True,
+        "row_softmax 65536x8192": True,
+        "sgemm 1024^3": True,
+        "sgemm 4096^3": False,
+    }
+    text = rl.table(payload)
+    assert "<- streaming ceiling" in text and "bucket saxpy float32 n=4096" in text and "WRONG" in text

@@ -1,0 +1,319 @@
+"""Runs CUDA kernel source on the CPU through tests/host_cuda/emulator.h, for tests without a GPU.
+
+Why: CI has no GPU, yet the templates' results must be checked against NumPy at odd sizes. Each
+source is built with g++ and AddressSanitizer + UBSan into a standalone program (cached by a
+content hash) that reads the arguments from a file, launches the kernel with real threads per
+block, and writes the arrays back. Arrays get exactly their size, so ASan reports any access
+past them; a hang, an emulator check or a sanitizer report is an AssertionError naming the kernel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+CXX = shutil.which("g++")
+EMULATOR = Path(__file__).resolve().parent / "host_cuda" / "emulator.h"
+FLAGS = (
+    "-std=c++20",
+    "-O1",
+    "-g",
+    "-pthread",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-Wno-unknown-pragmas",
+)
+MODES = ("deferred", "immediate")
+_ENV = {
+    "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:print_summary=1",
+    "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+}
+
+# numpy dtype -> C type of a kernel parameter (a pointer to it for arrays)
+_CTYPES = {
+    "float16": "at_half",
+    "float32": "float",
+    "float64": "double",
+    "int8": "signed char",
+    "int16": "short",
+    "int32": "int",
+    "int64": "long long",
+    "uint8": "unsigned char",
+    "uint16": "unsigned short",
+    "uint32": "unsigned int",
+    "uint64": "unsigned long long",
+    "bool": "bool",
+}
+
+# `extern __shared__ T name[];` (dynamic shared memory): a reference to the emulator's buffer.
+_DYNAMIC_SHARED = re.compile(r"\bextern\s+__shared__\s+([^;\[\]]*?)\s*\b(\w+)\s*\[\s*\]\s*;")
+_ALIGN = re.compile(r"\b(?:__align__|alignas)\s*\([^)]*\)")
+
+
+def emulation_source(code: str) -> str:
+    """The code with each dynamic shared declaration bound to the emulator's per-launch buffer."""
+
+    def bind(m: re.Match[str]) -> str:
+        ctype = _ALIGN.sub("", m.group(1)).strip()
+        return f"static {ctype}* const& {m.group(2)} = reinterpret_cast<{ctype}* const&>(at_emu::dynamic_shared_ptr);"
+
+    return _DYNAMIC_SHARED.sub(bind, code)
+
+
+def _c_type(dtype: np.dtype, has_half: bool) -> str:
+    name = dtype.name
+    if name not in _CTYPES:
+        raise TypeError(f"no C type for dtype {name}")
+    if name == "float16" and not has_half:
+        return "unsigned short"  # raw bits, where the source has no at_half
+    return _CTYPES[name]
+
+
+def _main(entry: str, params: Sequence[tuple[bool, str]]) -> str:
+    """main(): read grid, block, shared bytes and the parameters from argv[1]/args.bin, launch,
+    write every array to argv[1]/out.bin. argv[2]: copy mode, argv[3]: seconds a block may take."""
+    lines = [
+        "static FILE* at_in;",
+        "static void at_read(void* p, size_t n) {",
+        '    if (n && std::fread(p, 1, n, at_in) != n) { std::fprintf(stderr, "at_emu harness: short args file\\n"); std::_Exit(2); }',
+        "}",
+        "template <class T> static T* at_array(size_t& nbytes) {",
+        "    unsigned long long nb; at_read(&nb, 8); nbytes = nb;",
+        "    void* p = ::operator new[](nb, std::align_val_t(256)); at_read(p, nb);",
+        "    return static_cast<T*>(p);",
+        "}",
+        "int main(int argc, char** argv) {",
+        "    if (argc != 4) return 2;",
+        "    const std::string at_dir = argv[1];",
+        '    at_emu::copy_mode = std::strcmp(argv[2], "immediate") == 0 ? at_emu::CopyMode::immediate : at_emu::CopyMode::deferred;',
+        '    at_in = std::fopen((at_dir + "/args.bin").c_str(), "rb");',
+        "    if (!at_in) return 2;",
+        "    unsigned int at_g[6]; at_read(at_g, sizeof at_g);",
+        "    unsigned long long at_shared; at_read(&at_shared, 8);",
+    ]
+    names = []
+    for i, (is_array, ctype) in enumerate(params):
+        if is_array:
+            lines.append(f"    size_t at_n{i}; {ctype}* at_p{i} = at_array<{ctype}>(at_n{i});")
+        else:
+            lines.append(f"    {ctype} at_p{i}; at_read(&at_p{i}, sizeof at_p{i});")
+        names.append(f"at_p{i}")
+    lines += [
+        "    std::fclose(at_in);",
+        f"    at_emu::launch([&] {{ {entry}({', '.join(names)}); }}, dim3(at_g[0], at_g[1], at_g[2]), dim3(at_g[3], at_g[4], at_g[5]), at_shared, std::atof(argv[3]));",
+        '    FILE* at_out = std::fopen((at_dir + "/out.bin").c_str(), "wb");',
+        "    if (!at_out) return 2;",
+    ]
+    lines += [f"    if (at_n{i}) std::fwrite(at_p{i}, 1, at_n{i}, at_out);" for i, (is_array, _) in enumerate(params) if is_array]
+    lines += ["    std::fclose(at_out);", "    return 0;", "}", ""]
+    return "\n".join(lines)
+
+
+def _trimmed(text: str, head: int = 5000, tail: int = 2000) -> str:
+    text = text.strip()
+    return text if len(text) <= head + tail else f"{text[:head]}\n[... {len(text) - head - tail} characters ...]\n{text[-tail:]}"
+
+
+def _runtime(flags: Sequence[str], workdir: Path) -> Path:
+    """The emulator's runtime (launch, barriers, cp.async) as an object, compiled once per flags."""
+    assert CXX is not None
+    digest = hashlib.sha256("\0".join([*flags, EMULATOR.read_text()]).encode()).hexdigest()[:20]
+    obj = workdir / f"emu-runtime-{digest}.o"
+    if not obj.is_file():
+        workdir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".runtime-", suffix=".o", dir=workdir)
+        os.close(fd)
+        cmd = [CXX, *flags, "-DAT_HOST_EMULATION=1", "-DAT_EMU_IMPLEMENTATION", "-x", "c++", "-c", str(EMULATOR), "-o", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            os.unlink(tmp)
+            raise AssertionError(f"g++ could not build the emulator's runtime:\n{_trimmed(done.stderr)}")
+        os.replace(tmp, obj)
+    return obj
+
+
+def build(
+    source: str,
+    headers: Sequence[tuple[str, str]],
+    entry: str,
+    params: Sequence[tuple[bool, str]],
+    *,
+    workdir: Path,
+    fp_contract: bool = False,
+) -> Path:
+    """The emulation program of `entry` in `source` (built once per content hash under workdir)."""
+    if CXX is None:
+        raise AssertionError("g++ is needed to run kernels on the host emulator")
+    flags = (*FLAGS, "-ffp-contract=fast" if fp_contract else "-ffp-contract=off")
+    runtime = _runtime(flags, Path(workdir))
+    main = _main(entry, params)
+    # the harness's own headers first: the kernel's macros must not reach them
+    wrapper = "#include <cstdio>\n#include <cstdlib>\n#include <cstring>\n#include <new>\n#include <string>\n"
+    wrapper += '#define AT_HOST_EMULATION 1\n#include "emulator.h"\n#include "kernel.cu"\n' + main
+    blob = "\0".join([*flags, EMULATOR.read_text(), wrapper, source, *(f"{n}\0{t}" for n, t in headers)])
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:20]
+    workdir = Path(workdir)
+    target = workdir / f"emu-{entry}-{digest}"
+    exe = target / "kernel"
+    if exe.is_file():
+        return exe
+    workdir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".build-{entry}-", dir=workdir))
+    (tmp / "kernel.cu").write_text(emulation_source(source))
+    for name, text in headers:
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(emulation_source(text))
+    (tmp / "main.cpp").write_text(wrapper)
+    cmd = [CXX, *flags, f"-I{tmp}", f"-I{EMULATOR.parent}", "main.cpp", str(runtime), "-o", "kernel"]
+    done = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+    if done.returncode:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise AssertionError(f"g++ could not build the host emulation of kernel {entry}:\n{_trimmed(done.stderr)}")
+    try:
+        tmp.rename(target)
+    except OSError:  # built meanwhile by another process: same content
+        shutil.rmtree(tmp, ignore_errors=True)
+    return exe
+
+
+def _dims(value: int | Sequence[int]) -> tuple[int, int, int]:
+    dims = (int(value),) if isinstance(value, (int, np.integer)) else tuple(int(v) for v in value)
+    if not 1 <= len(dims) <= 3 or any(d < 0 for d in dims):
+        raise ValueError(f"expected 1 to 3 non-negative dimensions, got {value!r}")
+    return (*dims, 1, 1)[:3]  # type: ignore[return-value]
+
+
+def run_kernel(
+    source: str,
+    headers: Sequence[tuple[str, str]],
+    entry: str,
+    params: Sequence[Any],
+    grid: int | Sequence[int],
+    block: int | Sequence[int],
+    *,
+    workdir: Path,
+    mode: str = "deferred",
+    timeout_s: float = 120.0,
+    shared_bytes: int = 0,
+    fp_contract: bool = False,
+) -> None:
+    """Launch `entry` with `params` (NumPy arrays, passed as pointers and written back in place,
+    and NumPy scalars, e.g. np.float32(2.0), np.int32(5), in the kernel's parameter order) on the
+    host emulator. mode: how cp.async copies land ("deferred" or "immediate", see emulator.h).
+    A grid with a zero dimension launches nothing."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    g, b = _dims(grid), _dims(block)
+    if 0 in g:
+        return
+    has_half = any("at_half" in text for text in [source, *(t for _, t in headers)])
+    kinds: list[tuple[bool, str]] = []
+    payload = [struct.pack("<6IQ", *g, *b, int(shared_bytes))]
+    for i, p in enumerate(params):
+        if isinstance(p, np.ndarray):
+            data = np.ascontiguousarray(p).tobytes()
+            kinds.append((True, _c_type(p.dtype, has_half)))
+            payload += [struct.pack("<Q", len(data)), data]
+        elif isinstance(p, np.generic):
+            kinds.append((False, _c_type(p.dtype, has_half)))
+            payload.append(p.tobytes())
+        else:
+            raise TypeError(f"parameter {i} of {entry}: expected a NumPy array or a NumPy scalar (np.int32(5)), got {type(p).__name__}")
+    exe = build(source, headers, entry, kinds, workdir=Path(workdir), fp_contract=fp_contract)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"run-{entry}-", dir=workdir))
+    try:
+        (run_dir / "args.bin").write_bytes(b"".join(payload))
+        what = f"kernel {entry} (grid {g}, block {b}, {mode} cp.async)"
+        try:
+            done = subprocess.run(
+                [str(exe), str(run_dir), mode, str(max(1.0, 0.8 * timeout_s))],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=timeout_s,
+                env={**os.environ, **_ENV},
+            )
+        except subprocess.TimeoutExpired as exc:
+            err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+            raise AssertionError(f"{what} did not finish within {timeout_s} s: a hang?\n{_trimmed(err)}") from None
+        if done.returncode:
+            why = {86: "an emulator check failed", 87: "a block hung"}.get(done.returncode, f"exit status {done.returncode}")
+            raise AssertionError(f"{what} failed ({why}):\n{_trimmed(done.stderr + done.stdout)}")
+        result = (run_dir / "out.bin").read_bytes()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    pos = 0
+    for p in params:
+        if isinstance(p, np.ndarray):
+            n = p.nbytes
+            if p.flags.writeable and n:
+                p[...] = np.frombuffer(result[pos : pos + n], dtype=p.dtype).reshape(p.shape)
+            pos += n
+    assert pos == len(result), f"{entry}: the emulation wrote {len(result)} bytes of arrays, expected {pos}"
+
+
+def run_variant(
+    spec: Any,
+    types: Mapping[str, Any],
+    config: Mapping[str, Any],
+    args: Mapping[str, Any],
+    *,
+    workdir: Path,
+    mode: str = "deferred",
+    timeout_s: float = 120.0,
+    fp_contract: bool = False,
+) -> Any:
+    """Render one config of a declared kernel (a KernelSpec) and run it on the host emulator.
+    `args`: the caller's arguments by name (arrays, and the scalars without a `value`); the key
+    dims, computed scalars and launch geometry come from the spec as the runtime computes them.
+    Output arrays are written in place. Returns the rendered Variant."""
+    from hatch_autotune.compile.render import render_config
+
+    variant, _ = render_config(spec, types, config)
+    key: dict[str, int] = {}
+    for k in spec.key:
+        given = args[k.source]
+        key[k.name] = int(given.shape[k.axis]) if k.axis is not None else int(given)
+    instance = spec.type_env(types)
+    env = {**key, **instance}
+    params: list[Any] = []
+    for a in spec.args:
+        dtype = np.dtype(types[a.dtype] if a.dtype in spec.types else a.dtype)
+        if a.is_array:
+            arr = args[a.name]
+            expected = tuple(int(e(env)) for e in a.shape)
+            if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != expected:
+                got = f"{arr.dtype} {arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
+                raise ValueError(f"{spec.name}: argument {a.name!r} must be a {dtype} array of shape {expected}, got {got}")
+            params.append(arr)
+        else:
+            value = a.value(env) if a.value is not None else args[a.name]
+            params.append(dtype.type(value))
+    geometry = {**key, **config, **instance}
+    grid = [int(e(geometry)) for e in spec.grid]
+    block = [int(e(geometry)) for e in spec.block]
+    shared = int(spec.shared(geometry))
+    run_kernel(
+        variant.source,
+        variant.headers,
+        spec.entry,
+        params,
+        grid,
+        block,
+        workdir=workdir,
+        mode=mode,
+        timeout_s=timeout_s,
+        shared_bytes=shared,
+        fp_contract=fp_contract,
+    )
+    return variant
