@@ -31,13 +31,9 @@ __device__ __forceinline__ float at_to_f32(float v) { return v; }
 __device__ __forceinline__ double at_to_f32(double v) { return v; }
 
 __device__ __forceinline__ float at_to_f32(at_half v) {
-#if defined(AT_HOST_EMULATION)
-    return at_emu_f16_to_f32(v.bits);
-#else
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
     return f;
-#endif
 }
 
 // float -> T. Only the three specialisations below are defined.
@@ -49,11 +45,7 @@ template <> __device__ __forceinline__ double at_from_f32<double>(float v) { ret
 
 template <> __device__ __forceinline__ at_half at_from_f32<at_half>(float v) {
     at_half h;
-#if defined(AT_HOST_EMULATION)
-    h.bits = at_emu_f32_to_f16_rn(v);
-#else
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(v));
-#endif
     return h;
 }
 

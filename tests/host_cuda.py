@@ -59,13 +59,25 @@ _DYNAMIC_SHARED = re.compile(r"\bextern\s+__shared__\s+([^;\[\]]*?)\s*\b(\w+)\s*
 _ALIGN = re.compile(r"\b(?:__align__|alignas)\s*\([^)]*\)")
 
 
+# The two half conversions of templates/_dtypes.cuh, inline PTX that g++ cannot take: replaced
+# by the emulator's, here rather than in the header, whose text is part of every saxpy
+# variant's source and so of the lock checksums of the winners measured on a GPU.
+_F16_ASM = (
+    (re.compile(r'asm\("cvt\.f32\.f16 %0, %1;" : "=f"\((\w+)\) : "h"\(([\w.]+)\)\);'), r"\1 = at_emu_f16_to_f32(\2);"),
+    (re.compile(r'asm\("cvt\.rn\.f16\.f32 %0, %1;" : "=h"\(([\w.]+)\) : "f"\((\w+)\)\);'), r"\1 = at_emu_f32_to_f16_rn(\2);"),
+)
+
+
 def emulation_source(code: str) -> str:
-    """The code with each dynamic shared declaration bound to the emulator's per-launch buffer."""
+    """The code with each dynamic shared declaration bound to the emulator's per-launch buffer,
+    and _dtypes.cuh's half conversions done by the emulator. Any other inline PTX fails to build."""
 
     def bind(m: re.Match[str]) -> str:
         ctype = _ALIGN.sub("", m.group(1)).strip()
         return f"static {ctype}* const& {m.group(2)} = reinterpret_cast<{ctype}* const&>(at_emu::dynamic_shared_ptr);"
 
+    for pattern, replacement in _F16_ASM:
+        code = pattern.sub(replacement, code)
     return _DYNAMIC_SHARED.sub(bind, code)
 
 
@@ -262,24 +274,13 @@ def run_kernel(
     assert pos == len(result), f"{entry}: the emulation wrote {len(result)} bytes of arrays, expected {pos}"
 
 
-def run_variant(
-    spec: Any,
-    types: Mapping[str, Any],
-    config: Mapping[str, Any],
-    args: Mapping[str, Any],
-    *,
-    workdir: Path,
-    mode: str = "deferred",
-    timeout_s: float = 120.0,
-    fp_contract: bool = False,
-) -> Any:
-    """Render one config of a declared kernel (a KernelSpec) and run it on the host emulator.
-    `args`: the caller's arguments by name (arrays, and the scalars without a `value`); the key
-    dims, computed scalars and launch geometry come from the spec as the runtime computes them.
-    Output arrays are written in place. Returns the rendered Variant."""
-    from hatch_autotune.compile.render import render_config
-
-    variant, _ = render_config(spec, types, config)
+def launch_of(
+    spec: Any, types: Mapping[str, Any], config: Mapping[str, Any], args: Mapping[str, Any]
+) -> tuple[list[Any], list[int], list[int], int]:
+    """What the runtime would launch for one config of a declared kernel (a KernelSpec) called
+    with `args` (the caller's arguments by name: arrays, and the scalars without a `value`):
+    (parameters in the kernel's order, grid, block, dynamic shared bytes). Arrays are passed
+    through (NumPy here, CuPy in tests/test_gpu_showcase.py) after a dtype and shape check."""
     key: dict[str, int] = {}
     for k in spec.key:
         given = args[k.source]
@@ -292,8 +293,8 @@ def run_variant(
         if a.is_array:
             arr = args[a.name]
             expected = tuple(int(e(env)) for e in a.shape)
-            if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != expected:
-                got = f"{arr.dtype} {arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
+            if getattr(arr, "dtype", None) != dtype or tuple(getattr(arr, "shape", ())) != expected:
+                got = f"{arr.dtype} {arr.shape}" if hasattr(arr, "shape") else type(arr).__name__
                 raise ValueError(f"{spec.name}: argument {a.name!r} must be a {dtype} array of shape {expected}, got {got}")
             params.append(arr)
         else:
@@ -302,7 +303,29 @@ def run_variant(
     geometry = {**key, **config, **instance}
     grid = [int(e(geometry)) for e in spec.grid]
     block = [int(e(geometry)) for e in spec.block]
-    shared = int(spec.shared(geometry))
+    return params, grid, block, int(spec.shared(geometry))
+
+
+def run_variant(
+    spec: Any,
+    types: Mapping[str, Any],
+    config: Mapping[str, Any],
+    args: Mapping[str, Any],
+    *,
+    workdir: Path,
+    mode: str = "deferred",
+    timeout_s: float = 120.0,
+    fp_contract: bool = False,
+) -> Any:
+    """Render one config of a declared kernel (a KernelSpec) and run it on the host emulator,
+    launched as `launch_of` says. Output arrays are written in place. Returns the rendered Variant."""
+    from hatch_autotune.compile.render import render_config
+
+    variant, _ = render_config(spec, types, config)
+    params, grid, block, shared = launch_of(spec, types, config, args)
+    for name, p in zip((a.name for a in spec.args), params):
+        if not isinstance(p, (np.ndarray, np.generic)):
+            raise TypeError(f"{spec.name}: argument {name!r} must be a NumPy array or scalar on the emulator, got {type(p).__name__}")
     run_kernel(
         variant.source,
         variant.headers,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -78,8 +79,13 @@ def test_wheel_is_pure_and_reproducible(example_wheels):
     first, second, log1, log2 = example_wheels
     assert first.name == "example_pkg-0.1.0-py3-none-any.whl"
     assert first.read_bytes() == second.read_bytes()  # same lock file -> byte-identical wheels
-    # example_pkg's committed lock has sm_90 winners (tuned on an H200); sm_80 has none
-    assert "hatch-autotune: in all, 0 variant binaries compiled, 37 from the cache, 0 failed; 36 shipped in the wheel" in log2
+    # example_pkg's committed lock has sm_90 winners (tuned on an H200); sm_80 has none. Its
+    # row_softmax and sgemm entries are stale since #36 rewrote those templates (until a GPU
+    # session re-tunes them): they build their default configs.
+    totals = re.search(
+        r"hatch-autotune: in all, (\d+) variant binaries compiled, (\d+) from the cache, (\d+) failed; (\d+) shipped in the wheel", log2
+    )
+    assert totals and totals[1] == totals[3] == "0" and int(totals[4]) >= 12, log2[-2000:]
     assert "compiling" not in log2  # everything from the cache: no progress lines
     # untuned entries grouped per kernel and reason: a count and a few of them (the wheel's record has all)
     assert (
@@ -87,8 +93,9 @@ def test_wheel_is_pure_and_reproducible(example_wheels):
         "saxpy|T=float32|sm_80|n=4096, saxpy|T=float32|sm_80|n=262144, saxpy|T=float32|sm_80|n=16777216 and 3 more"
     ) in log1
     assert "warning: sgemm: 18 untuned entries use the default config (no lock entry): sgemm|-|sm_80|m=256,n=256,k=256, " in log1
-    assert "hatch-autotune: 30 entries use tuned winners from autotune.lock.json" in log1
-    assert "hatch-autotune: 60 entries: 30 tuned, 30 on the default config" in log1
+    assert "warning: sgemm: 18 untuned entries use the default config (stale lock entry (checksum mismatch)): sgemm|-|sm_90|" in log1
+    assert "hatch-autotune: 6 entries use tuned winners from autotune.lock.json" in log1
+    assert "hatch-autotune: 60 entries: 6 tuned, 54 on the default config" in log1
     assert f"`hatch-autotune show {first.name}`" in log1
 
 
@@ -129,8 +136,10 @@ def test_wheel_ships_exactly_the_referenced_binaries_each_valid(example_wheels):
     }
     assert len(outcome["entries"]) == len(selected) == 60
     by_arch = {(e["id"].split("|")[2], e["status"], e["reason"]) for e in outcome["entries"]}
-    assert by_arch == {("sm_80", "default", "no lock entry"), ("sm_90", "tuned", "")}, by_arch
-    assert outcome["failures"] == [] and outcome["shipped"] == len(shipped) == 36
+    stale = ("sm_90", "default", "stale lock entry (checksum mismatch)")
+    assert by_arch == {("sm_80", "default", "no lock entry"), ("sm_90", "tuned", ""), stale}, by_arch
+    assert {e["id"].split("|")[0] for e in outcome["entries"] if e["status"] == "tuned"} == {"saxpy"}
+    assert outcome["failures"] == [] and outcome["shipped"] == len(shipped) >= 12
 
 
 CHECK_SCRIPT = textwrap.dedent(
