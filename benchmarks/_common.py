@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +155,23 @@ def write_result(name: str, payload: dict[str, Any], out: Path | None = None) ->
     tmp.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
     tmp.replace(path)
     return path
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile, interpolated between closest ranks (numpy's default)."""
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (pos - lo)
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """Median, min, max and the quartiles of a list of samples."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "p25": quantile(values, 0.25),
+        "p75": quantile(values, 0.75),
+        "n": len(values),
+    }

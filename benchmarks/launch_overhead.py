@@ -44,7 +44,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
-import math
 import statistics
 import tempfile
 import time
@@ -52,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from _common import example_project, import_generated, machine, options, require_gpu, write_result
+from _common import example_project, import_generated, machine, options, require_gpu, spread, write_result
 
 N = 1024
 A = 2.0
@@ -169,26 +168,6 @@ def timed_loop(call: Callable[[], Any], calls: int, hold: GpuHold, hold_ms: floa
     held = hold.holding()
     hold.finish()
     return elapsed / calls * 1e6, not held
-
-
-def quantile(values: list[float], q: float) -> float:
-    """The q-quantile, interpolated between closest ranks (numpy's default)."""
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (pos - lo)
-
-
-def spread(values: list[float]) -> dict[str, Any]:
-    """Median, min, max and the quartiles of a list of samples."""
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "p25": quantile(values, 0.25),
-        "p75": quantile(values, 0.75),
-        "n": len(values),
-    }
 
 
 def host_us(fn: Callable[[], Any]) -> dict[str, Any]:

@@ -45,7 +45,6 @@ each winner's speedup over the default config per bucket, from the lock file's o
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import tempfile
@@ -54,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from _common import EXAMPLE, example_project, import_generated, machine, options, require_gpu, write_result
+from _common import EXAMPLE, example_project, import_generated, machine, options, require_gpu, spread, write_result
 
 # cuBLAS in plain FP32, like our SGEMM: set before CuPy (which reads CUPY_TF32 at import) and
 # cuBLAS load; NVIDIA_TF32_OVERRIDE=0 keeps every NVIDIA library off TF32.
@@ -124,26 +123,6 @@ def stream_grid(n4: int, block: int, per_sm: int | None, unroll: int, sms: int) 
 
 
 # ---- statistics and the rows of the result (pure: no GPU) ------------------------------------
-
-
-def quantile(values: list[float], q: float) -> float:
-    """The q-quantile, interpolated between closest ranks (numpy's default)."""
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (pos - lo)
-
-
-def spread(values: list[float]) -> dict[str, Any]:
-    """Median, min, max and the quartiles of a list of samples."""
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "p25": quantile(values, 0.25),
-        "p75": quantile(values, 0.75),
-        "n": len(values),
-    }
 
 
 def rate(amount: float, ms: list[float], scale: float) -> dict[str, float]:

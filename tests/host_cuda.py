@@ -21,6 +21,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from hatch_autotune.declare.args import DTYPES
+
 CXX = shutil.which("g++")
 EMULATOR = Path(__file__).resolve().parent / "host_cuda" / "emulator.h"
 FLAGS = (
@@ -38,21 +40,9 @@ _ENV = {
     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
 }
 
-# numpy dtype -> C type of a kernel parameter (a pointer to it for arrays)
-_CTYPES = {
-    "float16": "at_half",
-    "float32": "float",
-    "float64": "double",
-    "int8": "signed char",
-    "int16": "short",
-    "int32": "int",
-    "int64": "long long",
-    "uint8": "unsigned char",
-    "uint16": "unsigned short",
-    "uint32": "unsigned int",
-    "uint64": "unsigned long long",
-    "bool": "bool",
-}
+# numpy dtype -> C type of a kernel parameter (a pointer to it for arrays): the declared dtypes'
+# C types (hatch_autotune/declare/args.py), and bool for hand-written test kernels.
+_CTYPES = {**{name: ctype for name, (ctype, _) in DTYPES.items()}, "bool": "bool"}
 
 # `extern __shared__ T name[];` (dynamic shared memory): a reference to the emulator's buffer.
 _DYNAMIC_SHARED = re.compile(r"\bextern\s+__shared__\s+([^;\[\]]*?)\s*\b(\w+)\s*\[\s*\]\s*;")
