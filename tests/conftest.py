@@ -13,10 +13,12 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 import importlib.util
+import math
 import shutil
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import pytest
 import tomllib
@@ -337,3 +339,57 @@ def plugin_dist(tmp_path_factory) -> Path:
 @pytest.fixture
 def tiny(tmp_path) -> Path:
     return write_tiny_project(tmp_path / "tiny")
+
+
+def geometry_envs(spec, types: Mapping[str, Any], config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The names the launch geometry sees for a config at each of the kernel's bucket points, as
+    the declare stage evaluates it (key dims, config axes and the instance's names)."""
+    from hatch_autotune.declare.space import bucket_points
+
+    names = [k.name for k in spec.key]
+    type_env = spec.type_env(types)
+    return [{**dict(zip(names, point)), **config, **type_env} for point in bucket_points([k.buckets for k in spec.key])]
+
+
+def threads_per_block(spec, types: Mapping[str, Any], config: Mapping[str, Any]) -> int:
+    """The block's threads for a config, from the spec's `block` expressions, the most over all
+    buckets (the expressions may use the key)."""
+    return max(math.prod(int(e(env)) for e in spec.block) for env in geometry_envs(spec, types, config))
+
+
+# What a block may use on sm_80 and sm_90 without opting in: 1024 threads, 64K registers and
+# 48 KiB of shared memory (the launcher sets no larger dynamic-shared limit).
+SM80_90_LIMITS = {"max_threads_per_block": 1024, "max_registers_per_block": 65536, "max_shared_memory_per_block": 48 * 1024}
+
+
+def space_problems(spec, cache_dir: Path, archs: Sequence[str]) -> list[str]:
+    """Why configs of a kernel's whole space could not run, each compiled for each arch: what
+    the tuner would prune (tuning/bucket.prune_reason: no compile, threads, registers or shared
+    memory over a block's limits, spills) or a stack frame. [] when the constraints keep only
+    configs that compile and launch, so that the tuner's pruning never has to."""
+    from hatch_autotune.compile.nvrtc import compile_all
+    from hatch_autotune.compile.render import render_kernel
+    from hatch_autotune.tuning.bucket import prune_reason
+    from hatch_autotune.tuning.protocol import Limits
+
+    limits = Limits.from_json(SM80_90_LIMITS)
+    variants = [v for vs in render_kernel(spec).values() for v in vs]
+    jobs = [(v, arch) for v in variants for arch in archs]
+    results = compile_all([v.compile_job(arch, spec.entry, spec.nvrtc_options) for v, arch in jobs], CompileCache(cache_dir))
+    problems = []
+    for (v, arch), r in zip(jobs, results):
+        types, config = v.types_dict, v.config_dict
+        res = r.resources if r.ok else None
+        why = prune_reason(
+            config,
+            res,
+            lambda c: threads_per_block(spec, types, c),
+            lambda c: max(int(spec.shared(env)) for env in geometry_envs(spec, types, c)),
+            limits,
+            True,
+        )
+        if why is None and res is not None and res.stack_bytes:
+            why = f"a stack frame of {res.stack_bytes} B (local memory)"
+        if why is not None:
+            problems.append(f"{arch} {v.label}: {why}" + (f"\n{r.log[-500:]}" if not r.ok else ""))
+    return problems

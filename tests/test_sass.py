@@ -17,19 +17,17 @@ and density. The tests at the end prove each check can fail, so that none of the
 from __future__ import annotations
 
 import functools
-import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import pytest
 import sass
-from conftest import EXAMPLE, load_project
+from conftest import EXAMPLE, load_project, threads_per_block
 
 from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.compile.nvrtc import CompileJob, compile_all, compile_one
 from hatch_autotune.declare.kernel import KernelSpec
-from hatch_autotune.declare.space import bucket_points
 from hatch_autotune.lock import LockEntry, LockFile
 from hatch_autotune.plan.planner import Plan, make_plan
 
@@ -281,18 +279,6 @@ class Binary:
     usage: sass.Usage
     threads: int  # per block, the most over the kernel's buckets
     bounds: tuple[int, int] | None
-
-
-def threads_per_block(spec: KernelSpec, types: Mapping[str, Any], config: Mapping[str, Any]) -> int:
-    """The block's threads for a config, from the spec's `block` expressions as the declare
-    stage evaluates them (key dims, config axes and the instance's names), the most over all
-    buckets (the expressions may use the key)."""
-    names = [k.name for k in spec.key]
-    type_env = spec.type_env(types)
-    return max(
-        math.prod(int(e({**dict(zip(names, point)), **config, **type_env})) for e in spec.block)
-        for point in bucket_points([k.buckets for k in spec.key])
-    )
 
 
 @pytest.fixture(scope="module")

@@ -14,38 +14,17 @@ from __future__ import annotations
 import host_cuda
 import numpy as np
 import pytest
-from conftest import EXAMPLE, load_project
+from conftest import EXAMPLE, load_project, space_problems, threads_per_block
 
-from hatch_autotune.compile.cache import CompileCache
-from hatch_autotune.compile.nvrtc import compile_all
-from hatch_autotune.compile.render import render_config, render_kernel
+from hatch_autotune.compile.render import render_config
 
-SPEC = load_project(EXAMPLE).kernels["sgemm"]
-ARCHS = load_project(EXAMPLE).settings.archs if hasattr(load_project(EXAMPLE), "settings") else ("sm_80", "sm_90")
-
-
-def threads(config) -> int:
-    return (config["BM"] // config["WM"]) * (config["BN"] // config["WN"]) * 32
+PROJECT = load_project(EXAMPLE)
+SPEC = PROJECT.kernels["sgemm"]
 
 
 def test_every_config_compiles_within_a_blocks_resources(session_cache):
-    variants = [v for vs in render_kernel(SPEC).values() for v in vs]
-    assert len(variants) >= 100, "the space should span block, warp and lane tiles, stages and unrolling"
-    jobs = [(v, arch) for v in variants for arch in ("sm_80", "sm_90")]
-    results = compile_all([v.compile_job(arch, SPEC.entry, SPEC.nvrtc_options) for v, arch in jobs], CompileCache(session_cache))
-    problems = []
-    for (v, arch), r in zip(jobs, results):
-        config = v.config_dict
-        if not r.ok:
-            problems.append(f"{arch} {config}: did not compile: {r.log[-300:]}")
-            continue
-        res = r.resources
-        if res.spill_stores or res.spill_loads or res.stack_bytes:
-            problems.append(f"{arch} {config}: spills ({res.spill_stores} B stores, {res.spill_loads} B loads, {res.stack_bytes} B stack)")
-        if res.registers * threads(config) > 65536:
-            problems.append(f"{arch} {config}: {res.registers} registers x {threads(config)} threads > 65536")
-        if res.shared_bytes > 48 * 1024:
-            problems.append(f"{arch} {config}: {res.shared_bytes} B of static shared memory > 48 KiB")
+    assert len(SPEC.configs({})) >= 100, "the space should span block, warp and lane tiles, stages and unrolling"
+    problems = space_problems(SPEC, session_cache, PROJECT.archs)
     assert not problems, f"{len(problems)} configs the constraints keep cannot launch:\n" + "\n".join(problems[:20])
 
 
@@ -131,6 +110,6 @@ extern "C" __global__ void shifted(const float* A, const float* B, float* C, int
     c_store = np.full(m * n + 1, np.nan, np.float32)
     grid = (-(-n // config["BN"]), -(-m // config["BM"]))
     params = [a, b_store, c_store, np.int32(m), np.int32(n), np.int32(k)]
-    host_cuda.run_kernel(source, variant.headers, "shifted", params, grid, threads(config), workdir=workdir)
+    host_cuda.run_kernel(source, variant.headers, "shifted", params, grid, threads_per_block(SPEC, {}, config), workdir=workdir)
     assert np.isnan(c_store[0]), "the element before C was written"
     check(c_store[1:].reshape(m, n), a, b_store[1:].reshape(k, n))

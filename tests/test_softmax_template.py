@@ -15,11 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import EXAMPLE, load_project
+from conftest import EXAMPLE, load_project, space_problems
 
-from hatch_autotune.compile.cache import CompileCache
-from hatch_autotune.compile.nvrtc import compile_all
-from hatch_autotune.compile.render import render_config, render_kernel
+from hatch_autotune.compile.render import render_config
 
 ARCHS = ("sm_80", "sm_90")
 
@@ -42,20 +40,8 @@ def test_space_is_small_and_legal(spec):
 
 
 def test_every_config_compiles_without_local_memory(spec, session_cache):
-    (variants,) = render_kernel(spec).values()  # no type parameters: one instance
-    jobs = [v.compile_job(arch, spec.entry, spec.nvrtc_options) for v in variants for arch in ARCHS]
-    results = compile_all(jobs, CompileCache(session_cache))
-    failed = [f"{r.job.label} {r.job.arch}:\n{r.log[:1500]}" for r in results if not r.ok]
-    assert not failed, "\n".join(failed)
-    spilled = [
-        f"{r.job.label} {r.job.arch}: {r.resources}"
-        for r in results
-        if r.resources is None or r.resources.spill_stores or r.resources.spill_loads or r.resources.stack_bytes
-    ]
-    assert not spilled, "\n".join(spilled)
-    for r in results:  # __launch_bounds__(BLOCK): a launch of BLOCK threads gets its registers
-        block = int(r.job.label.split("BLOCK=")[1].split(",")[0])
-        assert r.resources.registers * block <= 65536, f"{r.job.label} {r.job.arch}: {r.resources}"
+    problems = space_problems(spec, session_cache, ARCHS)
+    assert not problems, "\n".join(problems)
 
 
 # ---- correctness on the host emulator -------------------------------------------------------
