@@ -11,7 +11,8 @@ and appended to OUTDIR/logs.txt, going on past a stage that fails:
                         for every later stage (skipped when DIR does not exist)
   env                   nvidia-smi, driver, Python and package versions, GPU name and compute
                         capability -> OUTDIR/env.txt (FAILED when no CUDA GPU answers)
-  tests                 pytest tests/test_gpu.py tests/test_gpu_tuning.py [tests/test_standin*.py]
+  tests                 pytest tests/test_gpu.py tests/test_gpu_tuning.py tests/test_gpu_torch.py
+                        [tests/test_standin*.py]
                         (the stand-in tests need no GPU; --no-standin leaves them out)
                         -> OUTDIR/junit.xml (FAILED unless something passed and nothing failed)
   tune                  python -m hatch_autotune tune example_pkg, for the GPU's arch
@@ -507,8 +508,8 @@ class Check:
         junit = self.out / "junit.xml"
         junit.unlink(missing_ok=True)
         standin = [] if self.opts.no_standin else sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_standin*.py"))
-        files = ["tests/test_gpu.py", "tests/test_gpu_tuning.py", *standin]
-        # Every test in the two GPU files carries the `gpu` mark; no -m filter, so that the
+        files = ["tests/test_gpu.py", "tests/test_gpu_tuning.py", "tests/test_gpu_torch.py", *standin]
+        # Every test in the GPU files carries the `gpu` mark; no -m filter, so that the
         # stand-in tests (which need no GPU) run too.
         cmd = [
             sys.executable,

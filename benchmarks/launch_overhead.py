@@ -18,6 +18,8 @@ names it CU_STREAM_LEGACY; the handles used are in the result's parameters.strea
   cupy_rawkernel      CuPy's RawModule function of the cubin, fn(grid, block, args), CuPy arrays
   generated_cupy      kernels.saxpy(2.0, x, y) with CuPy arrays
   generated_torch     kernels.saxpy(2.0, x, y) with PyTorch tensors (left out without torch)
+  torch_operator      torch_ops.saxpy(2.0, x, y), the PyTorch operator (torch.ops.example_pkg.saxpy,
+                      issue #37): PyTorch's dispatcher, then the same call (left out without torch)
 A raw launch with PyTorch's pointers is not measured: its pointers are packed once, so it is
 raw_cuLaunchKernel again. Each contender is bound with functools.partial, so every loop pays the
 same one call from Python.
@@ -27,7 +29,8 @@ order rotated by one from loop to loop; a repetition's sample is the median of i
 per call. Reported per contender: the median over repetitions, min, max, p25 and p75, and every
 loop's time; the ratios generated / raw and generated / CuPy RawKernel (of the medians, and the
 range of the repetitions' paired ratios). Goal (issue #35): generated <= 1.3x raw and <= CuPy's
-RawKernel, with CuPy arrays and with PyTorch tensors.
+RawKernel, with CuPy arrays and with PyTorch tensors; (issue #37) the operator <= 1.5x the
+generated callable with PyTorch tensors.
 
 After the timing, each contender's timed call runs once more on its own arrays refilled with
 fresh values and is checked against y = a * x + y, so that a contender that launched nothing, or
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
 import itertools
 import statistics
 import tempfile
@@ -62,9 +66,10 @@ WARMUP_CALLS = 20
 HOLD_FACTOR = 4  # the hold lasts this many times the slowest contender's loop (plus 1 ms)
 MIN_HOLD_MS, MAX_HOLD_MS, PROBE_HOLD_MS = 10.0, 250.0, 250.0
 HOST_CALLS, HOST_REPEATS = 20_000, 5
-GOAL_VS_RAW, GOAL_VS_CUPY = 1.3, 1.0
+GOAL_VS_RAW, GOAL_VS_CUPY, GOAL_OPERATOR = 1.3, 1.0, 1.5
 
 RAW, CORE, CUPY_RAW, GEN_CUPY, GEN_TORCH = "raw_cuLaunchKernel", "cuda_core_launch", "cupy_rawkernel", "generated_cupy", "generated_torch"
+OPERATOR = "torch_operator"
 GENERATED = (GEN_CUPY, GEN_TORCH)
 
 HOLD_SOURCE = r"""
@@ -259,6 +264,9 @@ def main() -> None:
     if torch is not None:
         xt, yt = torch.ones(N, device="cuda"), torch.ones(N, device="cuda")
         contenders.append(Contender(GEN_TORCH, functools.partial(saxpy, A, xt, yt), (xt, yt), "torch"))
+        torch_ops = importlib.import_module("example_pkg.kernels.torch_ops")  # registers the operators
+        xt, yt = torch.ones(N, device="cuda"), torch.ones(N, device="cuda")
+        contenders.append(Contender(OPERATOR, functools.partial(torch_ops.saxpy, A, xt, yt), (xt, yt), "torch"))
 
     hold = GpuHold(driver, check_cuda, arch, stream)
     for c in contenders:  # first calls: module loads, plans, CuPy's argument caches
@@ -303,7 +311,12 @@ def main() -> None:
     for g in measured:
         goals[f"{g}_vs_raw_met"] = ratios[f"{g}_vs_raw"]["median"] <= GOAL_VS_RAW
         goals[f"{g}_vs_cupy_rawkernel_met"] = ratios[f"{g}_vs_cupy_rawkernel"]["median"] <= GOAL_VS_CUPY
-    goals["met"] = len(measured) == len(GENERATED) and all(v for k, v in goals.items() if k.endswith("_met"))
+    if OPERATOR in per_rep:
+        ratios[f"{OPERATOR}_vs_{GEN_TORCH}"] = ratio(OPERATOR, GEN_TORCH)
+        ratios[f"{OPERATOR}_vs_raw"] = ratio(OPERATOR, RAW)
+        goals["max_operator_vs_generated_torch"] = GOAL_OPERATOR
+        goals[f"{OPERATOR}_vs_{GEN_TORCH}_met"] = ratios[f"{OPERATOR}_vs_{GEN_TORCH}"]["median"] <= GOAL_OPERATOR
+    goals["met"] = len(measured) == len(GENERATED) and OPERATOR in per_rep and all(v for k, v in goals.items() if k.endswith("_met"))
 
     # Host parts, each alone, no GPU work: what the generated call does that the raw one does not.
     host_parts: dict[str, Any] = {}
@@ -362,7 +375,7 @@ def main() -> None:
         "checked_calls_while_timed": checked_while_timed,
         "correct": correct,
         "host_parts_us": host_parts,
-        "skipped": {GEN_TORCH: no_torch} if no_torch else {},
+        "skipped": {GEN_TORCH: no_torch, OPERATOR: no_torch} if no_torch else {},
     }
     payload = {
         "what": __doc__.strip().splitlines()[0],

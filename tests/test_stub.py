@@ -311,6 +311,71 @@ def test_mypy_checks_calls_against_the_stub(edge_project, mypy_run, tmp_path):
     check_bad(found, "bad.py", expected)
 
 
+TORCH_GOOD = """\
+import torch
+from edgepkg.kernels import torch_ops as edge
+from example_pkg.kernels import torch_ops
+
+x = torch.ones(4, 8)
+y: torch.Tensor = torch_ops.row_softmax(x)
+torch_ops.row_softmax_out(x, y)
+c: torch.Tensor = torch_ops.sgemm(x, x.t())
+torch_ops.saxpy(2, x, y)
+edge.int(x, 3, 0.5, NEG=-1)
+edge.int(x, count=3, alpha=1, NEG=5, SCALE=2, FAST=True)
+"""
+
+TORCH_BAD = [
+    ("torch_ops.sgemm(x)", 'Missing positional argument "B" in call to "sgemm"'),
+    ("torch_ops.row_softmax(x, y)", 'Too many arguments for "row_softmax"'),
+    ("n: int = torch_ops.row_softmax(x)", 'Incompatible types in assignment (expression has type "Tensor", variable has type "int")'),
+    ('torch_ops.saxpy("2", x, y)', 'Argument 1 to "saxpy" has incompatible type "str"; expected "float"'),
+    ("torch_ops.saxpy(2.0, [1.0], y)", 'Argument 2 to "saxpy" has incompatible type "list[float]"; expected "Tensor"'),
+    ("edge.int(x, 3, 0.5)", 'Missing named argument "NEG" for "int"'),
+    ("edge.int(x, 3, 0.5, NEG=2)", 'Argument "NEG" to "int" has incompatible type "Literal[2]"; expected "Literal[-1, 5]"'),
+    ("edge.int(x, 3.5, 0.5, NEG=5)", 'Argument 2 to "int" has incompatible type "float"; expected "int"'),
+    ("r = edge.int(x, 3, 0.5, NEG=5)", '"int" does not return a value'),
+]
+
+
+def test_mypy_checks_operator_calls_against_the_torch_stub(edge_project, mypy_run, tmp_path):
+    """`torch_ops.pyi` of example_pkg and of the edge cases (an operator named `int`, constants),
+    with PyTorch's own types: the operators are typed as the functions they are called as."""
+    from hatch_autotune.wheel.torch_module import torch_files
+
+    for project, package in ((edge_project, "edgepkg"), (load_project(EXAMPLE), "example_pkg")):
+        pkg = tmp_path / "src" / package / "kernels"
+        pkg.mkdir(parents=True)
+        (pkg.parent / "__init__.py").write_text("")
+        for rel, data in {**stub_files(project), **torch_files(project), **runtime_files()}.items():
+            (pkg / rel).parent.mkdir(exist_ok=True)
+            (pkg / rel).write_bytes(data)
+        (pkg / "torch_ops.py").unlink()  # the stub speaks for it
+    (tmp_path / "good.py").write_text(TORCH_GOOD)
+    text, expected = bad_script(TORCH_BAD, TORCH_GOOD)
+    (tmp_path / "bad.py").write_text(text)
+    stubs = [tmp_path / "src" / p / "kernels" / "torch_ops.pyi" for p in ("edgepkg", "example_pkg")]
+    found = mypy_run([*stubs, tmp_path / "good.py", tmp_path / "bad.py"], tmp_path, "--follow-imports=silent", mypypath=tmp_path / "src")
+    assert not [k for k in found if k[0] != "bad.py"], found  # the stubs and the right script are clean
+    check_bad(found, "bad.py", expected)
+
+
+def test_the_torch_stub_spells_builtins_out_where_an_operator_shadows_them(edge_project):
+    from hatch_autotune.wheel.torch_module import render_torch_stub
+
+    text = render_torch_stub(edge_project)
+    tree = stub_tree(text)
+    (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    assert "import builtins as _builtins" in text
+    assert f"def int({ast.unparse(fn.args)}) -> {ast.unparse(fn.returns)}" == (
+        "def int(x: _Tensor, count: _builtins.int, alpha: _builtins.float, *, SCALE: _Literal[2]=2, NEG: _Literal[-1, 5], "
+        "FAST: _Literal[True]=True) -> None"
+    )
+    assert ast.get_docstring(fn).startswith(
+        "int(Tensor(a0!) x, int count, float alpha, *, int SCALE=2, int NEG, bool FAST=True) -> (): tricky"
+    )
+
+
 # ---- the real wheel -------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from ..errors import CliError
 from ..files import read_regular
+from ..runtime.torch_ops import OUT_SUFFIX
 from .kernel import KernelSpec
 from .kernel_table import parse_kernel
 from .search import TuningSpec, parse_tuning
@@ -42,6 +43,7 @@ class ProjectSpec:
     exact_nvrtc: bool = False  # lock entries tuned with another NVRTC major.minor are stale
     default_may_fail: bool = False  # a default config that does not compile: the first that does, not an error
     settings: Settings = field(default_factory=Settings)  # the environment's, as the project was read
+    torch_namespace: str = ""  # the PyTorch operators' torch.ops.<namespace>: `torch-namespace`, else the module's top-level package
 
 
 def parse_project(
@@ -66,6 +68,7 @@ def parse_project(
     lock_outside = t.get("lock-file-outside-project", v_bool, default=False)
     exact_nvrtc = t.get("exact-nvrtc", v_bool, default=False)
     default_may_fail = t.get("default-may-fail", v_bool, default=False)
+    torch_namespace = t.get("torch-namespace", v_torch_namespace, default="")
     tuning_t = t.table("tuning")
     tuning = parse_tuning(tuning_t) if tuning_t is not None else TuningSpec()
     kernels_t = t.table("kernels", required=True)
@@ -95,6 +98,7 @@ def parse_project(
         exact_nvrtc=exact_nvrtc,
         default_may_fail=default_may_fail,
         settings=settings,
+        torch_namespace=torch_namespace or module.split(".")[0],
     )
 
 
@@ -116,6 +120,12 @@ def _parse_kernels(kernels_t: Table, root: Path) -> dict[str, KernelSpec]:
         spec = parse_kernel(name, Table(kernels_t.data[name], kernels_t.sub(name), errors), root)
         if spec is not None:
             kernels[name] = spec
+    for name, spec in kernels.items():  # the PyTorch operators' names (runtime/torch_ops.py) stay distinct
+        if any(a.intent == "out" for a in spec.args) and name + OUT_SUFFIX in kernels:
+            errors.append(
+                f"{kernels_t.sub(name + OUT_SUFFIX)}: the name of kernel {name!r}'s PyTorch operator that writes into the "
+                f"caller's outputs ({name}{OUT_SUFFIX}); rename one of the two kernels"
+            )
     return kernels
 
 
@@ -140,6 +150,16 @@ def _module_path(value: Any, path: str, errors: list) -> Any:
     if len(parts) >= 2 and all(IDENT.fullmatch(p) and not keyword.iskeyword(p) for p in parts):
         return value
     return fail(errors, path, "a dotted module path inside your package, e.g. 'mypkg.kernels'", value)
+
+
+# Namespaces of PyTorch's own operators: a fragment there would mix the kernels into them.
+PYTORCH_NAMESPACES = frozenset({"aten", "prim", "prims", "torch", "higher_order", "inductor", "quantized", "_c10d_functional", "c10d"})
+
+
+def v_torch_namespace(value: Any, path: str, errors: list) -> Any:
+    if isinstance(value, str) and IDENT.fullmatch(value) and not keyword.iskeyword(value) and value not in PYTORCH_NAMESPACES:
+        return value
+    return fail(errors, path, "an identifier that names your operators' namespace (torch.ops.<name>), not one of PyTorch's own", value)
 
 
 def v_wheel_tag(value: Any, path: str, errors: list) -> Any:

@@ -17,6 +17,8 @@ copy. One concept per module:
   args        call arguments checked and converted before any GPU call; `PreparedCall`
   kernel      `Kernel`: select() and the call path to a launch; `Binaries`
   library     `Library`: the wheel's table and binaries, checked against their sha256
+  torch_ops   the kernels as PyTorch operators, registered by the generated `torch_ops` module
+              alone (never imported here: PyTorch is imported only when that module is)
 
 This module re-exports their public names: the generated module uses `_runtime.Library`, its
 stub `_runtime.Selection` and `_runtime.PreparedCall`, and the build side imports from here.

@@ -133,13 +133,17 @@ def _cupy_view(obj: Any) -> ArrayView:
     return ArrayView(int(memory.ptr), shape, name, contiguous, False, int(memory.device_id), str(dtype))
 
 
-def _torch_view(obj: Any) -> ArrayView:
+def torch_view(obj: Any, memory: bool = True) -> ArrayView:
+    """A PyTorch tensor as a call reads it. `memory=False` for a tensor without memory, a fake
+    or meta one, whose metadata a PyTorch operator checks while it is traced (torch_ops.py): its
+    pointer is 0 and a meta tensor's device unknown (None), not host memory."""
     given = str(obj.dtype)  # 'torch.float32'
     name = given.rpartition(".")[2]
     shape = tuple(obj.shape)
     contiguous = _c_contiguous(shape, tuple(obj.stride()), 1)  # PyTorch's strides count elements
-    device = obj.get_device() if obj.device.type == "cuda" else -1  # CPU and meta tensors: not device memory
-    return ArrayView(int(obj.data_ptr()), shape, name if name in TYPESTRS else None, contiguous, False, device, given)
+    kind = obj.device.type
+    device = obj.get_device() if kind == "cuda" else None if kind == "meta" and not memory else -1  # CPU: not device memory
+    return ArrayView(int(obj.data_ptr()) if memory else 0, shape, name if name in TYPESTRS else None, contiguous, False, device, given)
 
 
 def array_view(obj: Any, stream_ptr: int = -1) -> ArrayView | None:
@@ -152,7 +156,7 @@ def array_view(obj: Any, stream_ptr: int = -1) -> ArrayView | None:
     if code is CUPY:
         return _cupy_view(obj)
     if code is TORCH:
-        return _torch_view(obj)
+        return torch_view(obj)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         typestr, shape, ptr, readonly, strides = _cai_fields(cai)

@@ -296,58 +296,97 @@ class Kernel:
 
     def _prepare(self, bound: list[Any], stream_ptr: int, constants: Mapping[str, Any]) -> PreparedCall:
         values = dict(zip(self.user_args, bound))
-        name = self.name
         arrays: dict[str, ArrayView] = {}
-        types: dict[str, str] = {}
+        types: dict[str, Any] = {}
+        bound_by: dict[str, str] = {}
+        for a in self.args:  # each array read, then checked, in declared order: the first wrong one is named
+            if a["kind"] == "array":
+                view = arrays[a["name"]] = self._view(a["name"], values[a["name"]], stream_ptr)
+                self._check_array(a, view, types, bound_by, True)
+        types, key, env = self._check_call(values, arrays, types, constants)
+        c_args: list[Any] = []
+        for a in self.args:
+            arg = a["name"]
+            if a["kind"] == "array":
+                c_args.append(arrays[arg].ptr)
+                continue
+            dtype = types.get(a["dtype"], a["dtype"])
+            value = self._value_fns[arg](env) if arg in self._value_fns else values[arg]
+            c_args.append(c_scalar(value, dtype, self.name, arg))
+        return PreparedCall(types, key, tuple(c_args), arrays)
+
+    def _view(self, arg: str, obj: Any, stream_ptr: int) -> ArrayView:
+        """An array argument as the call reads it, or a TypeError that names the argument."""
+        try:
+            view = array_view(obj, stream_ptr)
+        except ArrayInterfaceError as exc:
+            raise TypeError(f"{self.name}(): argument {arg!r}: {exc}") from None
+        if view is None:
+            raise TypeError(
+                f"{self.name}(): argument {arg!r} must be a GPU array exposing __cuda_array_interface__ or DLPack "
+                f"(CuPy, PyTorch, Numba, JAX), got {type(obj).__name__}"
+            )
+        return view
+
+    def check_views(
+        self, values: Mapping[str, Any], arrays: Mapping[str, ArrayView], constants: Mapping[str, Any], pointers: bool = True
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """Every check of a call that its arrays' metadata can answer: (types and constants,
+        key, the environment that shapes and computed scalars are evaluated in). `arrays` may
+        leave out arrays the call does not have yet (the outputs that a PyTorch operator
+        allocates, runtime/torch_ops.py); `pointers=False` skips the checks of the data
+        pointers (a fake tensor has none). Sizes may be PyTorch's symbolic integers."""
+        types: dict[str, Any] = {}
         bound_by: dict[str, str] = {}
         for a in self.args:
-            if a["kind"] != "array":
-                continue
-            arg, obj = a["name"], values[a["name"]]
-            try:
-                view = array_view(obj, stream_ptr)
-            except ArrayInterfaceError as exc:
-                raise TypeError(f"{name}(): argument {arg!r}: {exc}") from None
-            if view is None:
+            view = arrays.get(a["name"])
+            if view is not None:
+                self._check_array(a, view, types, bound_by, pointers)
+        return self._check_call(values, arrays, types, constants)
+
+    def _check_array(self, a: Mapping[str, Any], view: ArrayView, types: dict[str, Any], bound_by: dict[str, str], pointers: bool) -> None:
+        """An array argument's own checks; binds the type parameter of its dtype in `types`."""
+        name, arg = self.name, a["name"]
+        if view.device == -1:
+            raise ValueError(f"{name}(): argument {arg!r} is in host memory; expected a GPU array")
+        declared = a["dtype"]
+        if declared in self.type_params:
+            if view.dtype not in self.type_params[declared]:
                 raise TypeError(
-                    f"{name}(): argument {arg!r} must be a GPU array exposing __cuda_array_interface__ or DLPack "
-                    f"(CuPy, PyTorch, Numba, JAX), got {type(obj).__name__}"
+                    f"{name}(): argument {arg!r} has dtype {view.dtype_text()}; "
+                    f"expected one of {self.type_params[declared]} (type parameter {declared})"
                 )
-            if view.device == -1:
-                raise ValueError(f"{name}(): argument {arg!r} is in host memory; expected a GPU array")
-            declared = a["dtype"]
-            if declared in self.type_params:
-                if view.dtype not in self.type_params[declared]:
-                    raise TypeError(
-                        f"{name}(): argument {arg!r} has dtype {view.dtype_text()}; "
-                        f"expected one of {self.type_params[declared]} (type parameter {declared})"
-                    )
-                if declared in types and types[declared] != view.dtype:
-                    raise TypeError(
-                        f"{name}(): argument {arg!r} has dtype {view.dtype} but {bound_by[declared]!r} has "
-                        f"{types[declared]}; both are {declared}"
-                    )
-                types[declared], bound_by[declared] = view.dtype, arg
-            elif view.dtype != declared:
-                raise TypeError(f"{name}(): argument {arg!r} has dtype {view.dtype_text()}; expected {declared}")
-            if len(view.shape) != len(a["shape"]):
-                raise ValueError(f"{name}(): argument {arg!r} has {len(view.shape)} dimension(s) {view.shape}; expected {len(a['shape'])}")
-            if not view.contiguous:
-                raise ValueError(f"{name}(): argument {arg!r} must be C-contiguous (row-major, dense); pass a contiguous copy")
-            if not view.ptr and 0 not in view.shape:  # only an empty array may have no memory
-                raise ValueError(
-                    f"{name}(): argument {arg!r} has a null data pointer but shape {view.shape}; "
-                    "expected device memory (only an empty array may have a null pointer)"
+            if declared in types and types[declared] != view.dtype:
+                raise TypeError(
+                    f"{name}(): argument {arg!r} has dtype {view.dtype} but {bound_by[declared]!r} has "
+                    f"{types[declared]}; both are {declared}"
                 )
-            if view.readonly and a["intent"] != "in":
-                raise ValueError(f"{name}(): argument {arg!r} is read-only but the kernel writes it (intent {a['intent']})")
-            align = a.get("align")
-            if align and view.ptr % align:
-                raise ValueError(
-                    f"{name}(): argument {arg!r} must start on a {align}-byte boundary (the kernel uses vector "
-                    f"loads); its pointer {view.ptr:#x} is offset by {view.ptr % align} bytes: pass a copy"
-                )
-            arrays[arg] = view
+            types[declared], bound_by[declared] = view.dtype, arg
+        elif view.dtype != declared:
+            raise TypeError(f"{name}(): argument {arg!r} has dtype {view.dtype_text()}; expected {declared}")
+        if len(view.shape) != len(a["shape"]):
+            raise ValueError(f"{name}(): argument {arg!r} has {len(view.shape)} dimension(s) {view.shape}; expected {len(a['shape'])}")
+        if not view.contiguous:
+            raise ValueError(f"{name}(): argument {arg!r} must be C-contiguous (row-major, dense); pass a contiguous copy")
+        if pointers and not view.ptr and 0 not in view.shape:  # only an empty array may have no memory
+            raise ValueError(
+                f"{name}(): argument {arg!r} has a null data pointer but shape {view.shape}; "
+                "expected device memory (only an empty array may have a null pointer)"
+            )
+        if view.readonly and a["intent"] != "in":
+            raise ValueError(f"{name}(): argument {arg!r} is read-only but the kernel writes it (intent {a['intent']})")
+        align = a.get("align")
+        if pointers and align and view.ptr % align:
+            raise ValueError(
+                f"{name}(): argument {arg!r} must start on a {align}-byte boundary (the kernel uses vector "
+                f"loads); its pointer {view.ptr:#x} is offset by {view.ptr % align} bytes: pass a copy"
+            )
+
+    def _check_call(
+        self, values: Mapping[str, Any], arrays: Mapping[str, ArrayView], types: dict[str, Any], constants: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """The checks of a whole call, after its arrays': type parameters, constants, key, shapes."""
+        name = self.name
         for tp, allowed in self.type_params.items():
             if tp not in types:
                 if len(allowed) != 1:
@@ -356,7 +395,7 @@ class Kernel:
         chosen = self._resolve_constants(dict(constants), f"{name}()")
         types.update(chosen)
 
-        key: dict[str, int] = {}
+        key: dict[str, Any] = {}
         for k in self.key:
             source = k["from"]
             if k["axis"] is not None:
@@ -376,29 +415,25 @@ class Kernel:
                     raise ValueError(f"{name}(): {exc} (from {source_text})") from None
         env = {**key, **chosen} if chosen else key  # shapes and computed scalars may use the constants
         for arg, view in arrays.items():
-            try:
-                expected = tuple(fn(env) for fn in self._shape_fns[arg])
-            except ExpressionError as exc:
-                raise ValueError(f"{name}(): the shape of argument {arg!r} cannot be computed for {_env_text(env)}: {exc}") from None
+            expected = self.expected_shape(arg, env, key)
             if view.shape != expected:
-                if any(d < 0 for d in expected):
-                    exprs = ", ".join(tree_text(t) for t in self._shape_trees[arg]) + ("," if len(expected) == 1 else "")
-                    raise ValueError(
-                        f"{name}(): argument {arg!r} would have shape ({exprs}) = {expected} for {_env_text(env)}, "
-                        f"a negative size: {_env_text(key)} is too small for this kernel"
-                    )
                 raise ValueError(f"{name}(): argument {arg!r} has shape {view.shape}; expected {expected} (from {_env_text(env)})")
+        return types, key, env
 
-        c_args: list[Any] = []
-        for a in self.args:
-            arg = a["name"]
-            if a["kind"] == "array":
-                c_args.append(arrays[arg].ptr)
-                continue
-            dtype = types.get(a["dtype"], a["dtype"])
-            value = self._value_fns[arg](env) if arg in self._value_fns else values[arg]
-            c_args.append(c_scalar(value, dtype, name, arg))
-        return PreparedCall(types, key, tuple(c_args), arrays)
+    def expected_shape(self, arg: str, env: Mapping[str, Any], key: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The shape that array `arg` must have for a call's key dims and constants (`env`), or
+        a ValueError saying why there is none."""
+        try:
+            expected = tuple(fn(env) for fn in self._shape_fns[arg])
+        except ExpressionError as exc:
+            raise ValueError(f"{self.name}(): the shape of argument {arg!r} cannot be computed for {_env_text(env)}: {exc}") from None
+        if any(d < 0 for d in expected):
+            exprs = ", ".join(tree_text(t) for t in self._shape_trees[arg]) + ("," if len(expected) == 1 else "")
+            raise ValueError(
+                f"{self.name}(): argument {arg!r} would have shape ({exprs}) = {expected} for {_env_text(env)}, "
+                f"a negative size: {_env_text(key)} is too small for this kernel"
+            )
+        return expected
 
     # The call path. A first call with a given signature (array types, dtypes, shapes, layouts
     # and devices, scalar types, stream) goes through every check in _prepare, then starts the

@@ -17,6 +17,7 @@ from ..runtime import TABLE_FILE, sha256_hex, table_bytes
 from .outcome import OUTCOME_FILE
 from .stub import module_docstring, stub_files
 from .table import build_table
+from .torch_module import torch_files
 
 if TYPE_CHECKING:  # the pipeline's result type; the payload sits below the pipeline
     from .assemble import BuildResult
@@ -59,6 +60,7 @@ def write_package(out_dir: Path, project: ProjectSpec, result: BuildResult) -> l
     files.update(runtime_files())
     files["__init__.py"] = render_module(project, sha256_hex(files[TABLE_FILE])).encode()
     files.update(stub_files(project))
+    files.update(torch_files(project))
     files[OUTCOME_FILE] = result.outcome.to_bytes()  # for `hatch-autotune show`; the runtime never reads it
     for rel, data in sorted(files.items()):
         path = out_dir / rel
