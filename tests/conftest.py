@@ -30,6 +30,7 @@ from hatch_autotune.wheel.assemble import BuildResult, build_payload
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "example_pkg"
+STENCIL_KIT = ROOT / "tests" / "consumers" / "stencil_kit"  # constants, shapes from expressions, #included headers
 
 
 def load_benchmark(name: str):
@@ -273,6 +274,25 @@ def example_kernels(request, example_site):
         for k in [m for m in sys.modules if m.startswith("example_pkg")]:
             del sys.modules[k]
         sys.modules.update(saved)
+
+
+@pytest.fixture(scope="module")
+def stencil_kit(session_cache, tmp_path_factory):
+    """stencil_kit's generated package for sm_90, built by the real pipeline and imported."""
+    from hatch_autotune.wheel.payload import write_package
+
+    site = tmp_path_factory.mktemp("stencil-site")
+    project = load_project(STENCIL_KIT, {"HATCH_AUTOTUNE_ARCHS": "sm_90"})
+    result = build_payload(project, cache=CompileCache(session_cache), log=lambda m: None)
+    shutil.copytree(STENCIL_KIT / "src" / "stencil_kit", site / "stencil_kit")
+    write_package(site / "stencil_kit" / "kernels", project, result)
+    sys.path.insert(0, str(site))
+    try:
+        yield importlib.import_module("stencil_kit.kernels")
+    finally:
+        sys.path.remove(str(site))
+        for name in [m for m in sys.modules if m.startswith("stencil_kit")]:
+            del sys.modules[name]
 
 
 @pytest.fixture

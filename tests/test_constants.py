@@ -6,19 +6,17 @@ real argument packing; no GPU here)."""
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
 import shutil
-import sys
 from pathlib import Path
 
 import cuda_standin
 import numpy as np
 import pytest
+from conftest import STENCIL_KIT as CONSUMER
 from conftest import load_project, tune_over_standin
 from cuda_standin import DeviceArray, install
 
-from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.compile.nvrtc import CompileJob
 from hatch_autotune.compile.render import TemplateError, render_kernel
 from hatch_autotune.declare.config import ConfigError
@@ -26,32 +24,10 @@ from hatch_autotune.plan.planner import make_plan
 from hatch_autotune.runtime import choose_arch
 from hatch_autotune.tuning.inputs import bucket_inputs, reference_outputs
 
-CONSUMER = Path(__file__).parent / "consumers" / "stencil_kit"
-
 
 def copy_consumer(dest: Path) -> Path:
     shutil.copytree(CONSUMER, dest, ignore=shutil.ignore_patterns("dist", "build", "*.egg-info", "__pycache__"))
     return dest
-
-
-@pytest.fixture(scope="module")
-def stencil_kit(session_cache, tmp_path_factory):
-    """stencil_kit's generated package for sm_90, built by the real pipeline and imported."""
-    from hatch_autotune.wheel.assemble import build_payload
-    from hatch_autotune.wheel.payload import write_package
-
-    site = tmp_path_factory.mktemp("stencil-site")
-    project = load_project(CONSUMER, {"HATCH_AUTOTUNE_ARCHS": "sm_90"})
-    result = build_payload(project, cache=CompileCache(session_cache), log=lambda m: None)
-    shutil.copytree(CONSUMER / "src" / "stencil_kit", site / "stencil_kit")
-    write_package(site / "stencil_kit" / "kernels", project, result)
-    sys.path.insert(0, str(site))
-    try:
-        yield importlib.import_module("stencil_kit.kernels")
-    finally:
-        sys.path.remove(str(site))
-        for name in [m for m in sys.modules if m.startswith("stencil_kit")]:
-            del sys.modules[name]
 
 
 @pytest.fixture

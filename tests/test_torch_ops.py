@@ -23,28 +23,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import errors_for, hook_table, load_project
+from conftest import STENCIL_KIT as STENCIL
+from conftest import errors_for, hook_table
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.declare.config import parse_project
-from hatch_autotune.wheel.assemble import build_payload
-from hatch_autotune.wheel.payload import write_package
 
 EXAMPLE_ARCHS = ("sm_90",)
-STENCIL = Path(__file__).parent / "consumers" / "stencil_kit"
-
-
-@pytest.fixture(scope="module")
-def stencil_site(session_cache, tmp_path_factory) -> Path:
-    """stencil_kit (constants, outputs shaped by expressions) with its generated package."""
-    project = load_project(STENCIL, {"HATCH_AUTOTUNE_ARCHS": "sm_90", "HATCH_AUTOTUNE_MODE": "offline"})
-    result = build_payload(project, cache=CompileCache(session_cache), log=lambda m: None)
-    site = tmp_path_factory.mktemp("stencil-site")
-    (site / "stencil_kit").mkdir()
-    (site / "stencil_kit" / "__init__.py").write_text("")
-    write_package(site / "stencil_kit" / "kernels", project, result)
-    return site
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +39,8 @@ def ops(example_kernels):
 
 
 @pytest.fixture(scope="module")
-def stencil_ops(stencil_site):
-    sys.path.insert(0, str(stencil_site))
-    try:
-        yield importlib.import_module("stencil_kit.kernels.torch_ops")
-    finally:
-        sys.path.remove(str(stencil_site))
-        for name in [m for m in sys.modules if m.startswith("stencil_kit")]:
-            del sys.modules[name]
+def stencil_ops(stencil_kit):
+    return importlib.import_module("stencil_kit.kernels.torch_ops")
 
 
 def meta(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -238,21 +217,39 @@ def test_a_missing_constant_is_named_by_the_schema(stencil_ops):
         stencil_ops.stencil(meta(10), RADIUS=1)
 
 
-def test_the_direct_call_words_bad_input_the_same(stencil_ops, example_kernels):
-    """Where both run here (a CPU tensor, a wrong constant): the kernel called directly."""
-    kernels = example_kernels
-    with pytest.raises(ValueError) as direct:
-        kernels.row_softmax(torch.empty(3, 4), torch.empty(3, 4))
+def test_the_direct_call_words_bad_input_the_same(example_kernels, stencil_kit, ops, stencil_ops):
+    """The same wrong calls, to the kernel directly (arrays in the stand-in's memory, refused
+    before any driver call) and through the operator (fake tensors): the same messages."""
+    from cuda_standin import DeviceArray, StandIn
+
+    standin = StandIn()
+
+    def arr(*shape, dtype=np.float32):
+        return DeviceArray(standin, np.zeros(shape, dtype))
+
+    def cuda(*shape, dtype=torch.float32):
+        return torch.empty(shape, dtype=dtype, device="cuda")
+
+    k, s = example_kernels, stencil_kit
+    pairs = [
+        (lambda: k.row_softmax(arr(3, 4, dtype=np.float64), arr(3, 4)), lambda: ops.row_softmax(cuda(3, 4, dtype=torch.float64))),
+        (lambda: k.sgemm(arr(8, 4), arr(5, 6), arr(8, 6)), lambda: ops.sgemm(cuda(8, 4), cuda(5, 6))),
+        (lambda: k.saxpy(1e39, arr(8), arr(8)), lambda: ops.saxpy(1e39, cuda(8), cuda(8))),
+        (lambda: s.halo_sum(arr(1000), arr(992), RADIUS=3), lambda: stencil_ops.halo_sum(cuda(1000), RADIUS=3)),
+        (lambda: s.halo_sum(arr(5), arr(1), RADIUS=4), lambda: stencil_ops.halo_sum(cuda(5), RADIUS=4)),
+        (lambda: s.transpose(arr(4, 6), arr(4, 6)), lambda: stencil_ops.transpose_out(cuda(4, 6), cuda(4, 6))),
+    ]
+    for direct_call, operator_call in pairs:
+        with pytest.raises((TypeError, ValueError)) as direct:
+            direct_call()
+        with FakeTensorMode(), pytest.raises(type(direct.value)) as through:
+            operator_call()
+        assert str(through.value) == str(direct.value)
+    with pytest.raises(ValueError) as direct:  # real CPU tensors, no fake mode
+        example_kernels.row_softmax(torch.empty(3, 4), torch.empty(3, 4))
     with pytest.raises(ValueError) as through:
-        torch.ops.example_pkg.row_softmax(torch.empty(3, 4))
-    assert str(direct.value) == str(through.value)
-    stencil_kernels = sys.modules["stencil_kit.kernels"]
-    with pytest.raises(ValueError) as direct:
-        stencil_kernels.halo_sum(torch.empty(10), torch.empty(4), RADIUS=3)
-    with pytest.raises(ValueError) as through:
-        stencil_ops.halo_sum(torch.empty(10, device="meta"), RADIUS=3)
-    assert "constant RADIUS=3; expected one of [2, 4]" in str(direct.value) or "host memory" in str(direct.value)
-    assert str(through.value) == "halo_sum(): constant RADIUS=3; expected one of [2, 4]"
+        ops.row_softmax(torch.empty(3, 4))
+    assert str(through.value) == str(direct.value) == "row_softmax(): argument 'x' is in host memory; expected a GPU array"
 
 
 @pytest.mark.parametrize("op", ["row_softmax", "row_softmax_out", "saxpy", "sgemm", "sgemm_out"])
@@ -506,11 +503,11 @@ def test_operators_follow_the_intents_and_say_why_a_kernel_has_no_functional_for
         assert (only.name, only.note) == ("b_out", why)
 
 
-def test_a_functional_operator_passes_its_outputs_where_the_kernel_declares_them(stencil_ops, standin_torch):
+def test_a_functional_operator_passes_its_outputs_where_the_kernel_declares_them(stencil_kit, stencil_ops, standin_torch):
     """transpose declared with its output first: the operator's call puts it back in front."""
     standin, made = standin_torch
-    library = sys.modules["stencil_kit.kernels"]._LIBRARY
-    runtime = sys.modules["stencil_kit.kernels._runtime"]
+    library = stencil_kit._LIBRARY
+    runtime = stencil_kit._runtime
     kernels = dict(library.table["kernels"])
     spec = kernels["transpose"]
     kernels["transpose"] = {**spec, "args": [spec["args"][1], spec["args"][0], *spec["args"][2:]]}

@@ -171,6 +171,15 @@ CHECK_SCRIPT = textwrap.dedent(
 )
 
 
+TORCH_SCRIPT = """
+import torch
+from example_pkg.kernels import torch_ops
+print(torch.ops.example_pkg.sgemm.default._schema)
+print(list(torch_ops.sgemm(torch.empty(300, 7, device="meta"), torch.empty(7, 40, device="meta")).shape))
+print(torch_ops.__file__.endswith("site-packages/example_pkg/kernels/torch_ops.py"))
+"""
+
+
 def test_installs_and_selects_in_a_fresh_runtime_only_venv(example_wheels, tmp_path):
     py = fresh_venv(tmp_path / "venv")
     pip_into(py, str(example_wheels[0]))
@@ -201,6 +210,16 @@ def test_installs_and_selects_in_a_fresh_runtime_only_venv(example_wheels, tmp_p
     assert softmax[("sm_90", (10**5, 10**5))][3] == {"rows": 16384, "cols": 8192}
     assert by["sgemm"][0][2] == {"m": 1024, "n": 256, "k": 4096}
     assert "compute capability 7.5" in out["sm_75"]
+    # the PyTorch operators: said to need PyTorch where it is missing; with this environment's
+    # PyTorch on the path (a .pth file: the directory alone, not its own .pth files), registered
+    missing = subprocess.run([str(py), "-c", "from example_pkg.kernels import torch_ops"], cwd=tmp_path, capture_output=True, text=True)
+    assert missing.returncode == 1 and "ImportError: the kernels' PyTorch operators need PyTorch 2.4 or newer" in missing.stderr
+    import torch
+
+    purelib = run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).stdout.strip()
+    (Path(purelib) / "outer.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
+    shapes = run([str(py), "-c", TORCH_SCRIPT], cwd=tmp_path).stdout.split()
+    assert shapes == ["example_pkg::sgemm(Tensor", "A,", "Tensor", "B)", "->", "Tensor", "[300,", "40]", "True"]
 
 
 def test_editable_install_generates_in_tree(plugin_dist, session_cache, tmp_path):
