@@ -12,6 +12,8 @@ import os
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
+import contextlib
+import importlib
 import importlib.util
 import math
 import shutil
@@ -258,20 +260,28 @@ def example_site(session_cache, tmp_path_factory):
 def example_kernels(request, example_site):
     """example_pkg's generated package, imported. A test module that needs only some archs says
     so with a module-level EXAMPLE_ARCHS = ("sm_90",): fewer binaries to compile."""
-    import importlib
-    import sys
-
     archs = getattr(request.module, "EXAMPLE_ARCHS", None)
-    site = example_site(tuple(archs) if archs else None)
-    saved = {k: v for k, v in sys.modules.items() if k.startswith("example_pkg")}
+    with imported_kernels(example_site(tuple(archs) if archs else None), "example_pkg") as kernels:
+        yield kernels
+
+
+@contextlib.contextmanager
+def imported_kernels(site: Path, package: str):
+    """`<package>.kernels` imported from `site`, and forgotten afterwards: the modules of that
+    package loaded before (another site's) come back."""
+
+    def ours(name: str) -> bool:
+        return name == package or name.startswith(package + ".")
+
+    saved = {k: v for k, v in sys.modules.items() if ours(k)}
     for k in saved:
         del sys.modules[k]
     sys.path.insert(0, str(site))
     try:
-        yield importlib.import_module("example_pkg.kernels")
+        yield importlib.import_module(f"{package}.kernels")
     finally:
         sys.path.remove(str(site))
-        for k in [m for m in sys.modules if m.startswith("example_pkg")]:
+        for k in [m for m in sys.modules if ours(m)]:
             del sys.modules[k]
         sys.modules.update(saved)
 
@@ -286,13 +296,8 @@ def stencil_kit(session_cache, tmp_path_factory):
     result = build_payload(project, cache=CompileCache(session_cache), log=lambda m: None)
     shutil.copytree(STENCIL_KIT / "src" / "stencil_kit", site / "stencil_kit")
     write_package(site / "stencil_kit" / "kernels", project, result)
-    sys.path.insert(0, str(site))
-    try:
-        yield importlib.import_module("stencil_kit.kernels")
-    finally:
-        sys.path.remove(str(site))
-        for name in [m for m in sys.modules if m.startswith("stencil_kit")]:
-            del sys.modules[name]
+    with imported_kernels(site, "stencil_kit") as kernels:
+        yield kernels
 
 
 @pytest.fixture
