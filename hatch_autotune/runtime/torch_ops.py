@@ -103,7 +103,8 @@ def functional_blocker(
     return None
 
 
-def _scalar_type(dtype: str, type_params: Mapping[str, Sequence[str]]) -> str:
+def scalar_type(dtype: str, type_params: Mapping[str, Sequence[str]]) -> str:
+    """A scalar argument's type in a schema: int, float, or Scalar for a type parameter of both."""
     dtypes = type_params.get(dtype, (dtype,))
     integer = [d in INT_RANGES for d in dtypes]
     return "int" if all(integer) else "float" if not any(integer) else "Scalar"
@@ -118,7 +119,7 @@ def _schema(
         if a["kind"] == "array":
             params.append(f"Tensor(a{written.index(name)}!) {name}" if name in written else f"Tensor {name}")
         else:
-            params.append(f"{_scalar_type(a['dtype'], type_params)} {name}")
+            params.append(f"{scalar_type(a['dtype'], type_params)} {name}")
     return f"({', '.join(params + ([keywords] if keywords else []))}) -> {returns}"
 
 

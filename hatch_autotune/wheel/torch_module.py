@@ -17,7 +17,7 @@ import ast
 from .. import __version__
 from ..declare.config import KernelSpec, ProjectSpec
 from ..declare.kernel_json import kernel_json
-from ..runtime.torch_ops import MIN_TORCH, Operator, operators
+from ..runtime.torch_ops import MIN_TORCH, Operator, operators, scalar_type
 from .stub import _Builtins, _choice, _docstring
 
 TORCH_MODULE = "torch_ops"  # `from <module> import torch_ops`: `torch` would shadow PyTorch in the caller's namespace
@@ -104,8 +104,7 @@ def _function(spec: KernelSpec, op: Operator, b: _Builtins) -> str:
         if a.is_array:
             params.append(f"{name}: _Tensor")
         else:
-            dtypes = spec.types.get(a.dtype, (a.dtype,))
-            params.append(f"{name}: {b('int') if all(d.startswith(('int', 'uint')) for d in dtypes) else b('float')}")
+            params.append(f"{name}: {b('int') if scalar_type(a.dtype, spec.types) == 'int' else b('float')}")  # Scalar: int or float
     keywords = [_choice(c, values, b) for c, values in spec.constants.items()]
     signature = ", ".join([*params, *(["*", *keywords] if keywords else [])])
     returns = "None" if not op.returns else "_Tensor" if len(op.returns) == 1 else f"tuple[{', '.join('_Tensor' for _ in op.returns)}]"
