@@ -182,6 +182,24 @@ def errors_for(root, table, env=None) -> list[str]:
     return info.value.errors
 
 
+def tune_over_fake_worker(root: Path, cache_dir: Path, **options: Any):
+    """`tune()` of the project at `root` for sm_90, its worker tests/fake_worker.py doing as
+    it does by default (SYNTHETIC timings); `options`: more of tune()'s keywords."""
+    from hatch_autotune.compile.cache import CompileCache
+    from hatch_autotune.tuning import tune
+    from hatch_autotune.tuning.worker import WorkerClient
+
+    fake = [sys.executable, str(Path(__file__).parent / "fake_worker.py")]
+    return tune(
+        load_project(root),
+        gpu_arch="sm_90",
+        log=lambda line: None,
+        cache=CompileCache(cache_dir),
+        client_factory=lambda device: WorkerClient(fake, env={**os.environ, "FAKE_WORKER": "{}"}),
+        **options,
+    )
+
+
 def tune_over_standin(root: Path, cache_dir: Path, log=lambda line: None, env: dict | None = None, mode: str = "tune"):
     """`tune()` of the project at `root` for sm_90, its worker the real worker process over the
     driver stand-in with emulated kernels (tests/standin_worker.py), one sm_90 device; `env`:
@@ -300,13 +318,20 @@ def stencil_kit(session_cache, tmp_path_factory):
         yield kernels
 
 
-@pytest.fixture
-def rt(example_kernels):
-    """The generated package's runtime; back on the real driver (a fresh state) afterwards."""
-    runtime = example_kernels._runtime
+@contextlib.contextmanager
+def real_driver_runtime(kernels):
+    """A generated package's runtime, on the real driver (a fresh state) before and after."""
+    runtime = kernels._runtime
     runtime.use_gpu(None)
     yield runtime
     runtime.use_gpu(None)
+
+
+@pytest.fixture
+def rt(example_kernels):
+    """example_pkg's runtime; back on the real driver (a fresh state) afterwards."""
+    with real_driver_runtime(example_kernels) as runtime:
+        yield runtime
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import cuda_standin
 import numpy as np
 import pytest
 from conftest import STENCIL_KIT as CONSUMER
-from conftest import load_project, tune_over_standin
+from conftest import load_project, real_driver_runtime, tune_over_standin
 from cuda_standin import DeviceArray, install
 
 from hatch_autotune.compile.nvrtc import CompileJob
@@ -32,10 +32,8 @@ def copy_consumer(dest: Path) -> Path:
 
 @pytest.fixture
 def rt(stencil_kit):
-    runtime = stencil_kit._runtime
-    runtime.use_gpu(None)
-    yield runtime
-    runtime.use_gpu(None)
+    with real_driver_runtime(stencil_kit) as runtime:
+        yield runtime
 
 
 # ---- selection ------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import SCALE_TEMPLATE, load_project, write_tiny_project
+from conftest import SCALE_TEMPLATE, load_project, tune_over_fake_worker, write_tiny_project
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -259,23 +259,13 @@ def test_two_tunes_of_different_kernels_at_once_keep_both_kernels_entries(tmp_pa
 
 
 def test_tune_keeps_a_symlinked_lock_a_symlink(tmp_path):
-    from hatch_autotune.compile.cache import CompileCache
-    from hatch_autotune.tuning import tune
-    from hatch_autotune.tuning.worker import WorkerClient
 
     root = two_kernel_project(tmp_path / "p")
     (root / "locks").mkdir()
     target = root / "locks" / "shared.lock.json"
     target.write_bytes(lock_bytes({"other|-|sm_90|n=1": ENTRY}))
     (root / "autotune.lock.json").symlink_to(Path("locks") / "shared.lock.json")
-    tune(
-        load_project(root),
-        kernels=["ka"],
-        gpu_arch="sm_90",
-        log=lambda line: None,
-        cache=CompileCache(tmp_path / "cache"),
-        client_factory=lambda device: WorkerClient(FAKE, env={**os.environ, "FAKE_WORKER": "{}"}),
-    )
+    tune_over_fake_worker(root, tmp_path / "cache", kernels=["ka"])
     link = root / "autotune.lock.json"
     assert link.is_symlink() and os.readlink(link) == str(Path("locks") / "shared.lock.json")
     entries = json.loads(target.read_text())["entries"]

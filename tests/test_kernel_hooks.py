@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_project, tune_over_standin, write_tiny_project
+from conftest import load_project, tune_over_fake_worker, tune_over_standin, write_tiny_project
 
 from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.errors import BuildError
@@ -374,16 +374,9 @@ def test_the_real_worker_verifies_against_the_user_reference(tmp_path):
 def test_a_broken_hook_stops_tune_with_its_message(tmp_path):
     root = scale_project_with_hooks(tmp_path, "stop")
     (root / "stop_hooks.py").write_text(SCALE_HOOKS.replace('"y": np.zeros(n, np.float32)', '"y": np.zeros(n + 1, np.float32)'))
-    fake = [sys.executable, str(HERE / "fake_worker.py")]
     with pytest.raises(
         BuildError,
         match=r"kernel 'scale': inputs = 'stop_hooks:make_inputs' \(n=5000\): argument 'y' must be a float32 array of shape \(5000,\), got a float32 array of shape \(5001,\)",
     ):
-        tune(
-            load_project(root),
-            log=lambda m: None,
-            gpu_arch="sm_90",
-            cache=CompileCache(tmp_path / "cache"),
-            client_factory=lambda device: WorkerClient(fake, env={**os.environ, "FAKE_WORKER": "{}"}),
-        )
+        tune_over_fake_worker(root, tmp_path / "cache")
     assert not (root / "autotune.lock.json").exists()

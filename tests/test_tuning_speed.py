@@ -17,21 +17,16 @@ below are the accounting, checked for consistency, not speed.
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_project, tune_over_standin, write_tiny_project
+from conftest import tune_over_fake_worker, tune_over_standin, write_tiny_project
 from test_standin_tuning import EMULATED_TEMPLATE
 
-from hatch_autotune.compile.cache import CompileCache
-from hatch_autotune.tuning import tune
 from hatch_autotune.tuning.bucket import COSTS
 from hatch_autotune.tuning.errors import TuningError
 from hatch_autotune.tuning.inputs import InputRecipe, bucket_inputs
-from hatch_autotune.tuning.worker import WorkerClient
 
 HERE = Path(__file__).parent
 
@@ -205,12 +200,5 @@ def test_a_broken_generator_is_the_builds_error_even_though_the_worker_runs_it(t
     (root / "gen.py").write_text("def make(key, types, rng):\n    raise RuntimeError('no data for this bucket')\n")
     text = (root / "pyproject.toml").read_text()
     (root / "pyproject.toml").write_text(text + 'inputs = "gen:make"\n')
-    fake = [sys.executable, str(HERE / "fake_worker.py")]
     with pytest.raises(Exception, match=r"kernel 'scale': inputs = 'gen:make' \(n=\d+\): raised RuntimeError: no data for this bucket"):
-        tune(
-            load_project(root),
-            log=lambda m: None,
-            gpu_arch="sm_90",
-            cache=CompileCache(tmp_path / "cache"),
-            client_factory=lambda device: WorkerClient(fake, env={**os.environ, "FAKE_WORKER": "{}"}),
-        )
+        tune_over_fake_worker(root, tmp_path / "cache")
