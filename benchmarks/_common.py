@@ -20,6 +20,17 @@ from typing import Any
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
+# Kernel Tuner 1.5.0's strategies that kernel_tuner_sim.py and methodology_score.py run against ours
+KT_STRATEGIES = (
+    "genetic_algorithm",
+    "dual_annealing",
+    "pso",
+    "random_sample",
+    "bayes_opt",
+    "simulated_annealing",
+    "firefly_algorithm",
+    "diff_evo",
+)
 EXAMPLE = ROOT / "example_pkg"
 RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(ROOT))

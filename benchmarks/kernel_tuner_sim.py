@@ -64,6 +64,9 @@ import numpy as np
 from scipy.stats import qmc
 from threadpoolctl import threadpool_limits
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import KT_STRATEGIES  # noqa: E402
+
 # Kernel Tuner's Latin hypercube samples (Searchspace.get_LHS_sample, used by diff_evo; bayes_opt's
 # initial sample) draw from fresh OS entropy; draw them from numpy's global state, seeded per run.
 # Set before any strategy module is imported: bayes_opt imports the name when it is loaded.
@@ -72,16 +75,6 @@ qmc.LatinHypercube = functools.partial(qmc.LatinHypercube, seed=np.random.mtrand
 DATA = Path(os.environ.get("BENCHMARK_HUB", "/work/shared/datasets/benchmark_hub"))
 CACHE_DIR = Path("/tmp/kt_cache")
 GPUS = ("A100", "A4000", "MI250X", "W6600")
-KT_STRATEGIES = (
-    "genetic_algorithm",
-    "dual_annealing",
-    "pso",
-    "random_sample",
-    "bayes_opt",
-    "simulated_annealing",
-    "firefly_algorithm",
-    "diff_evo",
-)
 
 # The spaces of benchmark_hub/kernels/*.py, key order included (it is the cache key's order).
 KERNELS = {

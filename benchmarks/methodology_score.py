@@ -55,23 +55,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _common import KT_STRATEGIES  # noqa: E402
+
 from hatch_autotune.tuning.search import SearchSpace, make_strategy  # noqa: E402
 
 try:
     from kernel_tuner.strategies.wrapper import OptAlg
 except ImportError:  # only the adapter below is usable then (the tests drive it without Kernel Tuner)
     OptAlg = object
-
-KT_STRATEGIES = (
-    "genetic_algorithm",
-    "dual_annealing",
-    "pso",
-    "random_sample",
-    "bayes_opt",
-    "simulated_annealing",
-    "firefly_algorithm",
-    "diff_evo",
-)
 
 
 class HatchAutotuneSearch(OptAlg):

@@ -219,6 +219,72 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Contender:
+    """A config the search could not tell apart from its leader, timed again in the runoff
+    (tuning/choice.py): its median in the search and over the runoff's rounds."""
+
+    index: int | None
+    search_ms: float | None
+    median_ms: float | None
+    spread_ms: float | None = None
+    samples: int | None = None
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "Contender":
+        index, samples = raw.get("index"), raw.get("samples")
+        return cls(
+            index=index if isinstance(index, int) and not isinstance(index, bool) else None,
+            search_ms=_number(raw.get("search_ms")),
+            median_ms=_number(raw.get("median_ms")),
+            spread_ms=_number(raw.get("spread_ms")),
+            samples=samples if isinstance(samples, int) and not isinstance(samples, bool) else None,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        rounded = lambda t: None if t is None else round(t, RECORDED_DIGITS)  # noqa: E731
+        out = {"index": self.index, "search_ms": rounded(self.search_ms), "median_ms": rounded(self.median_ms)}
+        if self.spread_ms is not None:
+            out["spread_ms"] = rounded(self.spread_ms)
+        if self.samples is not None:
+            out["samples"] = self.samples
+        return out
+
+
+@dataclass(frozen=True)
+class Runoff:
+    """How a bucket's winner was chosen among its contenders: the rounds of interleaved timing,
+    each contender (fastest first), and the margin: the runner-up's median over the winner's,
+    minus one (0.01: the runner-up is 1% slower; below 0 where the canonical config of a
+    near-tie was chosen over a marginally faster one)."""
+
+    rounds: int
+    contenders: tuple[Contender, ...]
+    margin: float | None
+    rounds_won: int | None = None  # rounds in which the winner's median was the fastest
+
+    @classmethod
+    def from_json(cls, raw: Any) -> "Runoff | None":
+        """The record, or None for one this reader cannot use (a lenient reader: the runoff is
+        an explanation, the winner stands without it)."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("contenders"), list):
+            return None
+        rounds, won = raw.get("rounds"), raw.get("rounds_won")
+        return cls(
+            rounds=rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else 0,
+            contenders=tuple(Contender.from_json(c) for c in raw["contenders"] if isinstance(c, dict)),
+            margin=_number(raw.get("margin")),
+            rounds_won=won if isinstance(won, int) and not isinstance(won, bool) else None,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rounds": self.rounds, "contenders": [c.to_json() for c in self.contenders]}
+        out["margin"] = None if self.margin is None else round(self.margin, RECORDED_DIGITS)
+        if self.rounds_won is not None:
+            out["rounds_won"] = self.rounds_won
+        return out
+
+
+@dataclass(frozen=True)
 class LockEntry:
     """One tuned point: the winning config, every measurement, where it was measured, and the
     checksum of what it depends on. `from_json` and `to_json` are its one reader and writer."""
@@ -231,6 +297,7 @@ class LockEntry:
     default_ms: float | None = None  # the default's median time
     measurements: tuple[Measurement, ...] = ()  # one per config, in canonical order
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    runoff: Runoff | None = None  # how the winner was chosen among near-ties (None: no runoff)
     read_from: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)  # the JSON it was read from
 
     @classmethod
@@ -248,6 +315,7 @@ class LockEntry:
             default_ms=_number(raw.get("default_ms")),
             measurements=tuple(Measurement.from_json(m) for m in raw.get("measurements", [])),
             provenance=dict(raw.get("provenance", {})),
+            runoff=Runoff.from_json(raw.get("runoff")),
             read_from=raw,
         )
 
@@ -267,6 +335,8 @@ class LockEntry:
             out["measurements"] = [m.to_json() for m in self.measurements]
         if self.provenance:
             out["provenance"] = dict(self.provenance)
+        if self.runoff is not None:
+            out["runoff"] = self.runoff.to_json()
         return out
 
     def time_of(self, config: Mapping[str, Any]) -> float | None:
@@ -296,6 +366,8 @@ def _entry_problem(raw: Any) -> str | None:
         return "default is not an object"
     if not isinstance(raw.get("provenance", {}), dict):
         return "provenance is not an object"
+    if raw.get("runoff") is not None and Runoff.from_json(raw["runoff"]) is None:
+        return "runoff is not an object with a list of contenders"
     ms = raw.get("measurements", [])
     if not isinstance(ms, list) or not all(isinstance(m, dict) and isinstance(m.get("config"), dict) for m in ms):
         return "measurements are not a list of objects with a config"

@@ -70,6 +70,16 @@ def test_large_but_bounded_numbers_are_still_accepted(good):
     assert project.tuning.timeout_s == 1e6 and project.kernels["scale"].tolerance == (1e-6, 0.0)
 
 
+@pytest.mark.parametrize("value", [-1, 101, 2.5, True, "5"])
+def test_the_runoff_rounds_are_a_bounded_integer(good, value):
+    root, table = good
+    table["tuning"] = {"runoff-rounds": value}
+    (error,) = errors_for(root, table)
+    assert error.startswith(f"{P}.tuning.runoff-rounds: expected an integer"), error
+    table["tuning"] = {"runoff-rounds": 0}
+    assert parse_project(table, root).tuning.runoff_rounds == 0
+
+
 @pytest.mark.parametrize("expression", ["BLOCK < 1e999", "-1e999 < BLOCK"])
 def test_an_infinite_number_in_an_expression_is_refused(good, expression):
     root, table = good

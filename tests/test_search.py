@@ -132,7 +132,7 @@ def test_auto_learns_which_axes_matter():
         return 1.0 / speed[configs[i]["A"]]
 
     for seed in range(5):
-        auto = make_strategy("auto", space, seed)
+        auto = make_strategy("gp", space, seed)
         run_search(auto, ms, Budget(configs=30), clock=lambda: 0.0)
         weights: dict[int, list[float]] = {}  # per axis A, B, C: its (differ, apart) log weights
         for (axis, _), w in zip(auto._terms, auto._log_weights):
@@ -146,7 +146,7 @@ def test_autos_model_grown_one_config_at_a_time_equals_the_model_computed_at_onc
 
     data = ReplayData.load(DATA)
     space = data.space()
-    auto = make_strategy("auto", space, 1, first=[5])
+    auto = make_strategy("gp", space, 3, first=[5])
     auto.max_train = 20  # a refit keeps the fastest 10 and the latest 10; the next ones are added
 
     def ms(i: int) -> float | None:
@@ -185,7 +185,7 @@ def test_auto_scores_a_sample_of_a_big_space_and_still_covers_it_once():
     axes = {f"x{d}": [1, 2, 3, 4] for d in range(4)}
     configs = [dict(zip(axes, v)) for v in itertools.product(*axes.values())]
     space = SearchSpace(axes, configs)
-    auto = make_strategy("auto", space, 2)
+    auto = make_strategy("gp", space, 2)
     auto.max_candidates, auto.max_train = 8, 12  # the sample runs out between refits
     seen: list[int] = []  # the candidates the model scored, after each proposal
 
@@ -197,6 +197,31 @@ def test_auto_scores_a_sample_of_a_big_space_and_still_covers_it_once():
     tried = run_search(auto, ms, Budget(), clock=lambda: 0.0)
     assert sorted(tried) == list(range(len(space)))
     assert seen and max(seen) <= 8 and len(auto._train) <= 2 * auto.max_train + 1
+
+
+def test_tpe_scores_a_sample_of_a_big_space_with_the_sums_of_every_config_told_and_covers_it_once():
+    import numpy as np
+
+    axes = {f"x{d}": [1, 2, 3, 4] for d in range(4)}
+    configs = [dict(zip(axes, v)) for v in itertools.product(*axes.values())]
+    space = SearchSpace(axes, configs)
+    ms = lambda i: 1.0 + sum((v - 3) ** 2 for v in configs[i].values())  # noqa: E731
+    sampled = make_strategy("tpe", space, 2)
+    sampled.max_candidates = 32
+    sampled._draw_candidates()
+    draws = []
+    original = sampled._draw_candidates
+    sampled._draw_candidates = lambda: (draws.append(len(sampled.times)), original())[1]  # type: ignore[method-assign]
+    tried = run_search(sampled, ms, Budget(), clock=lambda: 0.0)
+    assert sorted(tried) == list(range(len(space))) and len(draws) >= 5  # 256 configs, 32 at a time
+    # a new sample's densities are those of every config told, as the whole space's model has them there
+    full, sampled = make_strategy("tpe", space, 2), make_strategy("tpe", space, 2)
+    for i in range(40):
+        full.tell(i, ms(i))
+        sampled.tell(i, ms(i))
+    sampled.max_candidates = 64
+    sampled._draw_candidates()
+    assert len(sampled._cand) == 64 and np.allclose(sampled._sum_all, full._sum_all[sampled._cand])
 
 
 def test_auto_finds_the_optimum_of_a_big_structured_space_where_a_random_sample_does_not():
@@ -236,26 +261,29 @@ def _two_regions() -> tuple[SearchSpace, list[float]]:
 
 def test_auto_has_a_power_of_two_distance_only_where_an_integer_axis_mixes_them():
     space, _ = _two_regions()
-    auto = make_strategy("auto", space, 0)
+    auto = make_strategy("gp", space, 0)
     terms = [axis for axis, _ in auto._terms]
     assert [terms.count(d) for d in range(6)] == [3, 2, 3, 3, 2, 2]  # bx, tx, ty mix powers of two; 1, 2, 4, 8 and 0/1 do not
     tx = [distance for axis, distance in auto._terms if axis == 2][2]  # over tx's values in rank order: 1, 2, 3, 4
     assert tx.tolist() == [[0, 0, 1, 0], [0, 0, 1, 0], [1, 1, 0, 1], [0, 0, 1, 0]]
     shuffled = SearchSpace({"tx": [4, 1, 3, 2]}, [{"tx": v} for v in (4, 1, 3, 2)])
     assert shuffled.ordered == ((1, 2, 3, 4),) and [r[0] for r in shuffled.ranks] == [3, 0, 2, 1]
-    assert make_strategy("auto", shuffled, 0)._terms[2][1].tolist() == tx.tolist()  # by rank, not by declared order
+    assert make_strategy("gp", shuffled, 0)._terms[2][1].tolist() == tx.tolist()  # by rank, not by declared order
 
 
 def test_auto_leaves_a_broad_second_best_region_for_a_narrow_optimum():
-    """At 3% of the space. Without the power-of-two distance, 4 seeds of 10 found it."""
+    """At 3% of the space, 20 seeds. Without the power-of-two distance, 4 of 10 found it. `auto`
+    gives the Parzen estimator turns once the GP stalls, which costs it two seeds here (on
+    benchmark_hub it was at least as good as the better model: search_quality.py)."""
     space, speed = _two_regions()
     best = max(range(len(space)), key=speed.__getitem__)
 
     def found(name: str, seed: int) -> bool:
         return best in run_search(make_strategy(name, space, seed), lambda i: 1.0 / speed[i], Budget(configs=120), clock=lambda: 0.0)
 
-    assert sum(found("auto", seed) for seed in range(10)) >= 8
-    assert sum(found("random", seed) for seed in range(10)) <= 1
+    assert sum(found("gp", seed) for seed in range(20)) >= 12
+    assert sum(found("auto", seed) for seed in range(20)) >= 10
+    assert sum(found("random", seed) for seed in range(20)) <= 2
 
 
 def _another_gpu(space: SearchSpace, speed: list[float]) -> list[float]:
@@ -287,9 +315,40 @@ def test_auto_uses_a_prior_only_while_it_predicts_better_than_none():
     space, speed = _two_regions()
     noise = stdlib_random.Random(5)
     for prior, used in (([_another_gpu(space, speed)], True), ([[noise.random() for _ in speed]], False)):
-        auto = make_strategy("auto", space, 0, prior=prior)
+        auto = make_strategy("gp", space, 0, prior=prior)
         run_search(auto, lambda i: 1.0 / speed[i], Budget(configs=60), clock=lambda: 0.0)
         assert auto._prior_on is used
+
+
+def test_auto_chooses_its_priors_by_how_well_they_agree_with_its_measurements_not_by_their_order():
+    """Eight candidate results: five that rank configs in an unrelated order come first (as
+    other archs named before this one would), then the related GPU, a reversed copy, and one
+    that measured too few configs to judge. The related GPU is the prior; the search finds the
+    optimum as soon as with that GPU alone."""
+    import random as stdlib_random
+
+    space, speed = _two_regions()
+    related = _another_gpu(space, speed)
+    shuffled = stdlib_random.Random(2)
+    unrelated = [shuffled.sample(related, len(related)) for _ in range(5)]
+    sparse = [s if i % 1000 == 0 else None for i, s in enumerate(related)]  # 5 configs measured: too few to judge
+    candidates = [*unrelated, related, [1.0 - s for s in related], sparse]
+    best = max(range(len(space)), key=speed.__getitem__)
+    found = agreeing = used = 0
+    for seed in range(10):
+        auto = make_strategy("auto", space, seed, prior=candidates)
+        tried = run_search(auto, lambda i: 1.0 / speed[i], Budget(configs=30), clock=lambda: 0.0)
+        found += best in tried
+        assert set(auto.gp.priors_agreeing) <= {5}  # never one of the others
+        agreeing += auto.gp.priors_agreeing == [5]  # the related GPU, once its agreement is above chance on what was measured
+        used += auto.priors_used == [5]  # ...and in use unless it predicted worse than none at the last refit
+        assert auto.agreement[5] > 0.5 and auto.agreement[6] < -0.5 and 7 not in auto.agreement
+    assert found >= 8 and agreeing >= 9 and used >= 8  # as with the related GPU alone (test above)
+    alone = make_strategy("auto", space, 0, prior=unrelated)  # nothing agrees: no prior, as without one
+    assert run_search(alone, lambda i: 1.0 / speed[i], Budget(configs=40), clock=lambda: 0.0) == run_search(
+        make_strategy("auto", space, 0), lambda i: 1.0 / speed[i], Budget(configs=40), clock=lambda: 0.0
+    )
+    assert alone.priors_used == []
 
 
 def test_the_leave_one_out_error_is_that_of_refitting_without_each_point():
@@ -338,7 +397,7 @@ def test_the_prior_mix_is_non_negative_least_squares():
 
 
 def test_an_unknown_strategy_is_refused_with_the_choices():
-    with pytest.raises(ValueError, match="unknown search strategy 'annealing': expected one of exhaustive, random, local, tpe, auto"):
+    with pytest.raises(ValueError, match="unknown search strategy 'annealing': expected one of exhaustive, random, local, tpe, gp, auto"):
         make_strategy("annealing", small_space())
 
 
@@ -383,9 +442,11 @@ def test_the_next_configs_guessed_for_compiling_ahead_change_nothing_and_mostly_
     ahead = run_search(make_strategy(name, space, 7), ms, Budget(configs=60), lambda: 0.0, prepare=prepare, prefetch=prefetch, ahead=4)
     assert ahead == plain  # the same search, guesses or not
     assert len(guesses) == len(asked)
-    if name in ("tpe", "auto"):  # one config at a time: the guess made during a batch is for the next one
+    if name in ("tpe", "gp", "auto"):  # one config at a time: the guess made during a batch is for the next one
         hits = sum(batch[0] in guess for guess, batch in zip(guesses, asked[1:]))
-        share = {"tpe": 0.7, "auto": 0.65}[name]  # auto's next pick also moves with the refitted weights
+        share = {"tpe": 0.7, "gp": 0.65, "auto": 0.5}[
+            name
+        ]  # gp's next pick also moves with the refitted weights; auto's with the other model's turn
         assert hits >= share * (len(asked) - 1), (hits, len(asked))
 
 
@@ -452,7 +513,7 @@ def test_search_settings_parse_and_bad_ones_name_the_key(tmp_path):
         '{ budget = "0%" }': "search.budget: expected a number of configs",
         "{ budget = 0 }": "search.budget: expected a number of configs",
         '{ strategy = "local" }': "search.budget: strategy 'local' needs a budget (configs, e.g. 200 or '5%') or `seconds`",
-        '{ strategy = "annealing", budget = 3 }': "search.strategy: expected one of 'exhaustive', 'random', 'local', 'tpe', 'auto', got a string 'annealing'",
+        '{ strategy = "annealing", budget = 3 }': "search.strategy: expected one of 'exhaustive', 'random', 'local', 'tpe', 'gp', 'auto', got a string 'annealing'",
         "{ seconds = -1 }": "search.seconds: expected a number >= 0.001",
         "{ budget = 5, steps = 3 }": "steps",
     }
@@ -503,7 +564,7 @@ def test_a_lock_hands_the_search_its_related_results_as_speeds():
     same bucket on other archs, then the nearest buckets; failed, rejected and pruned configs
     count as speed 0, configs not measured there (skipped, or not in the space now) as unknown.
     It crosses Ray as JSON."""
-    from hatch_autotune.tuning.search import MAX_PRIORS, WarmStart
+    from hatch_autotune.tuning.search import WarmStart
 
     configs = [{"X": x} for x in range(6)]
     lock = LockFile()
@@ -525,15 +586,13 @@ def test_a_lock_hands_the_search_its_related_results_as_speeds():
     put("sm_90", 65536, [(0, "ok", 1.0), (1, "ok", 2.0)])
     point = Point(EntryId.of("k", "-", "sm_90", {"n": 1024}), "c")
     warm = warm_start(lock, point, configs)
-    assert (
-        warm.prior
-        == (
-            (0.0, 0.25, None, None, None, 1.0),
-            (1.0, 0.25, 0.0, 0.0, None, None),
-            (None, None, 1.0, 0.0, None, None),
-        )[:MAX_PRIORS]
-    )
-    assert warm.first == (5, 0, 4, 2) and len(warm.prior) == MAX_PRIORS
+    assert warm.prior == (
+        (0.0, 0.25, None, None, None, 1.0),
+        (1.0, 0.25, 0.0, 0.0, None, None),
+        (None, None, 1.0, 0.0, None, None),
+        (1.0, 0.5, None, None, None, None),
+    )  # every related result that measured two configs: the search chooses among them (search.MAX_RELATED)
+    assert warm.first == (5, 0, 4, 2)
     assert WarmStart.from_json(json.loads(json.dumps(warm.to_json()))) == warm
     assert warm_start(lock, point, configs, "tpe") == WarmStart(warm.first, ())  # only auto uses a prior
 
@@ -671,10 +730,54 @@ def test_the_engine_tunes_on_replayed_data_within_its_budget_and_deterministical
         default = next(m for m in ms if m.config == dict(load_project(root).kernels["conv"].default))
         assert default.status == "ok" and entry.default_ms
         assert winner_ms < 0.5 * truth[json.dumps(default.config, sort_keys=True)]  # how close to the optimum: benchmarks/search_quality.py
+        if entry.runoff is not None:  # the configs the search could not tell apart, timed again in 5 rounds
+            runoff = entry.runoff
+            assert runoff.rounds == 5 and len(runoff.contenders) >= 2 and entry.index in [c.index for c in runoff.contenders]
+            assert entry.index == runoff.contenders[0].index or runoff.margin < 0  # the fastest, or the canonical one of a near-tie
+            for c in runoff.contenders:
+                assert ms[c.index].samples == c.samples >= 5 * 5 and ms[c.index].median_ms == c.median_ms  # the lock's are the runoff's
+            assert any(f"{eid}: runoff of {len(runoff.contenders)} configs" in line for line in logs)
     assert any("tried (strategy auto, budget 15% of the space" in line for line in logs)
     again = write_conv_project(tmp_path / "b", '{ budget = "15%", seed = 1 }')
     _, second = replay_tune(again, conv_cache)  # the same search (provenance dates aside)
     assert {eid: e.measurements for eid, e in second.entries.items()} == {eid: e.measurements for eid, e in lock.entries.items()}
+
+
+def test_near_ties_are_timed_again_interleaved_and_the_lock_records_the_runoff(tmp_path, conv_cache):
+    """The data edited so that the two fastest configs' recorded runtimes overlap (one 1% slower,
+    both spread over 10%): five timings each cannot tell them apart, so both are timed again."""
+    raw = json.loads(gzip.open(DATA).read())
+    ranked = sorted((e["time"], key) for key, e in raw["cache"].items() if isinstance(e.get("time"), float))
+    (_, fast), (_, close) = ranked[0], ranked[1]
+    base = ranked[0][0]
+    for key, scale in ((fast, 1.0), (close, 1.01)):
+        times = [base * scale * (0.95 + 0.01 * k) for k in range(11)]  # 0.95 to 1.05 of the centre
+        raw["cache"][key].update(times=times, time=sum(times) / len(times))
+    data = tmp_path / "near_ties.json"
+    data.write_text(json.dumps(raw))
+    root = write_conv_project(tmp_path / "p", '{ strategy = "exhaustive" }')
+    logs: list[str] = []
+    _, lock = replay_tune(root, conv_cache, data=data, logs=logs)
+    axes = ("block_size_x", "block_size_y", "tile_size_x", "tile_size_y", "read_only", "use_padding", "use_shmem")
+    keyed = {",".join(str(m.config[a]) for a in axes): m for m in lock.entries[next(iter(lock.entries))].measurements}
+    for entry in lock.entries.values():
+        runoff = entry.runoff
+        assert runoff is not None and runoff.rounds == 5
+        contenders = {c.index: c for c in runoff.contenders}
+        assert {keyed[",".join(fast.split(",")[:7])].index, keyed[",".join(close.split(",")[:7])].index} <= set(contenders)
+        assert entry.index == runoff.contenders[0].index or runoff.margin < 0
+        assert runoff.contenders[0].median_ms <= runoff.contenders[1].median_ms and runoff.rounds_won is not None
+        for i, c in contenders.items():
+            m = entry.measurements[i]
+            assert m.status == "ok" and m.samples == c.samples >= 25 and m.median_ms == c.median_ms  # the runoff's timings
+    assert sum("configs the search could not tell apart, 5 interleaved rounds" in line for line in logs) == 2
+    assert sum("; runoff of " in line and "fastest in" in line for line in logs if line.startswith("tuned ")) == 2
+    # `runoff-rounds = 0`: the search's own timings decide, and the lock says no runoff happened
+    text = (root / "pyproject.toml").read_text()
+    (root / "pyproject.toml").write_text(text + "\n[tool.hatch.build.targets.wheel.hooks.autotune.tuning]\nrunoff-rounds = 0\n")
+    (root / "autotune.lock.json").unlink()
+    _, off = replay_tune(root, conv_cache, data=data)
+    assert all(e.runoff is None for e in off.entries.values()) and len(off.entries) == 2
 
 
 def test_failed_and_unknown_configs_are_recorded_as_failed(tmp_path, conv_cache):
@@ -777,24 +880,28 @@ def test_search_quality_benchmark_runs_on_a_dataset_and_compares_with_kernel_tun
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "out" / "search_quality.json").read_text())
     assert (tmp_path / "out" / "search_quality.png").stat().st_size > 10_000
-    assert {(r["strategy"], r["seed"]) for r in result["runs"]} == {("random", 0), ("random", 1), ("auto", 0), ("auto", 1)}
-    for run in result["runs"]:  # more budget never finds worse; the pick is never better than the best found
+    # two halves of seeds: the development seeds (settings are chosen on these) and the reported ones
+    assert result["seeds"] == {"dev": [0, 1], "report": [100, 101]} and result["reported"] == "report"
+    assert {(r["strategy"], r["seed"], r["half"]) for r in result["runs"]} == {
+        (s, seed, half) for s in ("random", "auto") for seed, half in ((0, "dev"), (1, "dev"), (100, "report"), (101, "report"))
+    }
+    for run in result["runs"]:  # more budget never finds worse; what ships is never better than the best found
         found = [run["found"][str(f)] for f in result["budgets"]]
         assert found == sorted(found) and all(0 < v <= 1 for v in found)
-        assert all(run["picked"][f] <= run["found"][f] + 1e-9 for f in run["found"])
-    summary = result["summary"]["found"]
+        assert all(run["shipped"][f] <= run["found"][f] + 1e-9 and run["once"][f] <= run["found"][f] + 1e-9 for f in run["found"])
+        assert all(run["runoff_s"][f] >= 0 and run["search_s"][f] > 0 for f in run["found"])
+    assert set(result["halves_spread"]) >= {"convolution_milo|A100|auto|0.02"}
+    summary = {**result["summary"]["report:found"], **result["summary"]["kt"]}
     assert summary["convolution_milo|A100|kt:lucky"]["0.01"]["median"] == 1.0  # 1% of 432 = 5 configs: the 3rd was the optimum
     assert summary["convolution_milo|A100|kt:stuck"]["0.2"]["median"] == pytest.approx(data.optimum_ms() / slowest)
     head = result["tables"]["auto_vs_kernel_tuner"].splitlines()
     assert head[2].startswith("| convolution | A100 | ") and "(1.00)" in head[2]  # theirs: the best strategy per cell
-    goals = result["tables"]["goals"].splitlines()  # auto's two goals over its 2 seeds; warm did not run
-    cells = []
-    for f, q, at_least in ((0.02, 0.5, 0.90), (0.05, 0.1, 0.95)):
-        ratios = sorted(r["found"][str(f)] for r in result["runs"] if r["strategy"] == "auto")
-        value = ratios[0] + q * (ratios[1] - ratios[0])
-        share = sum(round(x, 2) >= at_least for x in ratios) / 2
-        cells.append(f"{value:.2f} ({share:.0%} of seeds)" + (" ✗" if round(value, 2) < at_least else ""))
-    assert goals[2] == f"| convolution | A100 | {cells[0]} | {cells[1]} | - | - |"
+    goals = result["tables"]["goals"].splitlines()  # auto's 5% goal over its 2 reported seeds, on what ships; warm did not run
+    ratios = sorted(r["shipped"]["0.05"] for r in result["runs"] if r["strategy"] == "auto" and r["half"] == "report")
+    value = ratios[0] + 0.1 * (ratios[1] - ratios[0])
+    share = sum(round(x, 2) >= 0.95 for x in ratios) / 2
+    cell = f"{value:.2f} ({share:.0%} of seeds)" + (" ✗" if round(value, 2) < 0.95 else "")
+    assert goals[2].startswith("| convolution | A100 | ") and goals[2].endswith(f"| {cell} | - | - | - |")  # no gp or tpe runs to compare
     scores = result["methodology_score"]
     assert scores["kt:lucky"]["all"] == pytest.approx(1.0)  # the optimum within every budget
     assert scores["kt:stuck"]["all"] < 0  # worse than random sampling

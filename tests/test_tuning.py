@@ -18,9 +18,11 @@ from conftest import build, load_project, write_tiny_project
 from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.compile.entry import Resources
 from hatch_autotune.declare.config import TuningSpec
+from hatch_autotune.lock import LockEntry, LockFormatError, Runoff
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.bench import median, next_step, spread
-from hatch_autotune.tuning.bucket import choose_winner, measured, prune_reason
+from hatch_autotune.tuning.bucket import prune_reason
+from hatch_autotune.tuning.choice import choose_winner, contenders, interval, measured, run_runoff
 from hatch_autotune.tuning.protocol import Limits
 from hatch_autotune.tuning.verify import compare, poison_byte, tolerance
 from hatch_autotune.tuning.worker import WorkerClient, WorkerDied
@@ -56,6 +58,78 @@ def test_rejected_failed_and_eliminated_never_win():
     ms = [m(0, "rejected", 0.1), m(1, "failed"), m(2, "eliminated", 0.5), m(3, ms=2.0)]
     assert choose_winner(ms, default_index=0).index == 3
     assert choose_winner([m(0, "failed"), m(1, "rejected", 1.0)], default_index=0) is None
+
+
+def test_a_noisy_candidates_own_spread_does_not_make_it_a_tie():
+    # the search's near-tie band is the leader's noise: a config whose five timings range from
+    # 0.9 to 1.5 is not "as fast" as a steady 1.0 because its own spread is wide
+    noisy, steady = measured(0, {"i": 0}, "ok", (0.9, 1.0, 1.2, 1.4, 1.5)), m(5, ms=1.0)
+    assert choose_winner([noisy, steady], default_index=-1).index == 5
+    assert choose_winner([steady, m(1, ms=1.004)], default_index=-1).index == 1  # within 0.5%: canonical
+    assert choose_winner([steady, m(1, ms=1.004)], default_index=-1, by_spread=False).index == 1
+    assert choose_winner([m(3, ms=1.0, noise=0.06), m(1, ms=1.05)], default_index=-1, by_spread=False).index == 3
+
+
+def test_contenders_are_the_leader_and_the_configs_whose_intervals_overlap_its_own():
+    leader = m(4, ms=1.0)
+    close = m(2, ms=1.003)  # within the 0.5% floor of intervals
+    noisy = measured(7, {"i": 7}, "ok", (0.6, 0.9, 1.3, 1.8, 2.0))  # median 1.3, but it could be faster
+    far = m(1, ms=1.10)  # steady and 10% slower: no chance
+    slow_noisy = measured(9, {"i": 9}, "ok", (5.0, 5.1, 5.2, 5.3, 5.4))
+    eliminated = m(3, "eliminated", 0.99)  # stopped early: not a contender
+    field = contenders([far, noisy, close, leader, slow_noisy, eliminated])
+    assert [c.index for c in field] == [4, 7, 2]  # the leader, then by the lower end of the interval
+    low, high = interval(noisy)
+    assert low < 1.0 < high
+    assert [c.index for c in contenders([far, noisy, close, leader], limit=2)] == [4, 7]
+    assert contenders([m(0, "failed"), m(1, "rejected", 1.0)]) == []
+    assert [c.index for c in contenders([leader, far])] == [4]
+
+
+def test_the_runoff_times_contenders_interleaved_and_ships_the_truly_fastest():
+    # config 1 was lucky in the search (0.95 in five timings); it really runs at 1.05, config 2 at 1.00
+    truth = {1: 1.05, 2: 1.00, 3: 1.001}
+    field = [m(1, ms=0.95), m(2, ms=0.99), m(3, ms=1.0)]
+    calls = []
+
+    def retime(i):
+        calls.append(i)
+        return tuple(truth[i] * (1 + 0.001 * k) for k in range(5))
+
+    result = run_runoff(field, retime, rounds=4, default_index=-1)
+    assert calls == [1, 2, 3, 2, 3, 1, 3, 1, 2, 1, 2, 3]  # each round every contender, the order rotated
+    assert result.winner.index == 2 and result.winner.samples == 20
+    # the record: the contenders fastest first, the margin to the runner-up, the rounds it won
+    assert [c.index for c in result.record.contenders] == [2, 3, 1]
+    assert result.record.contenders[2].search_ms == 0.95 and abs(result.record.contenders[2].median_ms - 1.05 * 1.002) < 1e-12
+    assert abs(result.record.margin - 0.001) < 1e-6 and result.record.rounds_won == 4 and result.record.rounds == 4
+    # with config 3 the default, the near-tie (0.1%) ships the default: the margin says so
+    result = run_runoff(field, retime, rounds=4, default_index=3)
+    assert result.winner.index == 3 and result.record.margin < 0
+
+
+def test_a_contender_that_fails_in_the_runoff_is_recorded_failed_and_cannot_win():
+    field = [m(1, ms=0.9), m(2, ms=0.91)]
+    result = run_runoff(field, lambda i: "worker died (exit code -11)" if i == 1 else (1.0,) * 5, rounds=3, default_index=1)
+    by_index = {x.index: x for x in result.measurements}
+    assert result.winner.index == 2 and by_index[1].status == "failed" and "worker died" in by_index[1].reason
+    assert result.record.margin is None and [c.index for c in result.record.contenders] == [2, 1]
+    everyone_fails = run_runoff(field, lambda i: "hung", rounds=2, default_index=1)
+    assert everyone_fails.winner is None and everyone_fails.record.rounds_won is None
+
+
+def test_the_lock_keeps_the_runoff_record_and_refuses_a_malformed_one():
+    field = [m(1, ms=1.0), m(2, ms=1.001)]
+    record = run_runoff(field, lambda i: (1.0 + 0.01 * i,) * 5, rounds=2, default_index=-1).record
+    entry = LockEntry(checksum="c", config={"i": 1}, tuned=True, index=1, runoff=record)
+    again = LockEntry.from_json(json.loads(json.dumps(entry.to_json())))
+    assert again.runoff == record and again.to_json()["runoff"]["margin"] == round(1.02 / 1.01 - 1, 6)
+    raw = entry.to_json()
+    raw["runoff"] = [1, 2]
+    with pytest.raises(LockFormatError, match="runoff"):
+        LockEntry.from_json(raw)
+    raw["runoff"] = {"contenders": [{"index": "x", "median_ms": "fast"}], "rounds": True}  # lenient inside
+    assert LockEntry.from_json(raw).runoff == Runoff(0, (Runoff.from_json({"contenders": [{}]}).contenders[0],), None)
 
 
 def test_stopping_rules():

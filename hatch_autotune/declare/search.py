@@ -12,7 +12,7 @@ from typing import Any
 
 from .validate import BAD, Table, fail, v_bool, v_choice, v_int, v_number
 
-SEARCH_STRATEGIES = ("exhaustive", "random", "local", "tpe", "auto")  # tuning/search.py implements each
+SEARCH_STRATEGIES = ("exhaustive", "random", "local", "tpe", "gp", "auto")  # tuning/search.py implements each
 _PERCENT = re.compile(r"([0-9]+(\.[0-9]+)?)%")  # ASCII digits: "١%" is no share
 
 
@@ -100,6 +100,7 @@ class TuningSpec:
     eliminate: float = 0.25  # stop timing a variant whose fastest sample is this much slower than the leader
     flush_l2: bool = True
     prune_spills: bool = False
+    runoff_rounds: int = 5  # interleaved rounds in which the search's contenders are timed again (0: none)
 
 
 def v_search_budget(value: Any, path: str, errors: list) -> Any:
@@ -139,6 +140,7 @@ def parse_tuning(t: Table) -> TuningSpec:
         eliminate=t.get("eliminate", v_number(0.0), default=d.eliminate),
         flush_l2=t.get("flush-l2", v_bool, default=d.flush_l2),
         prune_spills=t.get("prune-spills", v_bool, default=d.prune_spills),
+        runoff_rounds=t.get("runoff-rounds", v_int(0, 100), default=d.runoff_rounds),
     )
     t.finish()
     if all(v is not BAD for v in (spec.min_reps, spec.max_reps)) and spec.min_reps > spec.max_reps:

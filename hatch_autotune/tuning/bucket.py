@@ -1,8 +1,9 @@
 """One bucket's tuning: its inputs and reference made once, then the search over its configs
 (the default and the warm starts first) within the kernel's budget, each config pruned or
-measured in the worker, and the winner chosen among near-ties; the result is its lock entry.
-The core loop of Triton's autotuner: prune -> measure (verify, then time) -> choose. The
-decisions (`prune_reason`, `choose_winner`) are plain functions, tested on the CPU."""
+measured in the worker, and the winner chosen in a runoff of the configs the search could not
+tell apart (choice.py); the result is its lock entry. The core loop of Triton's autotuner:
+prune -> measure (verify, then time) -> choose. The decisions (`prune_reason`, choice.py's)
+are plain functions, tested on the CPU."""
 
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ from ..compile import nvrtc as compile_mod
 from ..compile.render import Variant
 from ..declare.config import KernelSpec, SearchSpec
 from ..declare.kernel_json import kernel_json
-from ..lock import TIMED, Bucket, LockEntry, Measurement
+from ..lock import TIMED, Bucket, LockEntry, Measurement, Runoff
 from ..plan.planner import PROVENANCE_MAX_CHARS, Instance, Point
 from ..text import log_excerpt
-from .bench import median, spread
 from .binaries import CompareBinaries, VariantBinaries
+from .choice import RunoffResult, choose_winner, contenders, measured, run_runoff
 from .errors import TuningError
 from .inputs import InputRecipe
 from .protocol import DeviceInfo, Failure, Limits, Measure, Reference, Setup
@@ -34,7 +35,6 @@ from .verify import tolerance
 from .worker import WorkerDied
 
 Log = Callable[[str], None]
-TIE_FLOOR = 0.005  # timings closer than 0.5% are a tie whatever the measured spread
 PROGRESS_EVERY = 16  # configs between progress lines within a bucket
 REFERENCE_NOTE = "reference (no user reference configured)"  # the reason of the config whose outputs became the reference
 WITNESS_LOOKS = 64  # configs looked at (compiled) for a second opinion on the reference, at most
@@ -102,28 +102,6 @@ def prune_reason(
     return None
 
 
-def measured(index: int, config: Mapping[str, Any], status: str, samples: Sequence[float] = (), reason: str = "") -> Measurement:
-    """The measurement of a config from its timings (ms; none for a config that was not timed),
-    its median and spread exact: the lock rounds them (Measurement.as_recorded)."""
-    if not samples:
-        return Measurement(index, config, status, 0, reason=reason)
-    return Measurement(index, config, status, len(samples), median(samples), spread(samples), reason)
-
-
-def choose_winner(measurements: Sequence[Measurement], default_index: int) -> Measurement | None:
-    """The fastest by median; among near-ties (within the measured spread, or 0.5%), the
-    canonical one: the default if it is tied, else the lowest config index. None if none ran."""
-    ok = [(m.median_ms, m.spread_ms or 0.0, m) for m in measurements if m.status == "ok" and m.samples and m.median_ms is not None]
-    if not ok:
-        return None
-    best_ms, best_spread, best = min(ok, key=lambda t: (t[0], t[2].index))
-    tied = [m for ms, sp, m in ok if ms - best_ms <= max(best_spread, sp, TIE_FLOOR * best_ms)]
-    for m in tied:
-        if m.index == default_index:
-            return m
-    return min(tied, key=lambda m: m.index if m.index is not None else math.inf)
-
-
 def provenance(device: DeviceInfo, compiler: str) -> dict[str, Any]:
     """Where and with what an entry was tuned. `nvrtc` (major.minor) is what NvrtcPolicy
     compares; `nvrtc_build` (the wheel's full version) says which binaries were measured."""
@@ -189,6 +167,7 @@ class BucketTuning:
         self.total = len(self.configs)
         self.setup: Setup | None = None
         self.info: DeviceInfo | None = None
+        self.runoff: RunoffResult | None = None  # the runoff among the search's contenders, if one was run
 
     def run(self) -> LockEntry:
         """Set the bucket up (its first configs compiling meanwhile), settle the reference,
@@ -215,6 +194,7 @@ class BucketTuning:
         )
         b = self.binaries
         run_search(strategy, self.measure, budget, clock=lambda: self.seconds, prepare=b.request, prefetch=b.prefetch, ahead=b.workers)
+        self.runoff = self._runoff(default_index)
         self.costs["wall"] = time.monotonic() - began
         self.costs["overhead"] = self.costs["wall"] - self.costs["compile_wait"] - self.costs["measure"]
         return self._entry()
@@ -437,6 +417,40 @@ class BucketTuning:
             m = replace(m, reason=REFERENCE_NOTE)
         return self._record(m)
 
+    def _retime(self, i: int) -> Sequence[float] | str:
+        """Config i timed again for a runoff round, in full (no leader to stop it early): its
+        timings, or why it failed (crashed, hung, or gave a wrong result this time)."""
+        variant, binary = self.job.variants[i].id, self._file(i)
+        asked = time.monotonic()
+        try:
+            reply = self.session.measure(Measure(variant, binary, None))
+        except WorkerDied as exc:
+            return str(exc)
+        finally:
+            self.costs["measure"] += time.monotonic() - asked
+        if isinstance(reply, Failure):
+            return reply.error or "unknown error"
+        for phase, s in reply.phases.items():
+            self.phases[phase] = self.phases.get(phase, 0.0) + s
+        if reply.status != "ok" or not reply.samples:
+            return reply.reason or f"status {reply.status}"
+        return reply.samples
+
+    def _runoff(self, default_index: int) -> RunoffResult | None:
+        """Time the search's contenders again, interleaved (choice.run_runoff), and keep their
+        runoff measurements in place of the search's; None when there is nothing to decide
+        (one contender) or the settings turn it off (`runoff-rounds = 0`)."""
+        rounds = self.session.settings.runoff_rounds
+        field = contenders(list(self.measurements.values()))
+        if rounds <= 0 or len(field) < 2:
+            return None
+        self.log(f"  {self.job.eid}: runoff of {len(field)} configs the search could not tell apart, {rounds} interleaved rounds")
+        result = run_runoff(field, self._retime, rounds, default_index)
+        for m in result.measurements:
+            assert m.index is not None
+            self.measurements[m.index] = replace(m, reason=REFERENCE_NOTE) if self.reference == m.index and m.status == "ok" else m
+        return result
+
     def _entry(self) -> LockEntry:
         """The lock entry: the winner, every config's measurement (skipped ones too), the
         default's time and where it was measured; TuningError when nothing ran."""
@@ -445,7 +459,7 @@ class BucketTuning:
         default_index, measurements = job.inst.default_index, self.measurements
         skipped = f"not tried by the search ({strategy_text(search)})"
         ordered = [measurements.get(i) or measured(i, configs[i], "skipped", reason=skipped) for i in range(len(configs))]
-        winner = choose_winner(ordered, default_index)
+        winner = self.runoff.winner if self.runoff is not None and self.runoff.winner is not None else choose_winner(ordered, default_index)
         if winner is None or winner.median_ms is None:
             first = next((m for m in ordered if m.status in ("failed", "rejected", "pruned")), ordered[0])
             detail = (
@@ -470,6 +484,7 @@ class BucketTuning:
             + (f"; worker {', '.join(f'{k} {v:.1f} s' for k, v in self.phases.items())}" if self.phases else "")
             + f"; fixed cost {self.costs['overhead']:.2f} s (setup {self.costs['setup']:.2f}, reference {self.costs['reference']:.2f})"
             + f"; verified against {self.reference_text}"
+            + (f"; {runoff_text(self.runoff.record)}" if self.runoff is not None else "")
         )
         return LockEntry(
             checksum=job.point.checksum,
@@ -484,7 +499,21 @@ class BucketTuning:
                 "reference": self.reference_text[:PROVENANCE_MAX_CHARS],
                 "phases": {k: round(v, 4) for k, v in {**self.costs, **self.phases}.items()},
             },
+            runoff=self.runoff.record if self.runoff is not None else None,
         )
+
+
+def runoff_text(record: Runoff) -> str:
+    """'runoff of 3 configs, 5 rounds: the winner 1.2% ahead of the next, fastest in 4 rounds'."""
+    n = len(record.contenders)
+    if record.margin is None:
+        return f"runoff of {n} configs, {record.rounds} rounds: the others failed"
+    lead = (
+        f"{record.margin:.1%} ahead of the next"
+        if record.margin >= 0
+        else f"chosen within {-record.margin:.1%} of a faster one (a near-tie)"
+    )
+    return f"runoff of {n} configs, {record.rounds} rounds: the winner {lead}, fastest in {record.rounds_won} round(s)"
 
 
 def bucket_recipe(job: BucketJob, root: Path) -> InputRecipe:

@@ -21,6 +21,10 @@ from ..declare.search import SEARCH_STRATEGIES as STRATEGIES  # the names a proj
 from ..declare.search import Budget  # what a search may spend: the kernel's SearchSpec.budget_for
 
 MAX_PRIORS = 3  # related results a model uses as its prior mean, at most
+MAX_RELATED = 8  # related results a model chooses its priors from, at most
+MIN_SHARED = 8  # configs measured both here and in a related result before their agreement counts
+MIN_AGREEMENT = 0.3  # the rank correlation a related result needs with what is measured here to be a prior...
+CHANCE_Z = 3.0  # ...and above what chance gives 1 time in 700 on that many configs: 3 / sqrt(n - 1)
 
 
 @dataclass
@@ -110,19 +114,24 @@ class Strategy:
         """The configs told so far that ran, fastest first (ties: canonical order)."""
         return [i for _, i in sorted((ms, i) for i, ms in self.times.items() if not math.isinf(ms))]
 
-    def _unasked(self) -> list[int]:
+    def _unasked(self) -> Sequence[int]:
+        """The configs not asked yet, in canonical order (a model strategy keeps them as a mask)."""
         return [i for i in range(len(self.space)) if i not in self._asked]
 
     def _random(self, k: int) -> list[int]:
-        rest = self._unasked()
-        return self.rng.sample(rest, min(k, len(rest)))
+        return self._draw(self.rng, k)
 
     def _next_random(self, k: int) -> list[int]:
         """What `_random(k)` would draw now, without drawing: a copy of the generator draws it."""
         copy = random.Random()
         copy.setstate(self.rng.getstate())
+        return self._draw(copy, k)
+
+    def _draw(self, rng: random.Random, k: int) -> list[int]:
+        """k unasked configs drawn uniformly: positions among them, so that a million of them
+        are not made into a list first (the same draw as sampling the list itself)."""
         rest = self._unasked()
-        return copy.sample(rest, min(k, len(rest)))
+        return [int(rest[j]) for j in rng.sample(range(len(rest)), min(k, len(rest)))]
 
     def _fresh_neighbours(self, bases: Iterable[int]) -> list[int]:
         """The unasked neighbours of the first of `bases` that has any."""
@@ -189,6 +198,9 @@ class _ModelSearch(Strategy):
         self._free[batch] = False
         return batch
 
+    def _unasked(self) -> Sequence[int]:
+        return self._np.flatnonzero(self._free)  # type: ignore[no-any-return]
+
 
 class ParzenSearch(_ModelSearch):
     """Model-based: a tree-structured Parzen estimator over the finite space. After a small
@@ -198,7 +210,8 @@ class ParzenSearch(_ModelSearch):
     count, not only each axis alone. The unmeasured config most likely under the good and least
     under the rest is measured next. Scoring every config of the enumerated space keeps the
     constraints exact (a library's TPE, optuna's included, samples each axis and proposes
-    invalid configs). Settings were tuned on benchmark_hub's convolution and dedispersion."""
+    invalid configs); beyond `max_candidates` configs, a sample of them. Settings were tuned
+    on benchmark_hub's convolution and dedispersion."""
 
     name = "tpe"
     initial = 10  # random configs before the model decides
@@ -206,24 +219,45 @@ class ParzenSearch(_ModelSearch):
     same, near, decay, floor = 3.0, 0.05, 0.5, 0.05  # per-axis kernel: same value, nearby, anywhere
     prior = 1.0  # weight of a uniform component in both densities: unexplored configs keep a chance
 
+    max_candidates = 65536  # configs scored, beyond which a seeded sample of them (drawn again once all are asked)
+
     def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = (), prior: Sequence[Sequence[float | None]] = ()):
         super().__init__(space, seed, first, prior)
         np = self._np
-        self._columns = []  # per live axis: (each config's rank, kernel table)
+        self._columns = []  # per live axis: (each config's rank, the kernel table transposed: row r is the weights around value r)
         for d, n in enumerate(self._sizes):
             gap = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :])
             table = self.same * (gap == 0) + self.near * self.decay**gap + self.floor
-            self._columns.append((self._ranks[:, d], table / table.sum(axis=0)))
-        self._sum_all = np.zeros(len(space))  # kernel sum over every config told
+            self._columns.append((np.ascontiguousarray(self._ranks[:, d]), np.ascontiguousarray((table / table.sum(axis=0)).T)))
         self._score: Any = None  # the last proposal's scores: the next ones are likely near its top
+        self._draw_candidates()
+
+    def _draw_candidates(self) -> None:
+        """The configs scored: all of them, or on a space of more than `max_candidates` a seeded
+        sample of the unasked ones (so that a million configs cost what 65,536 do), with the
+        kernel sum over every config told, computed again for the new sample."""
+        np = self._np
+        free = np.flatnonzero(self._free)
+        if len(self.space) <= self.max_candidates:
+            self._cand: Any = None
+            self._cand_ranks = [rank for rank, _ in self._columns]
+        else:
+            self._cand = free[np.sort(np.array(self.rng.sample(range(len(free)), min(self.max_candidates, len(free)))))]
+            self._cand_ranks = [rank[self._cand] for rank, _ in self._columns]
+        self._sum_all = sum(
+            (self._kernel(i) for i in self.times), np.zeros(len(self._cand_ranks[0]) if self._cand_ranks else len(self.space))
+        )
         self._good_kernels: dict[int, Any] = {}  # the good set's kernels, kept while they stay good
 
     def _kernel(self, index: int) -> Any:
-        """Every config's kernel weight around config `index`."""
-        out = self._np.ones(len(self.space))
-        for rank, table in self._columns:
-            out *= table[rank, rank[index]]
+        """Each candidate's kernel weight around config `index`."""
+        out = self._np.ones(len(self.space) if self._cand is None else len(self._cand))
+        for (rank, around), ranks in zip(self._columns, self._cand_ranks):
+            out *= around[rank[index]][ranks]  # contiguous gathers: 65,536 configs in a fraction of a ms
         return out
+
+    def _candidates_free(self) -> Any:
+        return self._free if self._cand is None else self._free[self._cand]
 
     def tell(self, index: int, ms: float | None) -> None:
         super().tell(index, ms)
@@ -239,6 +273,8 @@ class ParzenSearch(_ModelSearch):
         n_good = min(self.good_max, math.ceil(self.good_share * len(self.times)), len(ranked))
         if n_good == 0:
             return self._random(1)
+        if self._cand is not None and not self._candidates_free().any():
+            self._draw_candidates()
         chosen = ranked[:n_good]
         self._good_kernels = {i: self._good_kernels[i] if i in self._good_kernels else self._kernel(i) for i in chosen}
         good = sum(self._good_kernels[i] for i in chosen)
@@ -248,24 +284,27 @@ class ParzenSearch(_ModelSearch):
             score = np.log((good + uniform) / (n_good + self.prior)) - np.log(
                 np.maximum((self._sum_all - good + uniform) / (n_rest + self.prior), 1e-300)
             )
-        score[~self._free] = -np.inf
+        score[~self._candidates_free()] = -np.inf
         self._score = score
-        return [int(np.argmax(score))]
+        best = int(np.argmax(score))
+        return [best if self._cand is None else int(self._cand[best])]
 
     def upcoming(self, k: int) -> list[int]:
         np = self._np
         if len(self.times) < self.initial or self._score is None:
             return self._next_random(k)
-        score = np.where(self._free, self._score, -np.inf)
-        k = min(k, int(self._free.sum()))
+        free = self._candidates_free()
+        score = np.where(free, self._score, -np.inf)
+        k = min(k, int(free.sum()))
         if k <= 0:
             return []
         top = np.argpartition(-score, k - 1)[:k]
-        return [int(i) for i in top[np.argsort(-score[top], kind="stable")] if np.isfinite(score[i])]
+        picks = [int(i) for i in top[np.argsort(-score[top], kind="stable")] if np.isfinite(score[i])]
+        return picks if self._cand is None else [int(self._cand[i]) for i in picks]
 
 
 class GaussianProcessSearch(_ModelSearch):
-    """The default (`auto`): Bayesian optimisation with a Gaussian process over the enumerated
+    """`gp`, the model of the default (`auto`): Bayesian optimisation with a Gaussian process over the enumerated
     space. After a small random sample, a GP models each config's speed relative to the fastest
     so far (failed configs count as speed 0); the next config measured is, turn about, the one
     with the highest optimistic bound and the one with the largest expected improvement over
@@ -285,7 +324,7 @@ class GaussianProcessSearch(_ModelSearch):
     one, each in O(measurements x candidates); at most `max_candidates` unmeasured configs are
     scored (a seeded sample, drawn again at every refit)."""
 
-    name = "auto"
+    name = "gp"
     uses_prior = True
     initial = 10  # random configs before the model decides
     max_train = 300  # measurements a refit keeps: the fastest half and the latest
@@ -304,8 +343,11 @@ class GaussianProcessSearch(_ModelSearch):
         # its own threads, and alternating big calls between the two made searches ~30% slower
         # (2 cores; their threads spin after each call and take the cores from the other's).
         self._lower_solve = functools.partial(solve_triangular, lower=True, check_finite=False)
-        self._prior = self._prior_columns(prior)  # (configs, related results) standardised, or None
-        self._prior_on = self._prior is not None  # whether the prior predicts the measurements (decided at each refit)
+        self._related, self._related_known = self._prior_columns(prior)  # (configs, related results) standardised, or None
+        self._prior: Any = None  # the related results that agree with the measurements (chosen at each refit), or None
+        self.agreement: dict[int, float] = {}  # per related result (its position in `prior`), its rank correlation with the measurements
+        self._chosen: list[int] = []  # the columns of the related results in the prior, the most alike first
+        self._prior_on = False  # whether the chosen prior predicts the measurements (decided at each refit)
         self._terms = []  # (live axis, distance between any two of its values), one weight each
         for d, (n, values) in enumerate(zip(self._sizes, (space.ordered[a] for a in self._live))):
             ranks = np.arange(n)
@@ -356,12 +398,14 @@ class GaussianProcessSearch(_ModelSearch):
         spread = y.std()
         return (y - y.mean()) / (spread if spread > 0 else 1.0)
 
-    def _prior_columns(self, prior: Sequence[Sequence[float | None]]) -> Any:
-        """The related results as model inputs: each standardised over the configs measured
-        there, 0 (its mean) where a config was not; None without any that tells configs apart."""
+    def _prior_columns(self, prior: Sequence[Sequence[float | None]]) -> tuple[Any, Any]:
+        """The related results as model inputs (the first MAX_RELATED): each standardised over
+        the configs measured there, 0 (its mean) where a config was not, with a mask of where
+        it was; (None, None) without any that tells configs apart."""
         np = self._np
-        columns = []
-        for speeds in prior[:MAX_PRIORS]:
+        columns, masks = [], []
+        self._related_given: list[int] = []  # each column's position in `prior`
+        for position, speeds in enumerate(prior[:MAX_RELATED]):
             if len(speeds) != len(self.space):
                 raise ValueError(f"a prior has {len(speeds)} speeds for a space of {len(self.space)} configs")
             known = np.array([s is not None for s in speeds])
@@ -369,7 +413,51 @@ class GaussianProcessSearch(_ModelSearch):
             if known.sum() < 2 or x[known].std() == 0:
                 continue
             columns.append(np.where(known, (x - x[known].mean()) / x[known].std(), 0.0))
-        return np.column_stack(columns) if columns else None
+            masks.append(known)
+            self._related_given.append(position)
+        if not columns:
+            return None, None
+        return np.column_stack(columns), np.column_stack(masks)
+
+    def _choose_priors(self, told: Sequence[int], y: Any) -> Any:
+        """The related results that agree with what has been measured here, by rank
+        correlation (Spearman) over the configs measured in both, at least MIN_SHARED of them:
+        those of at least MIN_AGREEMENT and above chance (CHANCE_Z), the most alike first, at
+        most MAX_PRIORS; None when none agrees. By similarity, not by name: a GPU's closest relative informs its search
+        whatever it is called, and one that ranks configs differently is left out."""
+        np = self._np
+        from scipy.stats import rankdata
+
+        self.agreement, self._chosen = {}, []
+        if self._related is None:
+            return None
+        idx = np.array(told)
+        rho, agree = {}, []
+        for c in range(self._related.shape[1]):
+            shared = self._related_known[idx, c]
+            if shared.sum() < MIN_SHARED:
+                continue
+            a, b = rankdata(self._related[idx[shared], c]), rankdata(y[shared])
+            if a.std() > 0 and b.std() > 0:
+                rho[c] = float(np.corrcoef(a, b)[0, 1])
+                if rho[c] >= max(MIN_AGREEMENT, CHANCE_Z / math.sqrt(shared.sum() - 1)):
+                    agree.append(c)
+        self.agreement = {self._related_given[c]: r for c, r in rho.items()}
+        self._chosen = sorted(agree, key=lambda c: (-rho[c], c))[:MAX_PRIORS]
+        return self._related[:, self._chosen] if self._chosen else None
+
+    @property
+    def priors_agreeing(self) -> list[int]:
+        """Which related results (their positions in `prior`, as given) agreed with the
+        measurements at the last refit, the most alike first (`agreement` has every one's rank
+        correlation)."""
+        return [self._related_given[c] for c in self._chosen]
+
+    @property
+    def priors_used(self) -> list[int]:
+        """The agreeing results, if the model's prior mean draws on them now: none when they
+        predict the measurements worse than no prior (leave-one-out, at the last refit)."""
+        return self.priors_agreeing if self._prior_on and self._prior is not None else []
 
     def _prior_mean(self, told: Sequence[int], y: Any) -> Callable[[Any], Any]:
         """The model's prior mean for any configs: the mix of related results that best predicts
@@ -438,13 +526,17 @@ class GaussianProcessSearch(_ModelSearch):
         np = self._np
         self._train = self._choose_train()
         y = self._targets(self._train)
+        told, before = list(self.times), self._prior
+        self._prior = self._choose_priors(told, self._targets(told))
+        if self._prior is None or before is None:  # none agrees; or some newly does: tried, then judged below
+            self._prior_on = self._prior is not None
         offset = self._prior_mean(self._train, y)(np.array(self._train))
         self._fit(self._train, y - offset if self._prior_on else y)  # the kernel for the model in use
         self._fitted_at = len(self.times)
         self._tabs = self._tables(self._log_weights)
         free = np.flatnonzero(self._free)
         if len(free) > self.max_candidates:
-            free = np.sort(np.array(self.rng.sample(list(free), self.max_candidates)))
+            free = free[np.sort(np.array(self.rng.sample(range(len(free)), self.max_candidates)))]  # positions: no list of them
         self._candidates = free
         idx = np.array(self._train)
         n, room = len(idx), 2 * self.max_train + 1  # rows kept for the configs added before the next refit
@@ -548,6 +640,75 @@ class GaussianProcessSearch(_ModelSearch):
         return [int(self._candidates[i]) for i in top[np.argsort(-score[top], kind="stable")]]
 
 
+class Portfolio(Strategy):
+    """The default (`auto`): the Gaussian process (`gp`) and the Parzen estimator (`tpe`) as one
+    search, both told every measurement. Neither model is best on every space: the GP finds a
+    narrow optimum away from a broad second-best region (benchmark_hub's A100 convolution), but
+    where its length scales mislead it, it keeps refining a basin that the estimator's density of
+    good configs leaves (the MI250X convolution's worst seeds). So the GP proposes while it
+    improves on the fastest config; once `stall` configs in a row have not, the estimator takes
+    every other turn until one does. Chosen on the development seeds (search_quality.py
+    `--half dev`): taking turns from the start (every 2nd, 3rd or 4th proposal the
+    estimator's) cost the A100's narrow optimum at 2% (median 0.67-0.78 against the GP's 1.00);
+    a stall of 10 cost it too (0.83), a stall of 20 did not, and was at least as good as the
+    better model on each convolution file."""
+
+    name = "auto"
+    uses_prior = True
+    initial = 10  # random configs before the models decide (each would make its own)
+    stall = 20  # configs told without a new fastest before the estimator takes turns
+
+    def __init__(self, space: SearchSpace, seed: int = 0, first: Sequence[int] = (), prior: Sequence[Sequence[float | None]] = ()):
+        super().__init__(space, seed, first, prior)
+        self.gp = GaussianProcessSearch(space, seed, (), prior)
+        self.tpe = ParzenSearch(space, seed, (), ())
+        self._best: tuple[float, int] = (math.inf, -1)  # the fastest time told so far, and when (configs told before it)
+
+    def ask(self) -> list[int]:
+        batch = super().ask()
+        for model in (self.gp, self.tpe):
+            model._asked.update(batch)
+            model._free[batch] = False
+        return batch
+
+    def tell(self, index: int, ms: float | None) -> None:
+        super().tell(index, ms)
+        if self.times[index] < self._best[0]:
+            self._best = (self.times[index], len(self.times) - 1)
+        self.gp.tell(index, ms)
+        self.tpe.tell(index, ms)
+
+    def _unasked(self) -> Sequence[int]:
+        return self.gp._unasked()  # its mask is the portfolio's: every config asked is marked in both models
+
+    def _next_model(self, ahead: int = 0) -> Strategy:
+        """The GP while it improves; past `stall` configs without a new fastest, turn about
+        (`ahead`: for the proposal after that many more, were none of them a new fastest)."""
+        since = len(self.times) + ahead - 1 - self._best[1]
+        return self.tpe if since >= self.stall and (since - self.stall) % 2 == 0 else self.gp
+
+    def propose(self) -> Iterable[int]:
+        if len(self.times) < self.initial:
+            return self._random(self.initial - len(self.times))
+        return self._next_model().propose()
+
+    @property
+    def priors_used(self) -> list[int]:
+        return self.gp.priors_used
+
+    @property
+    def agreement(self) -> dict[int, float]:
+        return self.gp.agreement
+
+    def upcoming(self, k: int) -> list[int]:
+        """The next model's guesses first, then the other's."""
+        if len(self.times) < self.initial:
+            return self._next_random(k)
+        first, second = self._next_model(1), self._next_model(2)  # after the config being measured is told
+        guesses = first.upcoming(k) + (second.upcoming(k) if second is not first else [])
+        return [i for i in dict.fromkeys(guesses) if i not in self._asked][:k]
+
+
 def _no_prior(idx: Any) -> Any:
     """The prior mean without a prior: 0 for every config (the targets are standardised)."""
     import numpy as np
@@ -612,7 +773,7 @@ def log_improvement_per_sd(z: Any) -> Any:
     return np.where(z >= 0, above, np.where(z > -40, below, tail))
 
 
-_CLASSES = {c.name: c for c in (Exhaustive, RandomSample, LocalSearch, ParzenSearch, GaussianProcessSearch)}
+_CLASSES = {c.name: c for c in (Exhaustive, RandomSample, LocalSearch, ParzenSearch, GaussianProcessSearch, Portfolio)}
 
 
 def _strategy_class(name: str) -> type[Strategy]:

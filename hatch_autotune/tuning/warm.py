@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from ..lock import EntryId, LockEntry, LockFile, LockFormatError
 from ..plan.planner import Point
-from .search import MAX_PRIORS, WarmStart, uses_prior
+from .search import MAX_RELATED, WarmStart, uses_prior
 
 MAX_WARM = 8  # warm-start configs measured first, at most
 
@@ -38,7 +38,8 @@ def related_entries(lock: LockFile, point: Point) -> list[LockEntry]:
 def warm_start(lock: LockFile, point: Point, configs: Sequence[Mapping[str, Any]], strategy: str = "auto") -> WarmStart:
     """What the lock tells this point's search: the winners of the related entries to measure
     first (`related_entries`' order, at most MAX_WARM; a lock tuned on one GPU warm-starts the
-    next), and to a strategy that uses one (`auto`), their times as its prior (`speeds`)."""
+    next), and to a strategy that uses one (`auto`), their times as candidates for its prior
+    (`speeds`): the strategy chooses among them by how well they agree with what it measures."""
     related = related_entries(lock, point)
     index = {config_key(c): i for i, c in enumerate(configs)}
     picks = (index.get(config_key(entry.config)) for entry in related)
@@ -49,7 +50,7 @@ def warm_start(lock: LockFile, point: Point, configs: Sequence[Mapping[str, Any]
 
 def speeds(related: Sequence[LockEntry], index: Mapping[str, int], n_configs: int) -> list[list[float | None]]:
     """The measurements of the first related entries that measured more than one config (at
-    most search.MAX_PRIORS), as each config's speed there relative to its fastest (0: failed,
+    most search.MAX_RELATED), as each config's speed there relative to its fastest (0: failed,
     rejected or pruned there; None: not measured there). How much they help is measured by
     benchmarks/search_quality.py (`warm`)."""
     out = []
@@ -68,7 +69,7 @@ def speeds(related: Sequence[LockEntry], index: Mapping[str, int], n_configs: in
         for i, t in times.items():
             config_speeds[i] = fastest / t
         out.append(config_speeds)
-        if len(out) == MAX_PRIORS:
+        if len(out) == MAX_RELATED:
             break
     return out
 
