@@ -20,8 +20,9 @@ Per (size, strategy): the mean, median, p95 and max over the suggestions of one 
 the slowest single call, and the strategy's construction (`init`, once per search, not per
 suggestion). The strategies refit their models periodically (`auto` every 10 configs, then every
 20% more; `tpe` pays per tell), so most suggestions are cheap and a few are expensive: the MEAN
-(the search's total own time / suggestions) is the headline number and the one the goal is
-judged on; median and p95 show how it is spread. Each SearchSpace is built once per size; its
+(the search's total own time / suggestions), with the `upcoming` guesses the tuner asks for
+after every batch, is the headline number and the one the goal is judged on; median and p95
+show how it is spread. Each SearchSpace is built once per size; its
 construction time is reported apart (one-off, not per suggestion).
 
 Repetitions are interleaved: repetition r runs every strategy on every size, in an order rotated
@@ -265,7 +266,7 @@ def summarise(runs: Mapping[str, Mapping[str, Sequence[dict[str, Any]]]]) -> dic
             row["deterministic"] = len({r["suggested_sha"] for r in per}) == 1
             row["best_ms"] = per[0]["best_ms"]
             row["failed"] = per[0]["failed"]
-            row["goal_met"] = row["mean_ms"] <= GOAL_MS
+            row["goal_met"] = row["mean_with_upcoming_ms"] <= GOAL_MS  # the tuner asks for the guesses after every batch: they count
             results.setdefault(size, {})[name] = row
     return results
 
@@ -345,7 +346,7 @@ def _load() -> float | None:
 
 def table(results: Mapping[str, Mapping[str, Mapping[str, Any]]], spaces: Mapping[str, Any]) -> str:
     lines = [
-        "| size | configs | strategy | suggestions | mean ms | median ms | p95 ms | max ms | + upcoming mean ms | init ms | goal (mean <= 15 ms) |",
+        "| size | configs | strategy | suggestions | mean ms | median ms | p95 ms | max ms | + upcoming mean ms | init ms | goal (mean + upcoming <= 15 ms) |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for size, per in results.items():
@@ -375,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     facts = {
         "what": __doc__.strip().splitlines()[0],
-        "goal": f"mean own time (ask + tell) per suggestion <= {GOAL_MS:g} ms on spaces up to 1M configs",
+        "goal": f"mean own time (ask + tell + the upcoming guesses the tuner asks for) per suggestion <= {GOAL_MS:g} ms on spaces up to 1M configs",
         "goal_ms": GOAL_MS,
         "quick": args.quick,
         "threads": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
@@ -395,7 +396,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     md = table(out["results"], out["spaces"])
     print(md)
     met = all(r["goal_met"] for per in out["results"].values() for r in per.values())
-    print(f"\ngoal (mean own time per suggestion <= {GOAL_MS:g} ms at every size): {'met' if met else 'MISSED'}; {wall:.0f} s")
+    print(
+        f"\ngoal (mean own time per suggestion, upcoming guesses included, <= {GOAL_MS:g} ms at every size): {'met' if met else 'MISSED'}; {wall:.0f} s"
+    )
     if not all(r["deterministic"] for per in out["results"].values() for r in per.values()):
         print("warning: a strategy suggested other configs in another repetition (same seed)", file=sys.stderr)
     payload = {**facts, "complete": True, "goal_met": met, "wall_s": round(wall, 1), "table": md, **out}
