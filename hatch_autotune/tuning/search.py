@@ -199,7 +199,7 @@ class _ModelSearch(Strategy):
         return batch
 
     def _unasked(self) -> Sequence[int]:
-        return self._np.flatnonzero(self._free)  # type: ignore[no-any-return]
+        return self._np.flatnonzero(self._free)  # type: ignore[return-value]
 
 
 class ParzenSearch(_ModelSearch):
