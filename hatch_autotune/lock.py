@@ -161,6 +161,11 @@ TIMED = ("ok", "eliminated")  # measurement statuses that carry a median time
 RECORDED_DIGITS = 6  # times are kept to 1 ns (in ms)
 
 
+def recorded(ms: float | None) -> float | None:
+    """A time as the lock keeps it: to 1 ns."""
+    return None if ms is None else round(ms, RECORDED_DIGITS)
+
+
 def _number(value: Any) -> float | None:
     """The number as written (an int stays an int, so a re-written file keeps its bytes)."""
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -188,8 +193,7 @@ class Measurement:
 
     def as_recorded(self) -> "Measurement":
         """The record as the lock file keeps it: its times rounded to 1 ns."""
-        rounded = lambda t: None if t is None else round(t, RECORDED_DIGITS)  # noqa: E731
-        return dataclasses.replace(self, median_ms=rounded(self.median_ms), spread_ms=rounded(self.spread_ms))
+        return dataclasses.replace(self, median_ms=recorded(self.median_ms), spread_ms=recorded(self.spread_ms))
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> "Measurement":
@@ -241,10 +245,9 @@ class Contender:
         )
 
     def to_json(self) -> dict[str, Any]:
-        rounded = lambda t: None if t is None else round(t, RECORDED_DIGITS)  # noqa: E731
-        out = {"index": self.index, "search_ms": rounded(self.search_ms), "median_ms": rounded(self.median_ms)}
+        out = {"index": self.index, "search_ms": recorded(self.search_ms), "median_ms": recorded(self.median_ms)}
         if self.spread_ms is not None:
-            out["spread_ms"] = rounded(self.spread_ms)
+            out["spread_ms"] = recorded(self.spread_ms)
         if self.samples is not None:
             out["samples"] = self.samples
         return out
@@ -278,7 +281,7 @@ class Runoff:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rounds": self.rounds, "contenders": [c.to_json() for c in self.contenders]}
-        out["margin"] = None if self.margin is None else round(self.margin, RECORDED_DIGITS)
+        out["margin"] = recorded(self.margin)
         if self.rounds_won is not None:
             out["rounds_won"] = self.rounds_won
         return out

@@ -28,7 +28,7 @@ from .binaries import CompareBinaries, VariantBinaries
 from .choice import RunoffResult, choose_winner, contenders, measured, run_runoff
 from .errors import TuningError
 from .inputs import InputRecipe
-from .protocol import DeviceInfo, Failure, Limits, Measure, Reference, Setup
+from .protocol import DeviceInfo, Failure, Limits, Measure, Measured, Reference, Setup
 from .search import SearchSpace, WarmStart, make_strategy, run_search
 from .session import WorkerSession
 from .verify import tolerance
@@ -398,40 +398,38 @@ class BucketTuning:
         variant, binary = self.job.variants[i].id, self._file(i)
         leader = self.best.median_ms if self.best is not None else None
         asked = time.monotonic()
-        try:
-            reply = self.session.measure(Measure(variant, binary, leader))
-        except WorkerDied as exc:
-            self.costs["measure"] += time.monotonic() - asked
-            self.seconds += time.monotonic() - started
-            return self._record(measured(i, config, "failed", reason=str(exc)))
-        self.costs["measure"] += time.monotonic() - asked
+        reply = self._in_worker(Measure(variant, binary, leader))
         # a replayed device reports its simulated time; a GPU's is the wall clock
         seconds = reply.seconds if not isinstance(reply, Failure) else None
         self.seconds += (asked - started) + (seconds if seconds is not None else time.monotonic() - asked)
         if isinstance(reply, Failure):
             return self._record(measured(i, config, "failed", reason=reply.error or "unknown error"))
-        for phase, s in reply.phases.items():
-            self.phases[phase] = self.phases.get(phase, 0.0) + s
         m = measured(i, config, reply.status, reply.samples, reply.reason)
         if self.reference == i:
             m = replace(m, reason=REFERENCE_NOTE)
         return self._record(m)
 
+    def _in_worker(self, request: Measure) -> Measured | Failure:
+        """The worker's reply to a timed measurement (a worker that died: a Failure saying
+        how), its time counted as measuring and its phases added up."""
+        asked = time.monotonic()
+        try:
+            reply = self.session.measure(request)
+        except WorkerDied as exc:
+            reply = Failure(str(exc))
+        finally:
+            self.costs["measure"] += time.monotonic() - asked
+        if not isinstance(reply, Failure):
+            for phase, s in reply.phases.items():
+                self.phases[phase] = self.phases.get(phase, 0.0) + s
+        return reply
+
     def _retime(self, i: int) -> Sequence[float] | str:
         """Config i timed again for a runoff round, in full (no leader to stop it early): its
         timings, or why it failed (crashed, hung, or gave a wrong result this time)."""
-        variant, binary = self.job.variants[i].id, self._file(i)
-        asked = time.monotonic()
-        try:
-            reply = self.session.measure(Measure(variant, binary, None))
-        except WorkerDied as exc:
-            return str(exc)
-        finally:
-            self.costs["measure"] += time.monotonic() - asked
+        reply = self._in_worker(Measure(self.job.variants[i].id, self._file(i), None))
         if isinstance(reply, Failure):
             return reply.error or "unknown error"
-        for phase, s in reply.phases.items():
-            self.phases[phase] = self.phases.get(phase, 0.0) + s
         if reply.status != "ok" or not reply.samples:
             return reply.reason or f"status {reply.status}"
         return reply.samples

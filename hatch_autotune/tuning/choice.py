@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from ..lock import RECORDED_DIGITS, Contender, Measurement, Runoff
+from ..lock import Contender, Measurement, Runoff, recorded
 from .bench import median, spread
 
 TIE_FLOOR = 0.005  # timings closer than 0.5% are a tie whatever the measured spread
@@ -40,6 +40,11 @@ def _runs(measurements: Sequence[Measurement]) -> list[Measurement]:
     return [m for m in measurements if m.status == "ok" and m.samples and m.median_ms is not None]
 
 
+def _leader(ok: Sequence[Measurement]) -> Measurement:
+    """The fastest median among timed measurements; ties: the lowest config index."""
+    return min(ok, key=lambda m: (m.median_ms, m.index if m.index is not None else math.inf))
+
+
 def choose_winner(measurements: Sequence[Measurement], default_index: int, by_spread: bool = True) -> Measurement | None:
     """The fastest by median; among near-ties, the canonical one: the default if it is tied,
     else the lowest config index. None if none ran. A near-tie is within 0.5% of the fastest
@@ -49,7 +54,7 @@ def choose_winner(measurements: Sequence[Measurement], default_index: int, by_sp
     ok = _runs(measurements)
     if not ok:
         return None
-    best = min(ok, key=lambda m: (m.median_ms, m.index if m.index is not None else math.inf))
+    best = _leader(ok)
     band = max(TIE_FLOOR * best.median_ms, (best.spread_ms or 0.0) if by_spread else 0.0)  # type: ignore[operator]
     tied = [m for m in ok if m.median_ms - best.median_ms <= band]  # type: ignore[operator]
     for m in tied:
@@ -73,7 +78,7 @@ def contenders(measurements: Sequence[Measurement], limit: int = MAX_CONTENDERS)
     ok = _runs(measurements)
     if not ok:
         return []
-    leader = min(ok, key=lambda m: (m.median_ms, m.index if m.index is not None else math.inf))
+    leader = _leader(ok)
     top = interval(leader)[1]
     close = sorted((m for m in ok if m is not leader and interval(m)[0] <= top), key=lambda m: (interval(m)[0], m.index or 0))
     return [leader, *close[: max(0, limit - 1)]]
@@ -136,7 +141,7 @@ def run_runoff(field: Sequence[Measurement], retime: Retime, rounds: int, defaul
             Contender(m.index, m.as_recorded().median_ms, after[m.index].median_ms, after[m.index].spread_ms, after[m.index].samples)
             for m in sorted(field, key=lambda m: (after[m.index].median_ms is None, after[m.index].median_ms or 0.0, m.index))
         ),
-        margin=None if margin is None else round(margin, RECORDED_DIGITS),
+        margin=recorded(margin),
         rounds_won=won if winner is not None else None,
     )
     return RunoffResult(winner, tuple(pooled), record)
