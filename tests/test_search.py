@@ -351,6 +351,24 @@ def test_auto_chooses_its_priors_by_how_well_they_agree_with_its_measurements_no
     assert alone.priors_used == []
 
 
+def test_auto_lets_the_gp_propose_while_it_improves_and_takes_turns_with_tpe_once_it_stalls():
+    space, _ = _two_regions()
+    auto = make_strategy("auto", space, 0)
+    batch = auto.ask()  # the initial random configs
+    for n, i in enumerate(batch):
+        auto.tell(i, 10.0 - n)  # each a new fastest
+    assert auto._next_model() is auto.gp
+    told = len(auto.times)
+    for k, i in enumerate(auto._unasked()[: auto.stall + 3]):  # no new fastest from here on
+        auto.tell(i, 100.0)
+        since = k + 1
+        expected = auto.tpe if since >= auto.stall and (since - auto.stall) % 2 == 0 else auto.gp
+        assert auto._next_model() is expected, (since, told)
+    assert since == auto.stall + 3 and [auto._next_model(a) for a in range(3)] == [auto.gp, auto.tpe, auto.gp]  # 23, 24, 25
+    auto.tell(auto._unasked()[0], 1.0)  # a new fastest: the GP again
+    assert auto._next_model() is auto.gp and auto._next_model(auto.stall) is auto.gp and auto._next_model(auto.stall + 1) is auto.tpe
+
+
 def test_the_leave_one_out_error_is_that_of_refitting_without_each_point():
     import numpy as np
 
