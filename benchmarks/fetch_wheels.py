@@ -134,7 +134,7 @@ print(f"  kernel_tuner Searchspace with a callable restriction (python-constrain
 from kernel_tuner.backends import cupy as kt_cupy
 print(f"  kernel_tuner.backends.cupy imported (CuPy here: {kt_cupy.cp is not None})")
 sys.path.insert(0, root)
-import hatch_autotune.hatch.hooks, hatch_autotune.compile.cache
+import hatch_autotune.hatch.hooks, hatch_autotune.compile.cache, hatch_autotune.compile.tiers
 print(f"  hatch_autotune.hatch.hooks (hatchling hook) ok; default cache dir {hatch_autotune.compile.tiers.default_cache_dir()}")
 print("verified: python " + sys.version.split()[0])
 """

@@ -67,13 +67,16 @@ LOCK = EXAMPLE / "autotune.lock.json"
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 
 OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
-BENCHMARKS = ("launch_overhead", "first_call", "roofline", "tune_vs_kernel_tuner")
+BENCHMARKS = ("search_live", "launch_overhead", "first_call", "roofline", "tune_vs_kernel_tuner")
 # (full, --quick) timeouts in seconds; each is also capped by what is left of --budget-s
 TIMEOUTS = {
     "wheels": (120, 120),
     "env": (90, 90),
     "tests": (300, 170),
     "tune": (300, 220),
+    "wheel": (480, 400),  # pip wheel of example_pkg tuning on this GPU, then installed and called
+    "search_live": (480, 330),
+    "showcase": (300, 240),  # every config of the showcase kernels (about 450) compiled and checked
     "launch_overhead": (150, 75),
     "first_call": (120, 60),
     "roofline": (180, 90),
@@ -505,12 +508,19 @@ class Check:
         self.finish(st, FAILED, self.failed_run(r))
 
     def stage_tests(self, st: Stage) -> None:
-        junit = self.out / "junit.xml"
-        junit.unlink(missing_ok=True)
         standin = [] if self.opts.no_standin else sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_standin*.py"))
         files = ["tests/test_gpu.py", "tests/test_gpu_tuning.py", "tests/test_gpu_torch.py", *standin]
         # Every test in the GPU files carries the `gpu` mark; no -m filter, so that the
         # stand-in tests (which need no GPU) run too.
+        self._pytest(st, files, self.out / "junit.xml", ["-k", f"not {DUPLICATE_TEST}"] if self.opts.quick else [])
+
+    def stage_showcase(self, st: Stage) -> None:
+        """Every config of the showcase kernels compiled and checked against NumPy: a stage of its
+        own, as it compiles about 450 variants (its junit stays in the work dir: OUTDIR is full)."""
+        self._pytest(st, ["tests/test_gpu_showcase.py"], self.work / "junit-showcase.xml", [])
+
+    def _pytest(self, st: Stage, files: list[str], junit: Path, extra: list[str]) -> None:
+        junit.unlink(missing_ok=True)
         cmd = [
             sys.executable,
             "-m",
@@ -524,16 +534,15 @@ class Check:
             "--durations=5",
             f"--junitxml={junit}",
             *files,
+            *extra,
         ]  # one process: one GPU
-        if self.opts.quick:
-            cmd += ["-k", f"not {DUPLICATE_TEST}"]
         r = self.run(st, cmd)
         counts = junit_counts(junit)
         if counts is None:
             return self.finish(st, FAILED, self.failed_run(r, "no junit.xml"))
         passed, failed, errors, skipped, first_fail, first_skip = counts
         line = f"{passed} passed, {failed} failed, {errors} errors, {skipped} skipped"
-        if self.opts.quick:
+        if extra:
             line += f" ({DUPLICATE_TEST} left out: the tune stage does it)"
         if r.timed_out:
             return self.finish(st, FAILED, f"timed out after {r.seconds:.0f} s; {line}")
@@ -542,6 +551,27 @@ class Check:
         if passed == 0:
             return self.finish(st, FAILED, line + (f"; nothing ran: {first_skip}" if first_skip else "; nothing ran"))
         self.finish(st, OK, line)
+
+    def stage_wheel(self, st: Stage) -> None:
+        """The product's own path (benchmarks/wheel_check.py): `pip wheel` of example_pkg with build
+        isolation and no lock, the hook tuning on this GPU; the wheel installed into a fresh venv
+        with its run-time dependencies only, every kernel called against NumPy."""
+        result = self.work / "wheel.json"
+        result.unlink(missing_ok=True)
+        cmd = [sys.executable, "benchmarks/wheel_check.py", "--wheels", str(self.opts.wheels), "--out", str(result)]
+        r = self.run(st, cmd)
+        payload = None
+        if result.exists():
+            try:
+                payload = json.loads(result.read_text())
+            except ValueError:
+                payload = None
+        if payload is not None:
+            self.results["wheel"] = payload
+            self.write_results()
+        if r.rc == 0 and not r.timed_out and payload is not None:
+            return self.finish(st, OK, _line_wheel(payload))
+        self.finish(st, FAILED, self.failed_run(r) + (f"; {_line_wheel(payload)}" if payload is not None else ""))
 
     def stage_tune(self, st: Stage) -> None:
         before = _digest(LOCK)
@@ -640,7 +670,14 @@ class Check:
 
     def main(self) -> int:
         self.log.write(f"[gpu_check] {len(STAGES)} stages, budget {self.opts.budget_s:.0f} s, into {self.out}; work dir {self.work}\n")
-        handlers = {"wheels": self.stage_wheels, "env": self.stage_env, "tests": self.stage_tests, "tune": self.stage_tune}
+        handlers = {
+            "wheels": self.stage_wheels,
+            "env": self.stage_env,
+            "tests": self.stage_tests,
+            "showcase": self.stage_showcase,
+            "tune": self.stage_tune,
+            "wheel": self.stage_wheel,
+        }
         try:
             for st in self.stages:
                 if not self.selected(st.name):
@@ -813,7 +850,33 @@ def _line_kt(p: dict[str, Any]) -> str:
     return f"ours/Kernel Tuner, both verifying, median of {p.get('reps', '?')}: " + "; ".join(parts)
 
 
+def _line_wheel(p: dict[str, Any]) -> str:
+    """The build's wall time and what it tuned; the calls in the fresh venv; the step that failed."""
+    calls = p.get("calls") or []
+    ok_calls = sum(bool(c.get("ok")) for c in calls)
+    failed = [n for n, st in (p.get("steps") or {}).items() if not st.get("ok")]
+    return (
+        f"pip wheel (isolated, no lock) {p.get('build_wall_s') or 0:.1f} s: {p.get('tuned')} entries tuned, "
+        f"{p.get('default')} on the default config, lock {p.get('lock_entries')} entries; "
+        f"fresh venv: {ok_calls}/{len(calls)} calls right" + (f"; FAILED step(s): {', '.join(failed)}" if failed else "")
+    )
+
+
+def _line_search_live(p: dict[str, Any]) -> str:
+    """Per search at 10% (and warm): the worst bucket's winner over exhaustive's and the wall-time
+    ratio; the goals."""
+    rows = {s["name"]: s for s in p["summaries"]}
+    parts = [
+        f"{n} worst {rows[n]['worst']:.3f}x, wall {rows[n]['wall_ratio']:.2f}x"
+        for n in ("auto 10%", "tpe 10%", "random 10%", "warm auto 10%")
+        if n in rows
+    ]
+    missed = [k for k, ok in p["goals"].items() if not ok]
+    return f"exhaustive {p['exhaustive_wall_s']:.0f} s; " + "; ".join(parts) + ("; goals MISSED" if missed else "; goals met")
+
+
 BENCH_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "search_live": _line_search_live,
     "launch_overhead": _line_launch,
     "first_call": _line_first_call,
     "roofline": _line_roofline,

@@ -139,6 +139,20 @@ def test_the_fast_path_keeps_every_check_for_cupy_and_pytorch(fresh, monkeypatch
     assert len(standin.launches) == launched  # nothing was launched
 
 
+def test_an_empty_cupy_array_with_zero_strides_is_contiguous_and_launches_nothing(fresh, monkeypatch, rt):
+    """On an H200 (2026-11-26), `cupy.zeros(0)` was refused as not C-contiguous: an empty array's
+    strides say nothing (NumPy's rule), so they are not checked."""
+    standin = install(monkeypatch, rt)
+    cupy = install_cupy(monkeypatch, standin)
+    saxpy = fresh()["saxpy"]
+    launched = len(standin.launches)
+    saxpy(1.0, cupy.ndarray((0,), strides=(0,)), cupy.ndarray((0,), strides=(0,)))  # the checked path
+    saxpy(1.0, cupy.ndarray((0,), strides=(0,)), cupy.ndarray((0,), strides=(0,)))  # the fast path
+    assert len(standin.launches) == launched
+    with pytest.raises(ValueError, match=r"^saxpy\(\): argument 'y' must be C-contiguous"):
+        saxpy(1.0, cupy.ndarray((2,)), cupy.ndarray((2,), strides=(0,)))  # a broadcast view is not
+
+
 def test_a_plan_in_use_launches_from_a_buffer_of_its_own(fresh, monkeypatch, rt):
     """cuLaunchKernel reads the parameter buffer while it runs: a call that finds the plan's
     buffer taken (another thread is launching from it) packs into a fresh one, and the taken

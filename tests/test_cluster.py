@@ -44,11 +44,11 @@ def project(path: Path, archs: str = '["sm_80", "sm_90"]') -> Path:
 
 
 def comparable(lock: LockFile) -> dict:
-    """The lock's entries without the tuning date (two runs differ in nothing else here)."""
+    """The lock's entries without the tuning date and run (two runs differ in nothing else here)."""
     out = {}
     for eid, entry in lock.entries.items():
         raw = entry.to_json()
-        raw["provenance"] = {k: v for k, v in raw["provenance"].items() if k not in ("date", "phases")}  # when, and how long it took
+        raw["provenance"] = {k: v for k, v in raw["provenance"].items() if k not in ("date", "run", "phases")}  # when, which run, how long
         out[eid] = raw
     return out
 

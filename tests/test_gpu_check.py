@@ -51,19 +51,22 @@ def test_gpu_check_without_a_gpu_fails_every_gpu_stage_and_goes_on(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final"] is True
     stages = {s["name"]: s for s in summary["stages"]}
-    assert list(stages) == ["wheels", "env", "tests", "tune", "launch_overhead", "first_call", "roofline", "tune_vs_kernel_tuner"]
+    gpu_stages = ["tests", "tune", "wheel", "search_live", "showcase", "launch_overhead", "first_call", "roofline", "tune_vs_kernel_tuner"]
+    assert list(stages) == ["wheels", "env", *gpu_stages]
     assert stages["wheels"]["status"] == "skipped" and "does not exist" in stages["wheels"]["result"]
     assert stages["env"]["status"] == "FAILED" and "no CUDA GPU" in stages["env"]["result"]
     # every later stage still ran, and failed with its own reason (not skipped for want of time)
-    for name in ("tests", "tune", "launch_overhead", "first_call", "roofline", "tune_vs_kernel_tuner"):
+    for name in gpu_stages:
         st = stages[name]
         assert st["status"] == "FAILED", st
         assert st["result"] and st["command"], st
-    assert "nothing ran" in stages["tests"]["result"] and "needs a CUDA GPU" in stages["tests"]["result"]
+    for name in ("tests", "showcase"):
+        assert "nothing ran" in stages[name]["result"] and "needs a CUDA GPU" in stages[name]["result"], stages[name]
     assert "GPU" in stages["tune"]["result"]  # hatch-autotune's own message
-    for name in ("launch_overhead", "first_call", "roofline", "tune_vs_kernel_tuner"):
+    assert "no CUDA GPU answers" in stages["wheel"]["result"], stages["wheel"]
+    for name in ("search_live", "launch_overhead", "first_call", "roofline", "tune_vs_kernel_tuner"):
         assert "needs a CUDA GPU" in stages[name]["result"], stages[name]
-    assert summary["failed"] == ["env", "tests", "tune", "launch_overhead", "first_call", "roofline", "tune_vs_kernel_tuner"]
+    assert summary["failed"] == ["env", *gpu_stages]
 
     # the table comes last on stdout, and is the same as summary.md
     md = (out / "summary.md").read_text()
@@ -72,7 +75,7 @@ def test_gpu_check_without_a_gpu_fails_every_gpu_stage_and_goes_on(tmp_path):
     assert len(table) == 1 + len(stages)
     assert re.search(r"\| tune_vs_kernel_tuner +\| FAILED +\| +[0-9.]+ \| ", md)
     logs = (out / "logs.txt").read_text()
-    assert "===== [8/8] tune_vs_kernel_tuner" in logs and "===== tune: FAILED" in logs
+    assert "===== [11/11] tune_vs_kernel_tuner" in logs and "===== tune: FAILED" in logs
 
 
 def test_gpu_check_rejects_an_unknown_stage(tmp_path):

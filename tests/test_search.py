@@ -16,6 +16,7 @@ import math
 import re
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,37 @@ def test_a_budget_in_configs_or_seconds_bounds_the_search(name):
 
     tried = run_search(make_strategy(name, space, 0), measure, Budget(seconds=10.0), clock=lambda: clock["s"])
     assert len(tried) == 4
+
+
+def test_the_search_counts_the_strategys_own_time_apart_from_measuring():
+    """`own_time` gets ask, tell and upcoming only: a slow measurement is not the search's cost."""
+    space = small_space()
+    strategy = make_strategy("random", space, 0)
+    slow = {"ask": 0, "tell": 0}
+
+    class Slowed:
+        def ask(self):
+            time.sleep(0.02)
+            slow["ask"] += 1
+            return strategy.ask()
+
+        def tell(self, i, ms):
+            time.sleep(0.01)
+            slow["tell"] += 1
+            strategy.tell(i, ms)
+
+        def upcoming(self, n):
+            return strategy.upcoming(n)
+
+    def measure(i: int) -> float | None:
+        time.sleep(0.05)
+        return bowl(space)(i)
+
+    own = [0.0]
+    tried = run_search(Slowed(), measure, Budget(configs=5), clock=lambda: 0.0, prefetch=lambda b: None, ahead=2, own_time=own)
+    assert len(tried) == 5 and slow["tell"] == 5
+    expected = 0.02 * slow["ask"] + 0.01 * slow["tell"]
+    assert expected <= own[0] < expected + 0.05 * 5 * 0.5, own  # none of the 0.25 s of measuring
 
 
 def test_the_model_based_and_local_strategies_find_the_optimum_of_a_bowl_with_few_measurements():

@@ -58,6 +58,12 @@ def test_tune_through_the_real_worker_fails_rejects_kills_and_still_picks_a_veri
     assert "; worker inputs " in tuned_line and " run " in tuned_line and " verify " in tuned_line and " time " in tuned_line, tuned_line
     phases = lock["entries"][eid]["provenance"]["phases"]
     assert phases["reference"] < 2, phases  # the hangs and crashes the cross-check ran into are measuring time, not a fixed cost
+    assert 0 <= phases["search"] <= phases["overhead"], phases  # the strategy's own time, a part of the fixed cost
+    # what the run records beside the device: the run, the code that tuned, the settings, the search
+    prov = lock["entries"][eid]["provenance"]
+    assert prov["settings"]["timeout_s"] == 4 and prov["settings"]["runoff_rounds"] == 5, prov
+    assert prov["code"].startswith("0.1.0 (git ") and " pid " in prov["run"] and prov["search"] == "strategy exhaustive", prov
+    assert prov["driver_release"] == "unknown", prov  # the stand-in's host has no NVIDIA kernel module
     print("\n".join(logs))
     print(json.dumps([m.to_json() for m in entry.measurements], indent=None))
 

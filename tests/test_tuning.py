@@ -468,8 +468,11 @@ def test_the_worker_protocol_messages_keep_their_wire_format():
         "driver": "13.0",
         "limits": {"max_threads_per_block": 1024, "max_registers_per_block": 65536, "max_shared_memory_per_block": 49152},
     }
+    reply = HelloReply.from_json({"ok": True, "device": device})  # a worker of before the driver release: 'unknown'
+    assert reply.device.arch == "sm_90" and isinstance(reply.device, DeviceInfo) and reply.device.driver_release == "unknown"
+    device["driver_release"] = "580.159.04"
     reply = HelloReply.from_json({"ok": True, "device": device})
-    assert reply.device.arch == "sm_90" and reply.to_json() == {"ok": True, "device": device} and isinstance(reply.device, DeviceInfo)
+    assert reply.to_json() == {"ok": True, "device": device} and reply.device.driver_release == "580.159.04"
     timed = {"ok": True, "status": "ok", "samples": [1.0, 1.5], "phases": {"run": 0.1}}
     rejected = {"ok": True, "status": "rejected", "reason": "wrong result: y", "phases": {"run": 0.1, "verify": 0.2}}
     replayed = {"ok": True, "status": "eliminated", "samples": [2.0], "seconds": 0.25}
@@ -478,3 +481,19 @@ def test_the_worker_protocol_messages_keep_their_wire_format():
     assert Failure("boom", fatal=True).to_json() == {"ok": False, "fatal": True, "error": "boom"} and Failure.from_json(
         {"ok": False, "error": "x"}
     ) == Failure("x")
+
+
+def test_the_driver_release_is_read_from_the_kernel_modules_version(tmp_path):
+    """The provenance's driver release: the CUDA driver API says only its CUDA version."""
+    from hatch_autotune.tuning.worker import driver_release
+
+    proprietary = tmp_path / "p"
+    proprietary.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu Oct  9 2025\nGCC version:  gcc 13\n")
+    open_module = tmp_path / "o"
+    open_module.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build\n")
+    garbled = tmp_path / "g"
+    garbled.write_text("something else entirely\n")
+    assert driver_release(str(proprietary)) == "580.159.04"
+    assert driver_release(str(open_module)) == "570.86.15"
+    assert driver_release(str(garbled)) == "unknown"
+    assert driver_release(str(tmp_path / "missing")) == "unknown"

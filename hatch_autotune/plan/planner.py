@@ -45,8 +45,22 @@ RENDER_NOTICE_AT = 2_000
 # most PROVENANCE_MAX_CHARS (`reference`: what every variant was verified against). Anything else
 # a lock entry holds stays out of the wheel; LOCK_ONLY_PROVENANCE, the tuner's own bookkeeping (where
 # a bucket's time went), without a warning.
-PROVENANCE_FIELDS = ("gpu", "cc", "driver", "nvrtc", "nvrtc_build", "cuda_bindings", "hatch_autotune", "date", "reference")
-LOCK_ONLY_PROVENANCE = ("phases",)
+PROVENANCE_FIELDS = (
+    "gpu",
+    "cc",
+    "driver",
+    "driver_release",
+    "nvrtc",
+    "nvrtc_build",
+    "cuda_bindings",
+    "hatch_autotune",
+    "code",
+    "date",
+    "run",
+    "search",
+    "reference",
+)
+LOCK_ONLY_PROVENANCE = ("phases", "settings")
 PROVENANCE_MAX_CHARS = 200
 
 

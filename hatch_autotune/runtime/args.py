@@ -41,8 +41,9 @@ class ArrayView(Record):
 
 
 def _c_contiguous(shape: Sequence[int], strides: Sequence[int] | None, itemsize: int) -> bool:
-    """Row-major dense; strides of size-1 dims do not matter."""
-    if strides is None:
+    """Row-major dense; strides of size-1 dims do not matter, nor any stride of an empty array
+    (NumPy's rule: CuPy gives `cupy.zeros(0)` strides (0,))."""
+    if strides is None or 0 in shape:
         return True
     expected = itemsize
     for size, stride in zip(reversed(shape), reversed(strides)):

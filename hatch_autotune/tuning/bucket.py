@@ -42,7 +42,8 @@ DISSENT = 3  # witnesses that may disagree with the default before the majority 
 # Where a bucket's wall time goes (seconds, the lock's provenance "phases"): waiting for NVRTC,
 # measuring (the worker's run, verify and time of every variant), and the fixed cost: setting
 # the bucket up (inputs made and uploaded) and settling its reference, the rest in "overhead".
-COSTS = ("wall", "compile_wait", "measure", "setup", "reference", "overhead")
+# "search" is the strategy's own time (ask, tell, upcoming), a part of "overhead".
+COSTS = ("wall", "compile_wait", "measure", "setup", "reference", "overhead", "search")
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ def provenance(device: DeviceInfo, compiler: str) -> dict[str, Any]:
         "gpu": device.name,
         "cc": ".".join(str(c) for c in device.cc),
         "driver": device.driver,
+        "driver_release": device.driver_release,
         "nvrtc": compiler,
         "nvrtc_build": compile_mod.nvrtc_build(),
         "cuda_bindings": cuda_python,
@@ -192,8 +194,20 @@ class BucketTuning:
         strategy = make_strategy(
             search.strategy, SearchSpace(job.spec.space, self.configs), seed, [default_index, *self.warm.first], self.warm.prior
         )
-        b = self.binaries
-        run_search(strategy, self.measure, budget, clock=lambda: self.seconds, prepare=b.request, prefetch=b.prefetch, ahead=b.workers)
+        b, own = self.binaries, [0.0]
+        try:
+            run_search(
+                strategy,
+                self.measure,
+                budget,
+                clock=lambda: self.seconds,
+                prepare=b.request,
+                prefetch=b.prefetch,
+                ahead=b.workers,
+                own_time=own,
+            )
+        finally:
+            self.costs["search"] += own[0]
         self.runoff = self._runoff(default_index)
         self.costs["wall"] = time.monotonic() - began
         self.costs["overhead"] = self.costs["wall"] - self.costs["compile_wait"] - self.costs["measure"]
@@ -480,7 +494,7 @@ class BucketTuning:
             + (f" ({default_ms / winner.median_ms:.2f}x the default)" if default_ms else "")
             + (f"; prior: the times of {len(self.warm.prior)} earlier result(s)" if self.warm.prior else "")
             + (f"; worker {', '.join(f'{k} {v:.1f} s' for k, v in self.phases.items())}" if self.phases else "")
-            + f"; fixed cost {self.costs['overhead']:.2f} s (setup {self.costs['setup']:.2f}, reference {self.costs['reference']:.2f})"
+            + f"; fixed cost {self.costs['overhead']:.2f} s (setup {self.costs['setup']:.2f}, reference {self.costs['reference']:.2f}, search {self.costs['search']:.2f})"
             + f"; verified against {self.reference_text}"
             + (f"; {runoff_text(self.runoff.record)}" if self.runoff is not None else "")
         )

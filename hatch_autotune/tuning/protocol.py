@@ -76,18 +76,26 @@ class DeviceInfo:
     cc: tuple[int, int]
     driver: str  # the driver's CUDA version, 'major.minor'
     limits: Limits
+    driver_release: str = "unknown"  # the driver's own release ('580.159.04'): two of one CUDA version may differ
 
     @property
     def arch(self) -> str:
         return "sm_" + "".join(str(c) for c in self.cc)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "cc": list(self.cc), "driver": self.driver, "limits": self.limits.to_json()}
+        return {
+            "name": self.name,
+            "cc": list(self.cc),
+            "driver": self.driver,
+            "driver_release": self.driver_release,
+            "limits": self.limits.to_json(),
+        }
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> "DeviceInfo":
         major, minor = raw["cc"]
-        return cls(str(raw["name"]), (int(major), int(minor)), str(raw["driver"]), Limits.from_json(raw["limits"]))
+        release = str(raw.get("driver_release") or "unknown")
+        return cls(str(raw["name"]), (int(major), int(minor)), str(raw["driver"]), Limits.from_json(raw["limits"]), release)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -819,27 +820,42 @@ def run_search(
     prepare: Callable[[list[int]], None] = lambda batch: None,
     prefetch: Callable[[list[int]], None] | None = None,
     ahead: int = 0,
+    own_time: list[float] | None = None,
 ) -> list[int]:
     """Ask, (prepare: compile the batch), measure and tell until the budget is spent or the
     strategy is done; returns the configs tried, in order. `measure` returns a config's time in
     ms or None if it failed; `clock` is seconds (wall, or a replay's simulated clock). While a
     batch is measured, `prefetch` gets the strategy's `ahead` likeliest next configs, to compile
     them in the meantime: a strategy that asks for one config at a time would otherwise wait
-    for each compile in turn."""
+    for each compile in turn. `own_time` (one element) gets the strategy's own seconds added
+    (ask, tell and upcoming, on the wall clock): what searching costs beside measuring."""
     tried: list[int] = []
     start = clock()
-    while not budget.spent(len(tried), clock() - start):
-        batch = strategy.ask()
-        if not batch:
-            break
-        if budget.configs is not None:
-            batch = batch[: budget.configs - len(tried)]
-        prepare(batch)
-        if prefetch is not None and ahead > 0:
-            prefetch(strategy.upcoming(ahead))
-        for i in batch:
-            strategy.tell(i, measure(i))
-            tried.append(i)
-            if budget.spent(len(tried), clock() - start):
+    own = 0.0
+    try:
+        while not budget.spent(len(tried), clock() - start):
+            t = time.perf_counter()
+            batch = strategy.ask()
+            own += time.perf_counter() - t
+            if not batch:
                 break
+            if budget.configs is not None:
+                batch = batch[: budget.configs - len(tried)]
+            prepare(batch)
+            if prefetch is not None and ahead > 0:
+                t = time.perf_counter()
+                upcoming = strategy.upcoming(ahead)
+                own += time.perf_counter() - t
+                prefetch(upcoming)
+            for i in batch:
+                ms = measure(i)
+                t = time.perf_counter()
+                strategy.tell(i, ms)
+                own += time.perf_counter() - t
+                tried.append(i)
+                if budget.spent(len(tried), clock() - start):
+                    break
+    finally:
+        if own_time is not None:
+            own_time[0] += own
     return tried

@@ -9,11 +9,16 @@ tuning (bucket.py) in a worker session (session.py) with binaries compiled ahead
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import os
+import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
+from .. import __version__
 from ..compile.cache import CompileCache
 from ..compile.tiers import open_compile_cache
 from ..declare.config import ProjectSpec
@@ -135,6 +140,32 @@ def tune(
     return summary
 
 
+def run_record(project: ProjectSpec) -> dict[str, Any]:
+    """What every entry of one tuning run records beside its own provenance (whichever engine
+    measured it): the run (its start and this process), the code that tuned (hatch-autotune's
+    version, and its commit where it runs from a git checkout), and the measuring settings."""
+    started = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+    return {"run": f"{started} pid {os.getpid()}", "code": code_version(), "settings": dataclasses.asdict(project.tuning)}
+
+
+def code_version(package_dir: Path = Path(__file__).resolve().parents[1]) -> str:
+    """'0.1.0' for an installed hatch-autotune; '0.1.0 (git 75a17d9c…, dirty)' from a checkout,
+    so a lock tuned by uncommitted code says so."""
+    if not (package_dir.parent / ".git").exists():
+        return __version__
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=package_dir.parent, capture_output=True, text=True, timeout=10)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=package_dir.parent, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return __version__
+    if head.returncode != 0 or not head.stdout.strip():
+        return __version__
+    dirty = ", dirty" if status.returncode == 0 and status.stdout.strip() else ""
+    return f"{__version__} (git {head.stdout.strip()}{dirty})"
+
+
 def plan_run(plan: Plan, archs: Sequence[str], mode: str, kernels: Sequence[str] | None, summary: TuneSummary, log: Log) -> Todo:
     """What a run tunes (decide.stale_points); the summary counts the entries still valid and
     keeps the plan when it covers every kernel (the build that follows uses it)."""
@@ -235,8 +266,12 @@ def run_tuning(plan: Plan, todo: Todo, slots: Sequence[Slot], binaries: Instance
             jobs.append(Job(p.eid, arch, warm, BucketJob(inst, p), cost=cost))
 
     saver = LockSaver(plan.lock, plan.project.lock_file)
+    run = run_record(plan.project)
 
     def done(job: Job, entry: LockEntry, slot: Slot) -> None:
+        search = job.payload.inst.spec.search
+        seed = f", seed {search.seed}" if search.strategy != "exhaustive" else ""
+        entry = dataclasses.replace(entry, provenance={**entry.provenance, **run, "search": strategy_text(search) + seed})
         saver.put(job.eid, entry)
         summary.tuned.append((job.eid, entry))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -41,6 +42,20 @@ from .protocol import (
     Setup,
     parse_request,
 )
+
+DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"  # Linux: 'NVRM version: NVIDIA UNIX ... Kernel Module  580.159.04  ...'
+
+
+def driver_release(path: str = DRIVER_VERSION_FILE) -> str:
+    """The NVIDIA driver's release ('580.159.04') for the provenance: the CUDA driver API says only
+    which CUDA version it supports. 'unknown' where the kernel module does not say (not Linux)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(4096)
+    except OSError:
+        return "unknown"
+    found = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9]+(?:\.[0-9]+)+)", text)
+    return found.group(1) if found else "unknown"
 
 
 class WorkerDied(RuntimeError):
@@ -342,7 +357,8 @@ class _WorkerState:
         self.timer = GpuTimer(device.device_id, msg.flush_l2)
         version = check_cuda(cuda.driver.cuDriverGetVersion(), "cuDriverGetVersion")
         limits = Limits(int(props.max_threads_per_block), int(props.max_registers_per_block), int(props.max_shared_memory_per_block))
-        return HelloReply(DeviceInfo(device.name, (major, minor), f"{version // 1000}.{(version % 1000) // 10}", limits))
+        cuda_version = f"{version // 1000}.{(version % 1000) // 10}"
+        return HelloReply(DeviceInfo(device.name, (major, minor), cuda_version, limits, driver_release()))
 
     def prepare(self, msg: Prepare) -> Done:
         """Start making a later bucket's inputs on a background thread (host work only)."""
