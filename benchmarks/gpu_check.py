@@ -559,6 +559,14 @@ class Check:
         result = self.work / "wheel.json"
         result.unlink(missing_ok=True)
         cmd = [sys.executable, "benchmarks/wheel_check.py", "--wheels", str(self.opts.wheels), "--out", str(result)]
+        r, payload = self._run_for_result(st, cmd, result, "wheel")
+        if r.rc == 0 and not r.timed_out and payload is not None:
+            return self.finish(st, OK, _line_wheel(payload))
+        self.finish(st, FAILED, self.failed_run(r) + (f"; {_line_wheel(payload)}" if payload is not None else ""))
+
+    def _run_for_result(self, st: Stage, cmd: list[str], result: Path, key: str) -> tuple[Run, dict[str, Any] | None]:
+        """Run a stage's program, then keep the JSON it wrote (if any, even after a failure) in
+        results.json under `key`."""
         r = self.run(st, cmd)
         payload = None
         if result.exists():
@@ -567,11 +575,9 @@ class Check:
             except ValueError:
                 payload = None
         if payload is not None:
-            self.results["wheel"] = payload
+            self.results[key] = payload
             self.write_results()
-        if r.rc == 0 and not r.timed_out and payload is not None:
-            return self.finish(st, OK, _line_wheel(payload))
-        self.finish(st, FAILED, self.failed_run(r) + (f"; {_line_wheel(payload)}" if payload is not None else ""))
+        return r, payload
 
     def stage_tune(self, st: Stage) -> None:
         before = _digest(LOCK)
@@ -597,16 +603,7 @@ class Check:
         result = self.bench / f"{name}.json"
         result.unlink(missing_ok=True)
         cmd = [sys.executable, f"benchmarks/{name}.py", "--out", str(self.bench)] + (["--quick"] if self.opts.quick else [])
-        r = self.run(st, cmd)
-        payload = None
-        if result.exists():
-            try:
-                payload = json.loads(result.read_text())
-            except ValueError:
-                payload = None
-        if payload is not None:
-            self.results[name] = payload
-            self.write_results()
+        r, payload = self._run_for_result(st, cmd, result, name)
         if r.rc == 0 and not r.timed_out and payload is not None:
             try:
                 line = BENCH_LINES[name](payload)
