@@ -59,13 +59,12 @@ from email.parser import Parser
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
+from _common import EXAMPLE, ROOT, machine
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import sys_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "example_pkg"
 SCHEMA = 1
 STEPS = ("gpu", "plugin", "wheelhouse", "build", "venv", "calls")
 # Not in the venv that has only example_pkg's run-time dependencies (distribution names).
@@ -825,6 +824,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "ok": False,
+        "machine": machine(),  # GPU, driver, versions and the commit, as every benchmark records them
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "pip_version": pip_version(),

@@ -357,6 +357,7 @@ def test_main_passes_when_every_step_passes(steps_stood_in, tmp_path, capsys):
     )
     result = json.loads(out.read_text())
     assert result["ok"] is True and result["failed_step"] is None and list(result["steps"]) == list(wc.STEPS)
+    assert result["machine"]["commit"] and "gpu" in result["machine"]  # the machine and code, as every benchmark says
     assert (result["build_wall_s"], result["tuned"], result["default"], result["lock_entries"]) == (12.3, 30, 30, 30)
     assert result["steps"]["build"]["by_arch"] == {"sm_80": {"default": 30}, "sm_90": {"tuned": 30}}
     assert result["steps"]["plugin"]["build_isolation"] is False and len(result["calls"]) == 15
