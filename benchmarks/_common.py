@@ -17,8 +17,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 ROOT = Path(__file__).resolve().parents[1]
 # Kernel Tuner 1.5.0's strategies that kernel_tuner_sim.py and methodology_score.py run against ours
 KT_STRATEGIES = (
@@ -64,9 +62,9 @@ def require_gpu(script: str) -> str:
 
 def example_project(root: Path = EXAMPLE, env: dict[str, str] | None = None) -> Any:
     from hatch_autotune.declare.config import parse_project
+    from hatch_autotune.declare.project import hook_table
 
-    table = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["autotune"]
-    return parse_project(table, root, env=env or {})
+    return parse_project(hook_table(root / "pyproject.toml")[0], root, env=env or {})
 
 
 def import_generated(project: Any, site: Path) -> Any:

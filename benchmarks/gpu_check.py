@@ -56,7 +56,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 # The package is imported from this checkout (the environment probe, the lock summary): on a GPU
@@ -512,14 +512,21 @@ class Check:
         files = ["tests/test_gpu.py", "tests/test_gpu_tuning.py", "tests/test_gpu_torch.py", *standin]
         # Every test in the GPU files carries the `gpu` mark; no -m filter, so that the
         # stand-in tests (which need no GPU) run too.
-        self._pytest(st, files, self.out / "junit.xml", ["-k", f"not {DUPLICATE_TEST}"] if self.opts.quick else [])
+        if self.opts.quick:
+            self._pytest(
+                st, files, self.out / "junit.xml", ["-k", f"not {DUPLICATE_TEST}"], f" ({DUPLICATE_TEST} left out: the tune stage does it)"
+            )
+        else:
+            self._pytest(st, files, self.out / "junit.xml")
 
     def stage_showcase(self, st: Stage) -> None:
         """Every config of the showcase kernels compiled and checked against NumPy: a stage of its
         own, as it compiles about 450 variants (its junit stays in the work dir: OUTDIR is full)."""
-        self._pytest(st, ["tests/test_gpu_showcase.py"], self.work / "junit-showcase.xml", [])
+        self._pytest(st, ["tests/test_gpu_showcase.py"], self.work / "junit-showcase.xml")
 
-    def _pytest(self, st: Stage, files: list[str], junit: Path, extra: list[str]) -> None:
+    def _pytest(self, st: Stage, files: list[str], junit: Path, extra: Sequence[str] = (), note: str = "") -> None:
+        """pytest in one process (one GPU) over `files`, its junit counted into the stage's line
+        (`note` appended to it)."""
         junit.unlink(missing_ok=True)
         cmd = [
             sys.executable,
@@ -541,9 +548,7 @@ class Check:
         if counts is None:
             return self.finish(st, FAILED, self.failed_run(r, "no junit.xml"))
         passed, failed, errors, skipped, first_fail, first_skip = counts
-        line = f"{passed} passed, {failed} failed, {errors} errors, {skipped} skipped"
-        if extra:
-            line += f" ({DUPLICATE_TEST} left out: the tune stage does it)"
+        line = f"{passed} passed, {failed} failed, {errors} errors, {skipped} skipped{note}"
         if r.timed_out:
             return self.finish(st, FAILED, f"timed out after {r.seconds:.0f} s; {line}")
         if failed or errors or r.rc not in (0,):

@@ -40,7 +40,6 @@ import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import tomllib
 from _common import EXAMPLE, machine, options, require_gpu, write_result
 from tune_vs_kernel_tuner import Retimer, config_key
 
@@ -52,16 +51,13 @@ GOAL_WORST, GOAL_WALL = 1.02, 0.2  # GOAL_RUN's worst winner, and its wall time,
 CLIENT_FACTORY = None  # tune()'s worker; tests/test_search_live.py sets a stand-in (no GPU there)
 
 
-def hook_table(root: Path) -> dict[str, Any]:
-    return tomllib.loads((root / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["autotune"]
-
-
 def project_with(root: Path, arch: str, search: Mapping[str, Any] | None, kernels: Sequence[str] | None) -> Any:
     """example_pkg's project in `root`, every kernel searched by `search` (None: exhaustive),
     only `kernels` if named."""
     from hatch_autotune.declare.config import parse_project
+    from hatch_autotune.declare.project import hook_table
 
-    table = copy.deepcopy(hook_table(root))
+    table = copy.deepcopy(hook_table(root / "pyproject.toml")[0])
     for name in list(table["kernels"]):
         if kernels and name not in kernels:
             del table["kernels"][name]

@@ -171,6 +171,11 @@ def _number(value: Any) -> float | None:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _integer(value: Any) -> int | None:
+    """The integer as written; None for anything else (a bool is not one)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 @dataclass(frozen=True)
 class Measurement:
     """What happened to one config in one bucket, as the lock records it: the tuner makes it,
@@ -199,10 +204,10 @@ class Measurement:
     def from_json(cls, raw: Mapping[str, Any]) -> "Measurement":
         index, samples, status, reason = raw.get("index"), raw.get("samples"), raw.get("status"), raw.get("reason")
         return cls(
-            index=index if isinstance(index, int) and not isinstance(index, bool) else None,
+            index=_integer(index),
             config=dict(raw["config"]),
             status=status if isinstance(status, str) else "",
-            samples=samples if isinstance(samples, int) and not isinstance(samples, bool) else None,
+            samples=_integer(samples),
             median_ms=_number(raw.get("median_ms")),
             spread_ms=_number(raw.get("spread_ms")),
             reason=reason if isinstance(reason, str) else "",
@@ -237,11 +242,11 @@ class Contender:
     def from_json(cls, raw: Mapping[str, Any]) -> "Contender":
         index, samples = raw.get("index"), raw.get("samples")
         return cls(
-            index=index if isinstance(index, int) and not isinstance(index, bool) else None,
+            index=_integer(index),
             search_ms=_number(raw.get("search_ms")),
             median_ms=_number(raw.get("median_ms")),
             spread_ms=_number(raw.get("spread_ms")),
-            samples=samples if isinstance(samples, int) and not isinstance(samples, bool) else None,
+            samples=_integer(samples),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -273,10 +278,10 @@ class Runoff:
             return None
         rounds, won = raw.get("rounds"), raw.get("rounds_won")
         return cls(
-            rounds=rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else 0,
+            rounds=_integer(rounds) or 0,
             contenders=tuple(Contender.from_json(c) for c in raw["contenders"] if isinstance(c, dict)),
             margin=_number(raw.get("margin")),
-            rounds_won=won if isinstance(won, int) and not isinstance(won, bool) else None,
+            rounds_won=_integer(won),
         )
 
     def to_json(self) -> dict[str, Any]:

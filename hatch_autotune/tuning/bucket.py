@@ -195,19 +195,17 @@ class BucketTuning:
             search.strategy, SearchSpace(job.spec.space, self.configs), seed, [default_index, *self.warm.first], self.warm.prior
         )
         b, own = self.binaries, [0.0]
-        try:
-            run_search(
-                strategy,
-                self.measure,
-                budget,
-                clock=lambda: self.seconds,
-                prepare=b.request,
-                prefetch=b.prefetch,
-                ahead=b.workers,
-                own_time=own,
-            )
-        finally:
-            self.costs["search"] += own[0]
+        run_search(
+            strategy,
+            self.measure,
+            budget,
+            clock=lambda: self.seconds,
+            prepare=b.request,
+            prefetch=b.prefetch,
+            ahead=b.workers,
+            own_time=own,
+        )
+        self.costs["search"] = own[0]
         self.runoff = self._runoff(default_index)
         self.costs["wall"] = time.monotonic() - began
         self.costs["overhead"] = self.costs["wall"] - self.costs["compile_wait"] - self.costs["measure"]
