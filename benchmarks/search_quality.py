@@ -44,8 +44,9 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from _common import ROOT, machine, options, write_result
 from replay import ReplayData, ReplayDevice
@@ -55,7 +56,7 @@ from hatch_autotune.lock import EntryId, LockEntry, LockFile, Measurement
 from hatch_autotune.plan.planner import Point
 from hatch_autotune.tuning.choice import choose_winner, contenders, run_runoff
 from hatch_autotune.tuning.choice import measured as measurement
-from hatch_autotune.tuning.search import Budget, WarmStart, make_strategy, run_search
+from hatch_autotune.tuning.search import Budget, Strategy, WarmStart, make_strategy, run_search
 from hatch_autotune.tuning.warm import related_entries, warm_start
 
 DATASET = ROOT.parent / "shared" / "datasets" / "benchmark_hub"
@@ -119,50 +120,77 @@ def run_ours(path: Path, strategy: str, seed: int, budgets: tuple[float, ...] = 
     the search and the runoff took, and for a warm start which other GPUs' results the model
     used as its prior."""
     data = _load(path)
-    settings = TuningSpec()
-    device = ReplayDevice(data, settings, seed=seed)
     warm, names = {"warm": lambda: _warm(path, data), "warm-search": lambda: _warm(path, data, searched=seed)}.get(
         strategy, lambda: (WarmStart(), [])
     )()
-    search = make_strategy("auto" if strategy.startswith("warm") else strategy, data.space(), seed, warm.first, warm.prior)
-    measured: list[Measurement] = []
+    name = "auto" if strategy.startswith("warm") else strategy
+    started = time.perf_counter()
+    run = replayed_search(data, name, seed, warm, math.ceil(max(budgets) * len(data.configs)))
+    wall = time.perf_counter() - started
+    optimum = data.optimum_ms()
+    found, shipped, once, search_s, runoff_s = {}, {}, {}, {}, {}
+    for fraction in budgets:
+        k = math.ceil(fraction * len(data.configs))
+        best = min((ms for m in run.measured[:k] if (ms := data.records[m.index].mean_ms) is not None), default=math.inf)
+        found[str(fraction)] = optimum / best
+        once[str(fraction)] = run.truth(choose_winner(run.measured[:k], default_index=-1))
+        before = run.device.clock_s
+        shipped[str(fraction)] = run.truth(run.shipped(k))
+        search_s[str(fraction)] = round(run.clock[min(k, len(run.clock)) - 1], 2)
+        runoff_s[str(fraction)] = round(run.device.clock_s - before, 2)
+    out = {"found": found, "shipped": shipped, "once": once, "search_s": search_s, "runoff_s": runoff_s, "wall_s": round(wall, 3)}
+    if strategy.startswith("warm"):
+        out["priors"] = [names[p] for p in run.search.priors_used]  # type: ignore[attr-defined]
+    return out
+
+
+@dataclass
+class ReplayedSearch:
+    """One search on a replayed device, measured config by config as the tuner measures."""
+
+    data: ReplayData
+    device: ReplayDevice
+    search: Strategy
+    measured: list[Measurement]  # in the order measured
+    clock: list[float]  # the device's simulated clock after each
+
+    def truth(self, m: Measurement | None) -> float:
+        """optimum / the config's true (recorded mean) time; 0 for none."""
+        return self.data.optimum_ms() / self.data.records[m.index].mean_ms if m is not None else 0.0
+
+    def shipped(self, k: int) -> Measurement | None:
+        """What the tuner writes to the lock after the first k measurements: the runoff's winner
+        among the contenders they cannot tell apart (fresh draws), else their fastest."""
+        field = contenders(self.measured[:k])
+
+        def retime(i: int) -> tuple[float, ...] | str:
+            status, samples, reason = self.device.measure(i, None)
+            return reason if status == "failed" else samples
+
+        runoff = run_runoff(field, retime, self.device.settings.runoff_rounds, default_index=-1) if len(field) > 1 else None
+        return runoff.winner if runoff is not None and runoff.winner is not None else choose_winner(self.measured[:k], default_index=-1)
+
+
+def replayed_search(data: ReplayData, strategy: str, seed: int, warm: WarmStart, configs: int, first: Sequence[int] = ()) -> ReplayedSearch:
+    """`strategy` searches `data` within `configs` through the tuner's own loop (`run_search`),
+    `first` (the default) and the warm start's configs measured first, each measurement timed and
+    eliminated by the GPU timer's rules on a replayed device."""
+    device = ReplayDevice(data, TuningSpec(), seed=seed)
+    search = make_strategy(strategy, data.space(), seed, [*first, *warm.first], warm.prior)
+    run = ReplayedSearch(data, device, search, [], [])
     leader: list[float] = []
-    clock: list[float] = []
 
     def measure(i: int) -> float | None:
         status, samples, reason = device.measure(i, min(leader) if leader else None)
         m = measurement(i, data.configs[i], status, samples, reason)
-        measured.append(m)
-        clock.append(device.clock_s)
+        run.measured.append(m)
+        run.clock.append(device.clock_s)
         if status == "ok":
-            leader.append(m.median_ms)
+            leader.append(m.median_ms)  # type: ignore[arg-type]
         return m.median_ms if samples else None
 
-    def retime(i: int) -> tuple[float, ...] | str:
-        status, samples, reason = device.measure(i, None)
-        return reason if status == "failed" else samples
-
-    started = time.perf_counter()
-    run_search(search, measure, Budget(math.ceil(max(budgets) * len(data.configs))), clock=lambda: device.clock_s)
-    wall = time.perf_counter() - started
-    optimum = data.optimum_ms()
-    truth = lambda m: optimum / data.records[m.index].mean_ms if m is not None else 0.0  # noqa: E731
-    found, shipped, once, search_s, runoff_s = {}, {}, {}, {}, {}
-    for fraction in budgets:
-        k = math.ceil(fraction * len(data.configs))
-        best = min((ms for m in measured[:k] if (ms := data.records[m.index].mean_ms) is not None), default=math.inf)
-        found[str(fraction)] = optimum / best
-        once[str(fraction)] = truth(choose_winner(measured[:k], default_index=-1))
-        field, before = contenders(measured[:k]), device.clock_s
-        runoff = run_runoff(field, retime, settings.runoff_rounds, default_index=-1) if len(field) > 1 else None
-        winner = runoff.winner if runoff is not None and runoff.winner is not None else choose_winner(measured[:k], default_index=-1)
-        shipped[str(fraction)] = truth(winner)
-        search_s[str(fraction)] = round(clock[min(k, len(clock)) - 1], 2)
-        runoff_s[str(fraction)] = round(device.clock_s - before, 2)
-    out = {"found": found, "shipped": shipped, "once": once, "search_s": search_s, "runoff_s": runoff_s, "wall_s": round(wall, 3)}
-    if strategy.startswith("warm"):
-        out["priors"] = [names[p] for p in search.priors_used]  # type: ignore[attr-defined]
-    return out
+    run_search(search, measure, Budget(configs), clock=lambda: device.clock_s)
+    return run
 
 
 def kernel_tuner_ratios(results: Path, dataset: Path) -> Rows:

@@ -53,11 +53,12 @@ def comparable(lock: LockFile) -> dict:
     return out
 
 
-def local_tune(root: Path, cache: Path, devices: dict[int, str], **plan) -> LockFile:
+def local_tune(root: Path, cache: Path, devices: dict[int, str], logs: list[str] | None = None, **plan) -> LockFile:
     """The local engine on stand-in devices (ordinal -> arch), one worker each."""
     gpus = [Gpu(d, arch, f"Fake {arch}") for d, arch in devices.items()]
     factory = lambda d: WorkerClient(FAKE, env={**os.environ, "FAKE_WORKER": json.dumps(fake_plan(devices[d], **plan))})  # noqa: E731
-    tune(load_project(root), gpus=gpus, client_factory=factory, cache=CompileCache(cache), log=lambda m: None)
+    log = logs.append if logs is not None else (lambda m: None)
+    tune(load_project(root), gpus=gpus, client_factory=factory, cache=CompileCache(cache), log=log)
     return LockFile.load(root / "autotune.lock.json")
 
 
@@ -187,6 +188,39 @@ def test_several_local_gpus_give_the_lock_one_gpu_gives(tmp_path):
     assert statuses['{"BAD": false, "BLOCK": 256, "FACTOR": 3}'].status == "failed"  # the crash
     assert "timed out" in statuses['{"BAD": false, "BLOCK": 64, "FACTOR": 3}'].reason  # the hang
     assert entry.config == {"BLOCK": 64, "FACTOR": 2, "BAD": False}
+
+
+def test_a_budgeted_search_tunes_in_waves_from_the_middle_bucket_and_any_number_of_gpus_gives_one_lock(tmp_path):
+    """Within a budget, an instance's buckets are tuned in waves (warm.transfer_waves): the bucket
+    in the middle of the key space first, then the others, each measuring that one's winner
+    right after the default (its warm start, fixed when its wave starts). Whichever GPU finishes
+    first, the lock is the one a single GPU writes."""
+    locks, logs = [], []
+    for name, devices in (("one", {0: "sm_90", 1: "sm_80"}), ("four", {0: "sm_90", 1: "sm_80", 2: "sm_90", 3: "sm_80"})):
+        root = project(tmp_path / name)
+        (root / "pyproject.toml").write_text(
+            (root / "pyproject.toml").read_text() + 'search = { strategy = "random", budget = 2, seed = 6 }\n'
+        )
+        logs.append([])
+        locks.append(local_tune(root, tmp_path / "cache", devices, logs=logs[-1]))
+    assert len(locks[0].entries) == 6 and comparable(locks[0]) == comparable(locks[1])
+    assert sum("tuning: wave 1 of 2, 2 bucket(s)" == m for m in logs[0]) == 1  # the middle bucket of each arch
+    assert sum("tuning: wave 2 of 2, 4 bucket(s), warm-started from the waves before" == m for m in logs[0]) == 1
+    default = {"BAD": False, "BLOCK": 128, "FACTOR": 2}
+    middle = {arch: locks[0].entries[f"scale|-|{arch}|n=65536"].config for arch in ("sm_80", "sm_90")}
+    assert middle["sm_80"] == {"BAD": False, "BLOCK": 64, "FACTOR": 2}  # the fastest (the fake's times), its 2nd try with seed 6
+    for arch in ("sm_80", "sm_90"):
+        for n in (1024, 1048576):
+            timed = [m.config for m in locks[0].entries[f"scale|-|{arch}|n={n}"].measurements if m.status == "ok"]
+            assert len(timed) == 2 and default in timed and middle[arch] in timed  # the default and the middle's winner
+    # without warm starts, one wave: every bucket measures the default and a random config
+    root = project(tmp_path / "cold")
+    (root / "pyproject.toml").write_text(
+        (root / "pyproject.toml").read_text() + 'search = { strategy = "random", budget = 2, seed = 6, warm-start = false }\n'
+    )
+    cold_logs: list[str] = []
+    local_tune(root, tmp_path / "cache", {0: "sm_90", 1: "sm_80"}, logs=cold_logs)
+    assert not any("tuning: wave" in m for m in cold_logs)
 
 
 def test_the_lock_is_saved_behind_the_run_and_complete_when_it_ends(tmp_path):

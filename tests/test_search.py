@@ -37,7 +37,7 @@ from hatch_autotune.tuning.search import (
     nonnegative_fit,
     run_search,
 )
-from hatch_autotune.tuning.warm import warm_start
+from hatch_autotune.tuning.warm import WAVE_GROWTH, transfer_waves, warm_start
 from hatch_autotune.tuning.worker import WorkerClient
 
 REPLAY = ROOT / "benchmarks" / "replay.py"  # research tooling: outside the package
@@ -1020,3 +1020,28 @@ def test_methodology_adapter_drives_a_strategy_through_a_kernel_tuner_cost_funct
 
     random.seed(3)  # a failed config is no result: where every config fails, there is no best
     assert module.HatchAutotuneSearch("random")(lambda values: sys.float_info.max, Space) == (None, math.inf)
+
+
+# ---- waves: a run's own results warm-start its later buckets ---------------------------------
+
+
+def test_waves_start_from_the_middle_bucket_then_the_farthest_growing_threefold():
+    sizes = (256, 1024, 4096)
+    points = [Point(EntryId.of("mm", "-", "sm_90", {"m": m, "n": n}), "-") for m in sizes for n in sizes]
+    waves = transfer_waves(points)
+    assert [len(w) for w in waves] == [1, WAVE_GROWTH, 9 - 1 - WAVE_GROWTH] == [1, 3, 5]
+    assert waves[0][0].bucket.as_dict() == {"m": 1024, "n": 1024}  # the centre of the key space (log2)
+    assert {(p.bucket.as_dict()["m"], p.bucket.as_dict()["n"]) for p in waves[1]} <= {(256, 256), (256, 4096), (4096, 256), (4096, 4096)}
+    assert sorted(p.eid for w in waves for p in w) == sorted(p.eid for p in points)  # each bucket once
+    assert transfer_waves(list(reversed(points))) == waves  # the order given changes nothing
+    assert transfer_waves(points[:1]) == [points[:1]] and transfer_waves([]) == [[]]
+
+
+def test_only_a_search_that_warm_starts_and_may_stop_early_learns_from_its_neighbours():
+    assert not SearchSpec().learns_from_neighbours(100)  # exhaustive: every config whatever it starts from
+    assert not SearchSpec(strategy="auto").learns_from_neighbours(100)  # no budget: the whole space too
+    assert SearchSpec(strategy="auto", budget=Share.parse("10%")).learns_from_neighbours(100)
+    assert SearchSpec(strategy="exhaustive", budget=3).learns_from_neighbours(100)  # a prefix: warm starts go first
+    assert SearchSpec(strategy="auto", seconds=5.0).learns_from_neighbours(100)
+    assert not SearchSpec(strategy="auto", budget=3, warm_start=False).learns_from_neighbours(100)
+    assert not SearchSpec(strategy="auto", budget=300).learns_from_neighbours(100)  # a budget past the space

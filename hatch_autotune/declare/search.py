@@ -78,6 +78,12 @@ class SearchSpec:
         """What a search of a space of this size may spend."""
         return Budget(self.configs_budget(space_size), self.seconds)
 
+    def learns_from_neighbours(self, space_size: int) -> bool:
+        """Whether a bucket's search is better for starting after its neighbours' in the same
+        run (tuning/warm.py, transfer_waves): it warm-starts and may stop before it has
+        measured the whole space."""
+        return self.warm_start and (self.configs_tried(space_size) < space_size or self.seconds is not None)
+
     def checksum_fields(self) -> list[Any]:
         """What enters a lock entry's checksum: the three fields the first format had (the budget
         as written), then only the settings that differ from their defaults, so that old entries

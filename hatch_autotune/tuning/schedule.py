@@ -76,6 +76,24 @@ class ScheduleResult:
     lost: dict[str, str] = field(default_factory=dict)  # entry id -> why no slot finished it
     wall_s: float = 0.0  # from the first job handed out to the last slot done
 
+    @classmethod
+    def combined(cls, slots: Sequence["Slot"], parts: Sequence[tuple[Sequence["Slot"], "ScheduleResult"]]) -> "ScheduleResult":
+        """One result of schedules run one after another (a tuning run's waves), each over some
+        of `slots` (those not lost before it): per slot in `slots`' order, its jobs and times
+        summed and the first reason it was lost; the lost jobs of all; the walls summed."""
+        out = cls(slots=[SlotStats(s.name, s.arch) for s in slots])
+        mine = {id(s): stats for s, stats in zip(slots, out.slots)}
+        for ran, part in parts:
+            for s, stats in zip(ran, part.slots):
+                total = mine[id(s)]
+                total.jobs += stats.jobs
+                total.busy_s += stats.busy_s
+                total.idle_s += stats.idle_s
+                total.lost = total.lost or stats.lost
+            out.lost.update(part.lost)
+            out.wall_s += part.wall_s
+        return out
+
     def table(self) -> str:
         rows = [("GPU", "arch", "buckets", "busy s", "")]
         rows += [(s.name, s.arch, str(s.jobs), f"{s.busy_s:.1f}", f"lost: {s.lost}" if s.lost else "") for s in self.slots]

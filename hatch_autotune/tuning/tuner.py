@@ -24,7 +24,7 @@ from ..compile.tiers import open_compile_cache
 from ..declare.config import ProjectSpec
 from ..lock import LockEntry
 from ..plan.devices import Gpu, detect_gpus
-from ..plan.planner import Instance, Plan, make_plan, target_archs
+from ..plan.planner import Instance, Plan, Point, make_plan, target_archs
 from ..text import instance_text
 from .binaries import CompareBinaries, InstanceBinaries
 from .bucket import BucketJob, BucketTuning, bucket_recipe, strategy_text
@@ -35,7 +35,7 @@ from .lock_writer import LockSaver
 from .schedule import Job, ScheduleResult, Slot, run_schedule, text_table
 from .search import WarmStart
 from .session import WorkerSession
-from .warm import warm_start
+from .warm import transfer_waves, warm_start
 from .worker import WorkerClient
 
 Log = Callable[[str], None]
@@ -240,15 +240,16 @@ class LocalSlot:
 
 def run_tuning(plan: Plan, todo: Todo, slots: Sequence[Slot], binaries: InstanceBinaries, summary: TuneSummary, log: Log) -> None:
     """The engine-independent part of a tuning run (this machine's GPUs, or a Ray cluster's):
-    check each instance's default compiles (a build would stop: no GPU time for it), fix every
-    job's warm starts from the lock as it is now (the same search whoever runs it, and when),
-    schedule the jobs over the slots, and merge each result into the lock and save it as it
-    arrives, so an interrupted run resumes where it stopped. Lost jobs are a TuningError that
-    names them, raised after everything else is saved."""
-    jobs = []
+    check each instance's default compiles (a build would stop: no GPU time for it), schedule
+    the buckets over the slots wave by wave (warm.transfer_waves: a search within a budget
+    starts from the waves before it; one wave otherwise), each job's warm start fixed from the
+    lock as its wave starts (the same search whoever runs it, on however many GPUs), and merge
+    each result into the lock and save it as it arrives, so an interrupted run resumes where it
+    stopped. Lost jobs are a TuningError that names them, raised after everything else is saved."""
     per_arch: dict[str, int] = {}
     for s in slots:
         per_arch[s.arch] = per_arch.get(s.arch, 0) + 1
+    waves: list[list[tuple[str, Instance, Point]]] = []  # transfer_waves of every instance, wave by wave
     for arch, inst, points in todo:
         named = f"{inst.spec.name} ({instance_text(inst.types_key)})"
         default = binaries(inst, arch).get(inst.default_index)
@@ -259,11 +260,21 @@ def run_tuning(plan: Plan, todo: Todo, slots: Sequence[Slot], binaries: Instance
         log(
             f"tuning {named} on {arch}: {len(points)} bucket(s) x {len(inst.variants)} configs on {per_arch.get(arch, 0)} GPU(s), {strategy_text(inst.spec.search)}"
         )
-        measured = inst.spec.search.configs_tried(len(inst.configs))
-        for p in points:
-            warm = warm_start(plan.lock, p, inst.configs, inst.spec.search.strategy) if inst.spec.search.warm_start else WarmStart()
-            cost = measured + input_bytes(inst.spec, p.bucket.as_dict(), inst.types) / HOST_BYTES_PER_CONFIG
-            jobs.append(Job(p.eid, arch, warm, BucketJob(inst, p), cost=cost))
+        grouped = transfer_waves(points) if inst.spec.search.learns_from_neighbours(len(inst.configs)) else [list(points)]
+        for n, group in enumerate(grouped):
+            if n == len(waves):
+                waves.append([])
+            waves[n] += [(arch, inst, p) for p in group]
+
+    def jobs(wave: list[tuple[str, Instance, Point]]) -> list[Job]:
+        """The wave's jobs, each with its warm start from the lock as it is now."""
+        out = []
+        for arch, inst, p in wave:
+            search = inst.spec.search
+            warm = warm_start(plan.lock, p, inst.configs, search.strategy) if search.warm_start else WarmStart()
+            cost = search.configs_tried(len(inst.configs)) + input_bytes(inst.spec, p.bucket.as_dict(), inst.types) / HOST_BYTES_PER_CONFIG
+            out.append(Job(p.eid, arch, warm, BucketJob(inst, p), cost=cost))
+        return out
 
     saver = LockSaver(plan.lock, plan.project.lock_file)
     run = run_record(plan.project)
@@ -275,10 +286,19 @@ def run_tuning(plan: Plan, todo: Todo, slots: Sequence[Slot], binaries: Instance
         saver.put(job.eid, entry)
         summary.tuned.append((job.eid, entry))
 
+    parts: list[tuple[Sequence[Slot], ScheduleResult]] = []
+    live = list(slots)
     try:
-        result = summary.schedule = run_schedule(jobs, slots, done, log)
+        for n, wave in enumerate(waves):
+            if len(waves) > 1:
+                log(f"tuning: wave {n + 1} of {len(waves)}, {len(wave)} bucket(s)" + (", warm-started from the waves before" if n else ""))
+            part = run_schedule(jobs(wave), live, done, log)
+            parts.append((live, part))
+            live = [s for s, stats in zip(live, part.slots) if not stats.lost]  # a lost slot stays lost
     finally:
         saver.close()  # every result that arrived is on disk, whatever stopped the run
+    result = summary.schedule = ScheduleResult.combined(slots, parts)
+    total = sum(len(w) for w in waves)
     if len(slots) > 1:
         log("tuning: buckets per GPU\n" + result.table())
     if todo:
@@ -286,6 +306,6 @@ def run_tuning(plan: Plan, todo: Todo, slots: Sequence[Slot], binaries: Instance
     if result.lost:
         listed = "\n".join(f"  {eid}: {why}" for eid, why in sorted(result.lost.items()))
         raise TuningError(
-            f"{len(result.lost)} of {len(jobs)} bucket(s) were not tuned because their GPUs were lost; the other "
-            f"{len(jobs) - len(result.lost)} are saved in {plan.project.lock_file.name}, and running again tunes only these:\n{listed}"
+            f"{len(result.lost)} of {total} bucket(s) were not tuned because their GPUs were lost; the other "
+            f"{total - len(result.lost)} are saved in {plan.project.lock_file.name}, and running again tunes only these:\n{listed}"
         )
