@@ -4,18 +4,14 @@ in the tuner's waves; and what it refuses."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 from hatch_autotune.lock import LockEntry, LockFile, Measurement
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import search_lock  # noqa: E402
-from _common import EXAMPLE  # noqa: E402
+search_lock = load_benchmark("search_lock")  # its folder on sys.path and the checkout on PYTHONPATH undone
+EXAMPLE = search_lock.EXAMPLE
 
 
 def test_the_lock_replay_judges_what_each_search_ships_against_the_recorded_optimum(tmp_path):
