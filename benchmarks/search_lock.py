@@ -42,7 +42,7 @@ from search_quality import replayed_search
 
 from hatch_autotune.declare.config import parse_project
 from hatch_autotune.declare.project import hook_table
-from hatch_autotune.lock import EntryId, LockEntry, LockFile, Measurement
+from hatch_autotune.lock import EntryId, LockEntry, LockFile
 from hatch_autotune.plan.planner import Point
 from hatch_autotune.runtime.values import types_key
 from hatch_autotune.tuning.search import WarmStart
@@ -114,12 +114,9 @@ def tune_instance(buckets: Sequence[tuple[str, ReplayData, int]], strategy: str,
             run = replayed_search(data, strategy, seed, starts[p.eid], k, first=[default])
             winner = run.shipped(k)
             optimum = data.optimum_ms()
-            true = lambda i: data.records[i].mean_ms  # noqa: E731
-            found = min((ms for m in run.measured if (ms := true(m.index)) is not None), default=math.inf)
-            out[p.eid] = {"ratio": true(winner.index) / optimum if winner is not None else math.inf, "found": found / optimum}
-            if winner is not None:
-                measured = tuple(Measurement(m.index, m.config, m.status, median_ms=m.median_ms) for m in run.measured)
-                lock.entries[p.eid] = LockEntry(checksum="-", config=winner.config, tuned=True, measurements=measured)
+            out[p.eid] = {"ratio": 1 / run.truth(winner) if winner is not None else math.inf, "found": run.best_found_ms(k) / optimum}
+            if winner is not None:  # what the tuner would write: the later waves' warm starts read it
+                lock.entries[p.eid] = LockEntry(checksum="-", config=winner.config, tuned=True, measurements=tuple(run.measured))
     return out
 
 

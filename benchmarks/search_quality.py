@@ -131,8 +131,7 @@ def run_ours(path: Path, strategy: str, seed: int, budgets: tuple[float, ...] = 
     found, shipped, once, search_s, runoff_s = {}, {}, {}, {}, {}
     for fraction in budgets:
         k = math.ceil(fraction * len(data.configs))
-        best = min((ms for m in run.measured[:k] if (ms := data.records[m.index].mean_ms) is not None), default=math.inf)
-        found[str(fraction)] = optimum / best
+        found[str(fraction)] = optimum / run.best_found_ms(k)
         once[str(fraction)] = run.truth(choose_winner(run.measured[:k], default_index=-1))
         before = run.device.clock_s
         shipped[str(fraction)] = run.truth(run.shipped(k))
@@ -157,6 +156,11 @@ class ReplayedSearch:
     def truth(self, m: Measurement | None) -> float:
         """optimum / the config's true (recorded mean) time; 0 for none."""
         return self.data.optimum_ms() / self.data.records[m.index].mean_ms if m is not None else 0.0
+
+    def best_found_ms(self, k: int) -> float:
+        """The best true time among the first k configs measured (Kernel Tuner's measure: the
+        search alone, no noise); inf if none of them ran."""
+        return min((ms for m in self.measured[:k] if (ms := self.data.records[m.index].mean_ms) is not None), default=math.inf)
 
     def shipped(self, k: int) -> Measurement | None:
         """What the tuner writes to the lock after the first k measurements: the runoff's winner
