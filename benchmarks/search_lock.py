@@ -81,7 +81,11 @@ def bucket_data(eid: str, entry: LockEntry, axes: Mapping[str, Sequence[Any]], c
 
 def load(lock_path: Path, project_root: Path, arch: str) -> dict[str, list[tuple[str, ReplayData, int]]]:
     """Per type instance, its buckets of `arch`: (entry id, replay data, the default's index)."""
+    if not lock_path.is_file():
+        raise LockReplayError(f"{lock_path}: no such lock file")
     lock = LockFile.load(lock_path)
+    if lock.warnings:  # the build's reader is lenient (a damaged lock is tuned again); a replay needs every entry
+        raise LockReplayError("; ".join(lock.warnings))
     project = parse_project(hook_table(project_root / "pyproject.toml")[0], project_root, env={"HATCH_AUTOTUNE_ARCHS": arch})
     out: dict[str, list[tuple[str, ReplayData, int]]] = {}
     for eid, entry in sorted(lock.entries.items()):
@@ -114,7 +118,8 @@ def tune_instance(buckets: Sequence[tuple[str, ReplayData, int]], strategy: str,
             run = replayed_search(data, strategy, seed, starts[p.eid], k, first=[default])
             winner = run.shipped(k)
             optimum = data.optimum_ms()
-            out[p.eid] = {"ratio": 1 / run.truth(winner) if winner is not None else math.inf, "found": run.best_found_ms(k) / optimum}
+            shipped_ms = data.records[winner.index].mean_ms if winner is not None else math.inf
+            out[p.eid] = {"ratio": shipped_ms / optimum, "found": run.best_found_ms(k) / optimum}
             if winner is not None:  # what the tuner would write: the later waves' warm starts read it
                 lock.entries[p.eid] = LockEntry(checksum="-", config=winner.config, tuned=True, measurements=tuple(run.measured))
     return out

@@ -66,3 +66,10 @@ def test_an_entry_that_did_not_measure_its_whole_space_is_refused_by_name(tmp_pa
     with pytest.raises(SystemExit) as exc:
         search_lock.main(["--arch", "sm_75", "--out", str(tmp_path), "--seeds", "1"])
     assert "no entry of sm_75" in str(exc.value)
+    with pytest.raises(SystemExit) as exc:
+        search_lock.main(["--lock", str(tmp_path / "missing.json"), "--out", str(tmp_path)])
+    assert "missing.json: no such lock file" in str(exc.value)
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(SystemExit) as exc:
+        search_lock.main(["--lock", str(tmp_path / "broken.json"), "--out", str(tmp_path)])
+    assert "broken.json: lock file is unreadable or not JSON" in str(exc.value)
