@@ -1,4 +1,4 @@
-"""Each on-disk format has one definition: the lock entry and its id (lock.py) and the
+"""Each on-disk format has one definition: the lock entry and its id (lock/) and the
 selection table (runtime/table.py). Round trips, and the readers' refusals, newer schemas included."""
 
 from __future__ import annotations

@@ -1,0 +1,47 @@
+"""An entry's checksum: the hash of everything a measurement and its winner depend on, which
+decides whether a lock entry still holds for the kernel as declared now."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Mapping, Sequence
+
+from ..declare.config import KernelSpec
+from .ids import Bucket
+
+
+def entry_checksum(
+    spec: KernelSpec,
+    types_key: str,
+    source_hashes: Sequence[str],
+    arch: str,
+    bucket: Bucket | Mapping[str, int],
+) -> str:
+    """Hash of what a measurement and its winner depend on: the variant sources (so the template
+    and the space), the compile options, the arguments, how key dims are read, the launch
+    geometry, what verification compares against, the search, the arch and bucket.
+    Expressions enter as parsed trees, so reformatting one does not invalidate the lock; the
+    bucket mapping does not enter (it decides which bucket a call uses, not what was measured).
+    Nor does the NVRTC version: the dependency allows any 13.x, and a builder that resolved
+    another one must not lose every winner; NvrtcPolicy decides what a version change does."""
+    from ..compile.nvrtc import CompileJob
+
+    blob = {
+        "kernel": spec.name,
+        "entry": spec.entry,
+        "types": types_key,
+        "sources": list(source_hashes),
+        "options": CompileJob("", arch, spec.entry, spec.nvrtc_options).full_options(),
+        "args": [
+            [a.name, a.dtype, [e.tree for e in a.shape] if a.shape else None, a.intent, a.value.tree if a.value else None]
+            for a in spec.args
+        ],
+        "key": [[k.name, k.source, k.axis] for k in spec.key],
+        "launch": [[e.tree for e in spec.grid], [e.tree for e in spec.block], spec.shared.tree],
+        "verification": [spec.reference, spec.inputs, list(spec.tolerance) if spec.tolerance else None],
+        "search": spec.search.checksum_fields(),
+        "arch": arch,
+        "bucket": Bucket.of(bucket).as_dict(),
+    }
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
