@@ -427,7 +427,7 @@ def test_diff_says_code_changed_when_a_header_edit_kept_the_winners(edited, proj
 @pytest.mark.parametrize("a, b, expect", PAIRS)
 def test_the_diff_command_counts_code_changes_in_its_summary(edited, project_env, a, b, expect):
     """What the command prints: each row's code change in words, and the count in the summary
-    (needs cli.py's diff to print Change.text and Diff.summary())."""
+    (needs the command's diff to print Change.text and Diff.summary())."""
     code, out, err = run_cli("diff", edited["old"][PICK[a]], edited["new"][PICK[b]])
     assert code == 0, err
     assert "0 added, 0 removed, 0 changed, 6 code changed, 0 unchanged;" in out, out
@@ -459,7 +459,7 @@ def test_diff_of_a_lock_file_and_a_wheel_does_not_claim_to_know_the_code(edited)
 
 
 def test_the_diff_command_says_when_it_could_not_compare_code(edited):
-    """What the command prints for a lock file against a wheel (needs cli.py's diff to print
+    """What the command prints for a lock file against a wheel (needs the command's diff to print
     Diff.summary())."""
     code, out, err = run_cli("diff", edited["old"][1], edited["new"][2])
     assert code == 0 and f"0 added, 0 removed, 6 changed, 0 unchanged ({NOT_COMPARED}); 0 regression(s)" in out, out
