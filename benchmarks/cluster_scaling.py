@@ -91,7 +91,7 @@ def run_local(root: Path, n: int, measure_ms: float, cache_dir: Path) -> tuple[f
     from hatch_autotune.compile.cache import CompileCache
     from hatch_autotune.plan.devices import Gpu
     from hatch_autotune.tuning import tune
-    from hatch_autotune.tuning.worker import WorkerClient
+    from hatch_autotune.tuning.worker_client import WorkerClient
 
     env = {**os.environ, **worker_env(measure_ms)}
     gpus = [Gpu(i, ARCH, "stand-in") for i in range(n)]

@@ -161,7 +161,7 @@ def _serve(data: ReplayData, cc: tuple[int, int], seed: int, lines: Any, out: An
                 limits = {"max_threads_per_block": 1024, "max_registers_per_block": 65536, "max_shared_memory_per_block": 49152}
                 reply = {"ok": True, "device": {"name": f"{data.device} (replayed)", "cc": list(cc), "driver": "replay", "limits": limits}}
             elif op == "setup":
-                configs = {vid: v["config"] for vid, v in msg["kernel"]["variants"].items()}
+                configs = dict(msg["configs"])
                 axes = list(next(iter(configs.values()))) if configs else []
                 matcher = data.matcher(axes)
                 variants = {vid: matcher.find(c) for vid, c in configs.items()}

@@ -187,7 +187,7 @@ def tune_over_fake_worker(root: Path, cache_dir: Path, **options: Any):
     it does by default (SYNTHETIC timings); `options`: more of tune()'s keywords."""
     from hatch_autotune.compile.cache import CompileCache
     from hatch_autotune.tuning import tune
-    from hatch_autotune.tuning.worker import WorkerClient
+    from hatch_autotune.tuning.worker_client import WorkerClient
 
     fake = [sys.executable, str(Path(__file__).parent / "fake_worker.py")]
     return tune(
@@ -207,7 +207,7 @@ def tune_over_standin(root: Path, cache_dir: Path, log=lambda line: None, env: d
     each request's op is appended to)."""
     from hatch_autotune.compile.cache import CompileCache
     from hatch_autotune.tuning import tune
-    from hatch_autotune.tuning.worker import WorkerClient
+    from hatch_autotune.tuning.worker_client import WorkerClient
 
     here = Path(__file__).parent
     worker = [sys.executable, str(here / "standin_worker.py")]

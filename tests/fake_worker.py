@@ -55,7 +55,7 @@ def main():
                 },
             }
         elif op == "setup":
-            variants = {vid: v["config"] for vid, v in msg["kernel"]["variants"].items()}
+            variants = dict(msg["configs"])
             reply = {"ok": True}
             if msg.get("inputs", {}).get("generator") or msg.get("inputs", {}).get(
                 "reference"

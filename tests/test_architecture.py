@@ -175,3 +175,83 @@ def test_the_tuner_does_not_import_the_wheel_writer_nor_the_command():
 def test_no_folder_is_named_as_tools_name_output_or_tests():
     folders = {p.name for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__"}
     assert not folders & TOOL_SKIPPED_NAMES
+
+
+# ---- sizes: rooms a reader can hold in mind ----------------------------------------------------
+
+MAX_MODULE_LINES = 450
+MAX_CLASS_LINES = 300
+
+
+def oversized(paths: dict[str, Path]) -> list[str]:
+    """Modules over MAX_MODULE_LINES lines and classes over MAX_CLASS_LINES, as `where: lines`."""
+    found = []
+    for mod, path in sorted(paths.items()):
+        text = path.read_text(encoding="utf-8")
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            found.append(f"{mod}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                size = node.end_lineno - node.lineno + 1
+                if size > MAX_CLASS_LINES:
+                    found.append(f"{mod}.{node.name}: {size} lines")
+    return found
+
+
+def test_the_size_check_finds_a_big_module_and_a_big_class(tmp_path):
+    big = tmp_path / "big.py"
+    big.write_text("class C:\n" + "    x = 1\n" * MAX_CLASS_LINES + "y = 2\n" * (MAX_MODULE_LINES - MAX_CLASS_LINES))
+    small = tmp_path / "small.py"
+    small.write_text("class C:\n    x = 1\n")
+    assert oversized({"big": big, "small": small}) == [f"big: {MAX_MODULE_LINES + 1} lines", f"big.C: {MAX_CLASS_LINES + 1} lines"]
+
+
+def test_no_module_or_class_is_too_big_to_read_whole():
+    found = oversized(modules())
+    assert not found, "\n".join(found)
+
+
+# ---- the kernel declaration: typed records, its JSON read in one place -------------------------
+
+# Keys that only the declaration's and the table's JSON forms have (runtime/declaration.py and
+# runtime/table.py read and write them); declare/ reads the pyproject table, whose TOML spells some
+# of them too, and tuning/inputs.py the input recipe's own `intent`. (Not "kind", which the
+# worker's failures have too, nor "args" and "key", which other records have.)
+DECLARATION_KEYS = {"intent", "type_params", "launch", "axis", "mapping", "buckets", "variants", "select"}
+DECLARATION_OWNERS = ("hatch_autotune.runtime.declaration", "hatch_autotune.runtime.table", "hatch_autotune.declare", "hatch_autotune.tuning.inputs")
+
+
+def key_reads(path: Path, keys: set[str]) -> list[int]:
+    """Lines where `path` reads one of `keys` by string: `x["kind"]`, `x.get("kind")`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in keys:
+            found.append(node.lineno)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("get", "pop", "setdefault")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in keys
+        ):
+            found.append(node.lineno)
+    return found
+
+
+def test_the_key_read_check_finds_a_read(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text('a = spec["args"][0]["intent"]\nb = spec.get("launch")\nc = spec.name\n')
+    assert key_reads(src, DECLARATION_KEYS) == [1, 2]
+
+
+def test_the_declaration_is_read_by_key_in_one_place():
+    """Every stage reads a kernel's declaration as typed records (runtime/declaration.py)."""
+    found = [
+        f"{mod}:{line}"
+        for mod, path in sorted(modules().items())
+        if not mod.startswith(DECLARATION_OWNERS)
+        for line in key_reads(path, DECLARATION_KEYS)
+    ]
+    assert not found, found

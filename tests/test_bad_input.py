@@ -271,13 +271,12 @@ def test_a_broken_array_interface_names_the_argument(example_kernels, cai, fragm
 
 def test_a_negative_scalar_key_is_refused_before_the_launch(example_kernels):
     """saxpy with n passed by the caller (as a scalar key would be) instead of computed."""
-    from hatch_autotune.runtime import Kernel
+    from hatch_autotune.runtime import Kernel, KernelTable
 
-    saxpy = example_kernels.saxpy
     spec = copy.deepcopy(example_kernels._LIBRARY.table["kernels"]["saxpy"])
     spec["args"] = [{k: v for k, v in a.items() if k != "value"} for a in spec["args"]]
     spec["key"] = [{**d, "from": "n", "axis": None} for d in spec["key"]]
-    kernel = Kernel("saxpy", spec, saxpy._binaries)
+    kernel = Kernel(KernelTable.from_json("saxpy", spec), example_kernels._LIBRARY)
     x, y = _Interface(**GOOD_CAI), _Interface(**GOOD_CAI)
     with pytest.raises(ValueError, match=r"saxpy\(\): argument 'n'=-1 defines key dim n, a size: expected 0 to"):
         kernel.prepare(1.0, x, y, -1)

@@ -192,9 +192,25 @@ def test_scalar_range_and_kind_checks():
 def test_docstring_and_signature(kernels):
     doc = kernels.saxpy.__doc__
     assert doc.startswith("saxpy(a, x, y, *, stream=None)")
-    assert "x: GPU array, T in {float32, float16}, shape (n), C-contiguous, intent in" in doc
-    assert "Key (selects the variant): n in [4096, 262144, 16777216] (nearest)" in doc
+    assert "x: GPU array, T in {float32, float16}, shape (n), C-contiguous, 16-byte aligned, intent in" in doc
+    assert "Key (selects the variant): n = x.shape[0] in [4096, 262144, 16777216] (nearest)" in doc
     assert str(inspect.signature(kernels.sgemm)) == "(A, B, C, *, stream=None)"
+
+
+def test_help_and_the_stub_show_the_same_prose(kernels):
+    """One function writes a kernel's prose (runtime/declaration.py): help() shows it, and so
+    does the stub's `__call__` and `select` of every kernel, word for word."""
+    import ast
+    from pathlib import Path
+
+    stub = ast.parse((Path(kernels.__file__).parent / "__init__.pyi").read_text(encoding="utf-8"))
+    classes = {n.name: n for n in stub.body if isinstance(n, ast.ClassDef)}
+    for name in ("saxpy", "row_softmax", "sgemm"):
+        kernel = getattr(kernels, name)
+        methods = {n.name: n for n in classes[f"_{name}_kernel"].body if isinstance(n, ast.FunctionDef)}
+        assert ast.get_docstring(methods["__call__"]) == inspect.cleandoc(kernel.__doc__)
+        assert ast.get_docstring(methods["select"]) == kernel.declaration.select_doc()
+    assert "M: GPU array" not in kernels.sgemm.__doc__ and "C: GPU array, float32, shape (m, n)" in kernels.sgemm.__doc__
 
 
 # ---- the repeated-call fast path, through the driver stand-in (tests/cuda_standin.py) ----------

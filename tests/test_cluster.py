@@ -23,7 +23,7 @@ from hatch_autotune.lock import LockEntry, LockFile
 from hatch_autotune.plan.devices import Gpu
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.schedule import Job, SlotLost, run_schedule
-from hatch_autotune.tuning.worker import WorkerClient
+from hatch_autotune.tuning.worker_client import WorkerClient
 
 FAKE = [sys.executable, str(Path(__file__).with_name("fake_worker.py"))]
 CC = {"sm_80": [8, 0], "sm_90": [9, 0]}
@@ -239,7 +239,7 @@ def test_the_lock_is_saved_behind_the_run_and_complete_when_it_ends(tmp_path):
 
 def test_a_lock_that_cannot_be_saved_stops_the_run_with_the_reason(tmp_path, monkeypatch):
     """A full disk (simulated: root writes anywhere here) stops the run at its next bucket."""
-    import hatch_autotune.lock as lock_mod
+    import hatch_autotune.lock.file as lock_mod
 
     def full(path, data):
         raise OSError(28, "No space left on device")

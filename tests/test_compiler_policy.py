@@ -21,7 +21,7 @@ from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.declare.config import ConfigError
 from hatch_autotune.lock import LockFile, NvrtcPolicy
 from hatch_autotune.tuning import tune
-from hatch_autotune.tuning.worker import WorkerClient
+from hatch_autotune.tuning.worker_client import WorkerClient
 
 FAKE = [sys.executable, str(Path(__file__).with_name("fake_worker.py"))]
 SM90 = {"HATCH_AUTOTUNE_ARCHS": "sm_90"}  # the arch the stand-in worker "is": every entry tuned

@@ -21,7 +21,7 @@ from hatch_autotune.plan.devices import Gpu, detect_gpu_arch, detect_gpus
 from hatch_autotune.plan.planner import resolve_archs
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.tuner import plan_tuning
-from hatch_autotune.tuning.worker import WorkerClient
+from hatch_autotune.tuning.worker_client import WorkerClient
 
 OK = driver.CUresult.CUDA_SUCCESS
 MAJOR = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR

@@ -219,7 +219,7 @@ sys.path.insert(0, {tests!r})
 from conftest import load_project
 from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.tuning import tune
-from hatch_autotune.tuning.worker import WorkerClient
+from hatch_autotune.tuning.worker_client import WorkerClient
 root, kernel, cache, start = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
 project = load_project(root)
 (start / kernel).touch()  # both runs start together, so each reads the lock before the other writes

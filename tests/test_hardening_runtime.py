@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from hatch_autotune import runtime
 from hatch_autotune.declare.expr import parse
-from hatch_autotune.runtime import Binaries, CudaApi, Kernel, NoDriverError, stream_handle
+from hatch_autotune.runtime import Binaries, CudaApi, Kernel, KernelTable, NoDriverError, stream_handle
 from hatch_autotune.runtime.args import c_scalar
 from hatch_autotune.runtime.params import PACK_ERRORS, ParamBuffer
 
@@ -63,7 +63,7 @@ def kernel(name: str, args: list[dict], key: list[dict], select: dict, constants
         "variants": {"v0": {"config": {}, "binaries": {}}},
         "select": select,
     }
-    return Kernel(name, spec, _Sm90())
+    return Kernel(KernelTable.from_json(name, spec), _Sm90())
 
 
 class _Sm90(Binaries):
@@ -72,7 +72,7 @@ class _Sm90(Binaries):
     def binary_for(self, cc):
         return "sm_90", "sm_90"
 
-    def read(self, kernel, variant, binary):
+    def read(self, table, variant, binary):
         raise AssertionError("no binary is read here")
 
 

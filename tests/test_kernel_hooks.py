@@ -21,7 +21,7 @@ from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.errors import BuildError
 from hatch_autotune.tuning import tune
 from hatch_autotune.tuning.inputs import InputError, InputRecipe, bucket_inputs, random_inputs, reference_outputs, resolved_dtype
-from hatch_autotune.tuning.worker import WorkerClient
+from hatch_autotune.tuning.worker_client import WorkerClient
 
 HERE = Path(__file__).parent
 

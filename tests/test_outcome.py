@@ -20,7 +20,7 @@ from hatch_autotune.errors import BuildError
 from hatch_autotune.lock import EntryId
 from hatch_autotune.text import LOG_LINES, log_excerpt
 from hatch_autotune.tuning import TuningError, tune
-from hatch_autotune.tuning.worker import WorkerClient
+from hatch_autotune.tuning.worker_client import WorkerClient
 from hatch_autotune.wheel.outcome import LOGS_PER_GROUP, OUTCOME_FILE, CompileFailure, EntryOutcome, Outcome
 from hatch_autotune.wheel.payload import write_package
 

@@ -14,7 +14,7 @@ from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.lock import EntryId, LockEntry, LockFile, entry_checksum
 from hatch_autotune.plan.planner import make_plan
 from hatch_autotune.tuning import tune
-from hatch_autotune.tuning.worker import WorkerClient
+from hatch_autotune.tuning.worker_client import WorkerClient
 from hatch_autotune.wheel.assemble import build_payload
 
 FAKE = [sys.executable, str(Path(__file__).with_name("fake_worker.py"))]

@@ -38,7 +38,7 @@ from hatch_autotune.tuning.search import (
     run_search,
 )
 from hatch_autotune.tuning.warm import WAVE_GROWTH, transfer_waves, warm_start
-from hatch_autotune.tuning.worker import WorkerClient
+from hatch_autotune.tuning.worker_client import WorkerClient
 
 REPLAY = ROOT / "benchmarks" / "replay.py"  # research tooling: outside the package
 replay = load_benchmark("replay")

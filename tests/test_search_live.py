@@ -25,7 +25,7 @@ def synthetic_ms(config: dict) -> float:
 
 
 def test_search_live_runs_every_search_and_compares_each_winner_with_exhaustives(tmp_path, monkeypatch):
-    from hatch_autotune.tuning.worker import WorkerClient
+    from hatch_autotune.tuning.worker_client import WorkerClient
 
     module = load_benchmark("search_live")
     fake = [sys.executable, str(Path(__file__).parent / "fake_worker.py")]

@@ -84,7 +84,10 @@ def test_example_pkg_stub_declares_each_kernel_call_and_select():
     assert "saxpy: _saxpy_kernel\nrow_softmax: _row_softmax_kernel\nsgemm: _sgemm_kernel\n" in text
     assert '__all__ = ["saxpy", "row_softmax", "sgemm", "provenance"]' in text
     assert "provenance: dict[str, _Any]" in text
-    assert "from ._runtime import PreparedCall as _PreparedCall, Selection as _Selection" in text
+    assert (
+        "from ._runtime import KernelDecl as _KernelDecl, PreparedCall as _PreparedCall, Selection as _Selection, Variant as _Variant"
+        in text
+    )
     # dtypes, shapes and the key, which no checker sees, are in the docstrings
     call_doc = ast.get_docstring(method(tree, "saxpy", "__call__"))
     assert call_doc.startswith("saxpy(a, x, y, *, stream=None)\n\ny = a * x + y, elementwise\n")

@@ -471,7 +471,13 @@ def _key(name, source, axis=0):
 
 
 def test_operators_follow_the_intents_and_say_why_a_kernel_has_no_functional_form(rt):
-    operators = rt.torch_ops.operators
+    def operators(name, args, key, type_params, constants):
+        """The operators of a declaration, given as the table's JSON form."""
+        launch = {"grid": [1], "block": [32], "shared": 0}
+        listed = [{"name": c, "values": v} for c, v in constants.items()]
+        data = {"entry": name, "args": args, "key": key, "type_params": type_params, "constants": listed, "launch": launch}
+        return rt.torch_ops.operators(rt.KernelDecl.from_json(name, data))
+
     ints = {"I": ["int32", "int64"], "F": ["float16", "float32"], "M": ["int8", "float64"]}
     args = [_arg("y", "F", ["n"], "out"), _arg("x", "F", ["n"], "in"), _arg("s", "I"), _arg("t", "M"), _arg("n", "int32", value=["n", "n"])]
     functional, out_form = operators("k", args, [_key("n", "x")], ints, {"C": [True, False], "R": [3]})

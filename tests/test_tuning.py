@@ -19,13 +19,14 @@ from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.compile.entry import Resources
 from hatch_autotune.declare.config import TuningSpec
 from hatch_autotune.lock import LockEntry, LockFormatError, Runoff
+from hatch_autotune.runtime import KernelDecl, LaunchDecl
 from hatch_autotune.tuning import TuningError, tune
 from hatch_autotune.tuning.bench import median, next_step, spread
 from hatch_autotune.tuning.bucket import prune_reason
 from hatch_autotune.tuning.choice import choose_winner, contenders, interval, measured, run_runoff
 from hatch_autotune.tuning.protocol import Limits
 from hatch_autotune.tuning.verify import compare, poison_byte, tolerance
-from hatch_autotune.tuning.worker import WorkerClient, WorkerDied
+from hatch_autotune.tuning.worker_client import WorkerClient, WorkerDied
 
 FAKE = [sys.executable, str(Path(__file__).with_name("fake_worker.py"))]
 LIMITS = Limits(max_threads_per_block=1024, max_registers_per_block=65536, max_shared_memory_per_block=49152)
@@ -234,7 +235,7 @@ def client(plan: dict) -> WorkerClient:
 
 
 def setup_msg(configs):
-    return {"op": "setup", "kernel": {"variants": {f"v{i}": {"config": c} for i, c in enumerate(configs)}}}
+    return {"op": "setup", "configs": {f"v{i}": c for i, c in enumerate(configs)}}
 
 
 def test_worker_crash_abort_fatal_and_hang_are_reasons_not_exceptions_for_the_parent():
@@ -417,9 +418,10 @@ def test_the_worker_protocol_messages_keep_their_wire_format():
         (ArgRecipe("x", "float32", (1024,), "in", 0), ArgRecipe("a", "float32", None, "in", 2)),
         "/p",
     )
+    decl = KernelDecl("scale", "scale_f32", "", (), (), {}, {}, LaunchDecl((["n", "n"],), (256,), 0))
     setup = Setup(
-        "scale",
-        {"args": []},
+        decl,
+        {"v1": {"BLOCK": 256}},
         {"T": "float32"},
         Bucket.of({"n": 1024}),
         recipe,
@@ -443,7 +445,8 @@ def test_the_worker_protocol_messages_keep_their_wire_format():
         "computed": [],
     }
     wire = {
-        "op": "setup", "name": "scale", "kernel": {"args": []}, "binaries": {}, "types": {"T": "float32"}, "key": {"n": 1024},
+        "op": "setup", "name": "scale", "kernel": decl.to_json(), "configs": {"v1": {"BLOCK": 256}}, "binaries": {},
+        "types": {"T": "float32"}, "key": {"n": 1024},
         "inputs": wire_recipe, "tolerances": {"y": [1e-4, 1e-5]}, "settings": dict(vars(settings)),
         "comparers": {"float32/float32": "/tmp/c.cubin"},
     }  # fmt: skip
@@ -485,7 +488,7 @@ def test_the_worker_protocol_messages_keep_their_wire_format():
 
 def test_the_driver_release_is_read_from_the_kernel_modules_version(tmp_path):
     """The provenance's driver release: the CUDA driver API says only its CUDA version."""
-    from hatch_autotune.tuning.worker import driver_release
+    from hatch_autotune.tuning.worker_state import driver_release
 
     proprietary = tmp_path / "p"
     proprietary.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu Oct  9 2025\nGCC version:  gcc 13\n")

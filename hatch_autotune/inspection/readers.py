@@ -143,7 +143,7 @@ def lock_source(path: Path, data: Any = None) -> Source:
 
 def table_source(table: Any, label: str, kind: str) -> Source:
     """The rows of a selection table (bytes or decoded JSON of a table.json)."""
-    from ..runtime import TableEntry, TableError, parse_table
+    from ..runtime import KernelTable, TableError, parse_table
 
     try:
         table = parse_table(table, label)
@@ -151,29 +151,28 @@ def table_source(table: Any, label: str, kind: str) -> Source:
         raise CliError(str(exc)) from None
     rows: dict[str, Row] = {}
     try:
-        for name, kernel in table["kernels"].items():
-            names = [k["name"] for k in kernel["key"]]
-            for tkey, per_arch in kernel["select"].items():
-                for arch, selected in per_arch.items():
-                    for sel in selected:
-                        e = TableEntry.from_json(sel)
-                        variant = kernel["variants"][e.variant]
-                        r = Row(
-                            kernel=name,
-                            types=tkey,
-                            arch=arch,
-                            bucket=Bucket.from_values(names, e.bucket),
-                            config=dict(variant["config"]),
-                            tuned=e.tuned,
-                            note="" if e.tuned else e.reason or "default config",
-                            time_ms=finite_ms(e.median_ms),
-                            default_ms=finite_ms(e.default_ms),
-                            resources=_resources((variant.get("resources") or {}).get(arch)),
-                            variant=e.variant,
-                            binary=_binary((variant.get("binaries") or {}).get(arch)),
-                            provenance=dict(e.provenance),
-                        )
-                        rows[r.eid] = r
+        for name, data in table["kernels"].items():
+            kernel = KernelTable.from_json(name, data)
+            names = [k.name for k in kernel.decl.key]
+            for tkey, arch, e in kernel.entries():
+                variant = kernel.variants[e.variant]
+                binary = variant.binaries.get(arch)
+                r = Row(
+                    kernel=name,
+                    types=tkey,
+                    arch=arch,
+                    bucket=Bucket.from_values(names, e.bucket),
+                    config=dict(variant.config),
+                    tuned=e.tuned,
+                    note="" if e.tuned else e.reason or "default config",
+                    time_ms=finite_ms(e.median_ms),
+                    default_ms=finite_ms(e.default_ms),
+                    resources=_resources(variant.resources.get(arch)),
+                    variant=e.variant,
+                    binary=binary.sha256 if binary is not None and binary.sha256 else None,
+                    provenance=dict(e.provenance),
+                )
+                rows[r.eid] = r
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise CliError(f"{label}: malformed selection table ({type(exc).__name__}: {exc})") from None
     return Source(label, kind, rows, list(table["kernels"]), [TABLE_NO_TIMES])
@@ -185,12 +184,6 @@ def _resources(value: Any) -> dict[str, int] | None:
     if not isinstance(value, dict):
         return None
     return {k: v for k, v in value.items() if type(v) is int and 0 <= v < 1 << 48} or None
-
-
-def _binary(value: Any) -> str | None:
-    """The sha256 the table records for a variant's binary on one arch, if it records one."""
-    sha = value.get("sha256") if isinstance(value, dict) else None
-    return sha if isinstance(sha, str) and sha else None
 
 
 # What marks a generated package next to its table.json: the vendored runtime, a package

@@ -11,11 +11,17 @@ copy. One concept per module:
   record      the base of its immutable records
   values      dtypes, sizes, integer ranges; how an instance's types and constants are named
   expr        expression trees (shapes, grid, block), evaluated within bounds, never eval()
-  table       table.json: schema, the one reader and writer, `TableEntry`, the JSON decoder
-  selection   key -> bucket, arch fallback, the driver a PTX needs, `Selection`
+  table       table.json: schema, the one reader and writer, `KernelTable`, `Variant`, `TableEntry`,
+              the JSON decoder
+  declaration a kernel's declaration as typed records (`KernelDecl`...), their JSON form, its prose
   cuda_seam   every CUDA call: `CudaApi`, `check_cuda`, `GpuState`, `use_gpu` (the tests' seam)
-  args        call arguments checked and converted before any GPU call; `PreparedCall`
-  kernel      `Kernel`: select() and the call path to a launch; `Binaries`
+  args        array views, scalars' C values, streams; `PreparedCall`
+  selection   key -> bucket, arch fallback, the driver a PTX needs; `KernelSelector`, `Selection`,
+              `Binaries`
+  checks      a call's arguments bound and checked against the declaration before any GPU call
+  params      a kernel instance's parameters laid out once for cuLaunchKernel
+  launch      the call path: the fast path, the checked path, loading, the launch
+  kernel      `Kernel`: select(), the call, prepare(), its help() text
   library     `Library`: the wheel's table and binaries, checked against their sha256
   torch_ops   the kernels as PyTorch operators, registered by the generated `torch_ops` module
               alone (never imported here: PyTorch is imported only when that module is)
@@ -26,12 +32,35 @@ stub `_runtime.Selection` and `_runtime.PreparedCall`, and the build side import
 
 from .args import ArrayView, PreparedCall, array_view, stream_handle
 from .cuda_seam import MIN_CUDA_CORE, CudaApi, GpuState, check_cuda, check_cuda_core, cuda_api, current_device_cc, use_gpu
+from .declaration import ArgDecl, KernelDecl, KeyDecl, LaunchDecl
 from .errors import ArrayInterfaceError, CudaCallError, ExpressionError, IntegrityError, NoDriverError, TableError, short_repr
 from .expr import FUNCTIONS, MAX_EXPR_DEPTH, MAX_INT_BITS, cdiv, compile_expr, tree_names, tree_text
-from .kernel import Binaries, Kernel
+from .kernel import Kernel
 from .library import Library
-from .selection import MAPPINGS, MIN_SM, Selection, as_compute_capability, choose_arch, map_to_bucket, parse_arch, ptx_driver_needed
-from .table import MAX_JSON_DEPTH, TABLE_FILE, TABLE_SCHEMA, TableEntry, load_json, parse_table, sha256_hex, table_bytes
+from .selection import (
+    MAPPINGS,
+    MIN_SM,
+    Binaries,
+    Selection,
+    as_compute_capability,
+    choose_arch,
+    map_to_bucket,
+    parse_arch,
+    ptx_driver_needed,
+)
+from .table import (
+    MAX_JSON_DEPTH,
+    TABLE_FILE,
+    TABLE_SCHEMA,
+    BinaryRef,
+    KernelTable,
+    TableEntry,
+    Variant,
+    load_json,
+    parse_table,
+    sha256_hex,
+    table_bytes,
+)
 from .values import DTYPE_SIZES, INT_RANGES, MAX_SIZE, TYPESTRS, instance_env, types_key, value_text
 
 __all__ = [
@@ -48,21 +77,28 @@ __all__ = [
     "TABLE_FILE",
     "TABLE_SCHEMA",
     "TYPESTRS",
+    "ArgDecl",
     "ArrayInterfaceError",
     "ArrayView",
     "Binaries",
+    "BinaryRef",
     "CudaApi",
     "CudaCallError",
     "ExpressionError",
     "GpuState",
     "IntegrityError",
     "Kernel",
+    "KernelDecl",
+    "KernelTable",
+    "KeyDecl",
+    "LaunchDecl",
     "Library",
     "NoDriverError",
     "PreparedCall",
     "Selection",
     "TableEntry",
     "TableError",
+    "Variant",
     "array_view",
     "as_compute_capability",
     "cdiv",

@@ -172,10 +172,44 @@ def tree_names(tree: Any) -> set[str]:
     return names
 
 
+_PRECEDENCE = {"+": 6, "-": 6, "*": 7, "/": 7, "//": 7, "%": 7, "**": 9}
+
+
 def tree_text(tree: Any) -> str:
-    """A readable rendering of a shape tree, for docstrings: `n * 2`."""
-    if isinstance(tree, list) and tree and tree[0] == "n":
-        return tree[1]
-    if isinstance(tree, list) and len(tree) == 3 and tree[0] in _OPS:
-        return f"{tree_text(tree[1])} {tree[0]} {tree_text(tree[2])}"
-    return json.dumps(tree) if isinstance(tree, list) else str(tree)
+    """An expression tree written back as Python would read it (`cdiv(n, BLOCK * VEC)`), for
+    docstrings and messages: parentheses only where precedence needs them."""
+    return _text(tree, 0)
+
+
+def _text(tree: Any, outer: int) -> str:
+    """`tree` as text, parenthesised when its operator binds looser than `outer`."""
+    if not isinstance(tree, list) or not tree or not isinstance(tree[0], str):
+        return json.dumps(tree) if isinstance(tree, (list, dict)) else str(tree)
+    op, args = tree[0], tree[1:]
+    if op == "n" and len(args) == 1:
+        return str(args[0])
+    if op == "call" and args:
+        return f"{args[0]}({', '.join(_text(a, 0) for a in args[1:])})"
+    if op in _PRECEDENCE and len(args) == 2:
+        level = _PRECEDENCE[op]
+        right_assoc = op == "**"  # 2 ** 3 ** 2 is 2 ** (3 ** 2)
+        left = _text(args[0], level + (1 if right_assoc else 0))
+        right = _text(args[1], level + (0 if right_assoc else 1))
+        return _wrap(f"{left} {op} {right}", level, outer)
+    if op == "neg" and len(args) == 1:
+        return _wrap(f"-{_text(args[0], 8)}", 8, outer)
+    if op == "not" and len(args) == 1:
+        return _wrap(f"not {_text(args[0], 3)}", 3, outer)
+    if op in ("and", "or") and len(args) >= 2:
+        level = 2 if op == "and" else 1
+        return _wrap(f" {op} ".join(_text(a, level + 1) for a in args), level, outer)
+    if op == "cmp" and len(args) >= 2:
+        rest = " ".join(f"{c[0]} {_text(c[1], 5)}" if isinstance(c, list) and len(c) == 2 else str(c) for c in args[1:])
+        return _wrap(f"{_text(args[0], 5)} {rest}", 4, outer)
+    if op == "if" and len(args) == 3:
+        return _wrap(f"{_text(args[1], 1)} if {_text(args[0], 1)} else {_text(args[2], 0)}", 0, outer)
+    return json.dumps(tree)
+
+
+def _wrap(text: str, level: int, outer: int) -> str:
+    return f"({text})" if level < outer else text

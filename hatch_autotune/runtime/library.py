@@ -8,13 +8,14 @@ import os
 
 from .cuda_seam import check_cuda_core
 from .errors import IntegrityError, TableError, short_repr
-from .kernel import Binaries, Kernel
-from .selection import choose_arch
-from .table import TABLE_FILE, parse_table, sha256_hex
+from .kernel import Kernel
+from .selection import Binaries, choose_arch
+from .table import TABLE_FILE, KernelTable, parse_table, sha256_hex
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
-    from typing import Any, Mapping
+    from collections.abc import Mapping
+    from typing import Any
 
 
 class Library(Binaries):
@@ -29,7 +30,7 @@ class Library(Binaries):
         self.ptx_for: dict[str, str] = dict(table.get("ptx", {}))
         self.provenance: dict[str, Any] = dict(table.get("provenance", {}))
         self._arch_cache: dict[tuple[int, int], tuple[str, str]] = {}
-        self.kernels = {name: Kernel(name, spec, self) for name, spec in sorted(table["kernels"].items())}
+        self.kernels = {name: Kernel(KernelTable.from_json(name, spec), self) for name, spec in sorted(table["kernels"].items())}
 
     @classmethod
     def load(cls, directory: str, table_sha256: str | None = None) -> Library:
@@ -65,9 +66,9 @@ class Library(Binaries):
             hit = self._arch_cache.setdefault(cc, hit)
         return hit
 
-    def read(self, kernel: Kernel, variant: str, binary: str) -> bytes:
-        info = kernel.variants[variant]["binaries"][binary]
-        return self.read_checked(info["file"], info["sha256"])
+    def read(self, table: KernelTable, variant: str, binary: str) -> bytes:
+        info = table.variants[variant].binaries[binary]
+        return self.read_checked(info.file, info.sha256)
 
     def read_checked(self, relpath: str, expected_sha256: str) -> bytes:
         path = os.path.join(self.directory, relpath)

@@ -1,17 +1,24 @@
 """Selection: which bucket a run-time key falls into (`map_to_bucket`), which binary of a wheel
-serves a device (`choose_arch`, and the driver a PTX needs), and what a kernel's `select()`
-answers (`Selection`). The build side plans with the same functions, so there is one copy."""
+serves a device (`choose_arch`, and the driver a PTX needs), and a kernel's choice of variant
+(`KernelSelector`: its `select()` answers a `Selection`; `Binaries` finds the compiled code). The
+build side plans with the same functions, so there is one copy."""
 
 from __future__ import annotations
 
 import re
 
+from .args import as_constant
+from .cuda_seam import current_device_cc
 from .errors import short_repr
 from .record import Record
+from .values import MAX_SIZE, types_key
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
-    from typing import Any, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from .table import KernelTable, Variant
 
 MAPPINGS = ("nearest", "floor", "ceil", "exact")
 
@@ -149,3 +156,139 @@ class Selection(Record):
     tuned: bool
     arch: str  # the table arch whose choice this is (e.g. 'sm_80' on an sm_86 device)
     binary: str  # the binary that runs: 'sm_80' (cubin) or 'compute_90' (PTX, JIT-compiled)
+
+
+class Binaries:
+    """What a kernel needs to find its compiled code: which binary serves a device, and the
+    bytes of a binary. The wheel's `Library` is one; the tuning worker brings its own."""
+
+    cubin_archs: Sequence[str] = ()  # the archs that have cubins (for error messages)
+
+    def binary_for(self, cc: tuple[int, int]) -> tuple[str, str]:
+        """(table arch, binary arch) for a compute capability: ('sm_80', 'sm_80') runs a cubin,
+        ('sm_90', 'compute_90') JIT-compiles the PTX made from sm_90's winners."""
+        raise NotImplementedError
+
+    def read(self, table: KernelTable, variant: str, binary: str) -> bytes:
+        """The bytes of `variant`'s binary for arch `binary` (e.g. 'sm_90' or 'compute_90')."""
+        raise NotImplementedError
+
+
+class KernelSelector:
+    """A kernel's choice of variant: the type instance and constants of a call or a `select()`,
+    the bucket of its key, and the table's entry for the device's arch."""
+
+    def __init__(self, table: KernelTable, binaries: Binaries):
+        self.table = table
+        self.decl = decl = table.decl
+        self.name = decl.name
+        self.binaries = binaries
+        self.key_names = tuple(k.name for k in decl.key)
+
+    def variant(self, vid: str) -> Variant:
+        return self.table.variants[vid]
+
+    @property
+    def buckets(self) -> dict[str, list[int]]:
+        return {k.name: list(k.buckets) for k in self.decl.key}
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        """Per (types, arch, bucket): the variant, tuned or default, and where it was tuned."""
+        out: dict[str, Any] = {}
+        for tkey, arch, e in self.table.entries():
+            label = " ".join(f"{n}={b}" for n, b in zip(self.key_names, e.bucket))
+            out[f"{tkey} {arch} {label}"] = {"variant": e.variant, "tuned": e.tuned, "provenance": e.provenance_json()}
+        return out
+
+    def resolve_constants(self, given: dict[str, Any], where: str) -> dict[str, Any]:
+        """Each constant's value: given by keyword (taken out of `given`), exactly one of the
+        declared values (an int for an integer constant, a bool for a boolean one), or the
+        only declared value when it has one."""
+        out: dict[str, Any] = {}
+        for c, allowed in self.decl.constants.items():
+            if c not in given:
+                if len(allowed) != 1:
+                    raise TypeError(f"{where} needs constant {c}= (one of {list(allowed)!r})")
+                out[c] = allowed[0]
+                continue
+            value = given.pop(c)
+            kind = bool if type(allowed[0]) is bool else int
+            exact = as_constant(value, kind)
+            if exact is None or exact not in allowed:
+                raise ValueError(f"{where}: constant {c}={short_repr(value)}; expected one of {list(allowed)!r}")
+            out[c] = exact
+        return out
+
+    def _resolve_instance(self, given: dict[str, Any]) -> dict[str, Any]:
+        types: dict[str, Any] = {}
+        for tp, allowed in self.decl.type_params.items():
+            if tp in given:
+                value = str(given.pop(tp))
+                if value not in allowed:
+                    raise ValueError(f"{self.name}: type parameter {tp}={value!r}; expected one of {list(allowed)}")
+                types[tp] = value
+            elif len(allowed) == 1:
+                types[tp] = allowed[0]
+            else:
+                raise TypeError(f"{self.name}.select() needs type parameter {tp}= (one of {list(allowed)})")
+        types.update(self.resolve_constants(given, f"{self.name}.select()"))
+        return types
+
+    def select(self, arch: Any, extra: tuple[Any, ...], key: Mapping[str, Any]) -> Selection:
+        """Kernel.select: the variant for key dims (and type parameters and constants) on an arch."""
+        if extra:
+            names = [*self.key_names, *self.decl.type_params, *self.decl.constants]
+            raise TypeError(
+                f"{self.name}.select() takes one positional argument (arch), got {1 + len(extra)}; "
+                f"key dims, type parameters and constants are passed by keyword ({', '.join(f'{n}=' for n in names)})"
+            )
+        given = dict(key)
+        types = self._resolve_instance(given)
+        missing = [n for n in self.key_names if n not in given]
+        unknown = sorted(set(given) - set(self.key_names))
+        if unknown:
+            raise TypeError(f"{self.name}.select(): unknown key {unknown}; the key dims are {list(self.key_names)}")
+        if missing:
+            raise TypeError(f"{self.name}.select(): missing key dim(s) {missing}")
+        for n in self.key_names:
+            value = given[n]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{self.name}.select(): key dim {n} must be an int, got {short_repr(value)}")
+            if not 1 <= value <= MAX_SIZE:
+                raise ValueError(
+                    f"{self.name}.select(): key dim {n}={short_repr(value)} is not a problem size: expected 1 to {MAX_SIZE}"
+                    + (" (a call with an empty array launches nothing, so nothing is selected)" if value == 0 else "")
+                )
+        bucket = self.bucket(given)  # a miss of an exact key is said before the device is asked
+        cc = as_compute_capability(arch) if arch is not None else current_device_cc()
+        return self.selection(cc, types, given, bucket)
+
+    def bucket(self, key: Mapping[str, int]) -> tuple[int, ...]:
+        return tuple(map_to_bucket(key[k.name], k.buckets, k.mapping, k.name) for k in self.decl.key)
+
+    def selection(
+        self, cc: tuple[int, int], types: Mapping[str, Any], key: Mapping[str, int], bucket: tuple[int, ...] | None = None
+    ) -> Selection:
+        """The selection of an instance (`types`: its type parameters and constants) at a key on
+        a device of compute capability `cc`."""
+        if bucket is None:
+            bucket = self.bucket(key)
+        table_arch, binary = self.binaries.binary_for(cc)
+        entry = self.table.entry(types_key(types), table_arch, bucket)
+        variant = self.table.variants[entry.variant]
+        return Selection(
+            kernel=self.name,
+            variant=entry.variant,
+            config=dict(variant.config),
+            types={tp: types[tp] for tp in self.decl.type_params},
+            constants={c: types[c] for c in self.decl.constants},
+            bucket=dict(zip(self.key_names, bucket)),
+            tuned=entry.tuned,
+            arch=table_arch,
+            binary=binary,
+        )
+
+    def binary(self, selection: Selection) -> bytes:
+        """The cubin (or PTX) bytes of a selection (a Library checks them against their sha256)."""
+        return self.binaries.read(self.table, selection.variant, selection.binary)

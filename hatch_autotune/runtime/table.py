@@ -1,6 +1,7 @@
 """The selection table (table.json): the one definition of the wheel's data file. The build
-writes it with `table_bytes` (hatch_autotune.wheel.table fills it, one `TableEntry` per
-bucket), and the runtime, the tuning worker and the command read it with `parse_table`.
+writes it with `table_bytes` (hatch_autotune.wheel.table fills it: per kernel a `KernelTable`,
+its declaration a `KernelDecl`, one `Variant` per variant shipped, one `TableEntry` per bucket),
+and the runtime and the command read it with `parse_table` and `KernelTable.from_json`.
 
 Shape (schema 1):
   {"schema": 1, "module": str, "archs": [table arch], "ptx": {table arch: PTX arch},
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 
+from .declaration import KernelDecl
 from .errors import TableError
 from .record import Record
 
@@ -30,7 +32,8 @@ except ImportError:  # pragma: no cover - depends on the interpreter
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
-    from typing import Any, Mapping
+    from collections.abc import Iterator, Mapping, Sequence
+    from typing import Any
 
 TABLE_SCHEMA = 1
 TABLE_FILE = "table.json"
@@ -135,3 +138,114 @@ class TableEntry(Record):
             default_ms=default_ms,
             reason=str(reason),
         )
+
+
+class BinaryRef(Record):
+    """A variant's binary for one arch: its file in the package and its sha256; for PTX also
+    the ISA version and the NVRTC that made it (a driver JIT-compiles PTX only up to its ISA)."""
+
+    __slots__ = ("file", "sha256", "ptx_isa", "nvrtc")
+    file: str
+    sha256: str
+    ptx_isa: str | None
+    nvrtc: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"file": self.file, "sha256": self.sha256}
+        if self.ptx_isa is not None:
+            out["ptx_isa"] = self.ptx_isa
+        if self.nvrtc is not None:
+            out["nvrtc"] = self.nvrtc
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BinaryRef:
+        isa, nvrtc = data.get("ptx_isa"), data.get("nvrtc")
+        return cls(str(data["file"]), str(data["sha256"]), None if isa is None else str(isa), None if nvrtc is None else str(nvrtc))
+
+
+class Variant(Record):
+    """One variant a wheel ships: its config, its type instance, its index in the space, its
+    binaries by arch, and ptxas' resource counts by arch (shown by the command; the runtime
+    never reads them, so they stay as written)."""
+
+    __slots__ = ("config", "types", "index", "binaries", "resources")
+    config: Mapping[str, Any]
+    types: Mapping[str, Any]
+    index: int
+    binaries: Mapping[str, BinaryRef]  # arch ('sm_90' or 'compute_90') -> its binary
+    resources: Mapping[str, Any]  # arch -> ptxas' counts by name, as written
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config": dict(self.config),
+            "types": dict(self.types),
+            "index": self.index,
+            "binaries": {arch: b.to_json() for arch, b in self.binaries.items()},
+            "resources": dict(self.resources),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Variant:
+        return cls(
+            config=dict(data["config"]),
+            types=dict(data.get("types") or {}),
+            index=int(data.get("index", 0)),
+            binaries={str(arch): BinaryRef.from_json(b) for arch, b in (data.get("binaries") or {}).items()},
+            resources=dict(data.get("resources") or {}),
+        )
+
+
+class KernelTable:
+    """One kernel's part of table.json: its declaration, the variants shipped, and per type
+    instance and arch the entry of each bucket (each entry read at its first use, so loading a
+    table of many buckets stays quick)."""
+
+    __slots__ = ("decl", "variants", "_rows")
+
+    def __init__(
+        self,
+        decl: KernelDecl,
+        variants: Mapping[str, Variant],
+        select: Mapping[str, Mapping[str, Sequence[TableEntry | Mapping[str, Any]]]],
+    ):
+        self.decl = decl
+        self.variants = variants
+        # (types key, table arch) -> {bucket: the entry, or its JSON until it is read}
+        self._rows: dict[tuple[str, str], dict[tuple[int, ...], TableEntry | Mapping[str, Any]]] = {
+            (tkey, arch): {_bucket_of(e): e for e in entries} for tkey, per_arch in select.items() for arch, entries in per_arch.items()
+        }
+
+    @property
+    def name(self) -> str:
+        return self.decl.name
+
+    def entry(self, tkey: str, arch: str, bucket: tuple[int, ...]) -> TableEntry:
+        """The entry of a bucket; KeyError where the table has none."""
+        rows = self._rows[(tkey, arch)]
+        found = rows[bucket]
+        if not isinstance(found, TableEntry):
+            found = rows[bucket] = TableEntry.from_json(found)
+        return found
+
+    def entries(self) -> Iterator[tuple[str, str, TableEntry]]:
+        """(types key, arch, entry) of every bucket, sorted by types key, arch and bucket."""
+        for tkey, arch in sorted(self._rows):
+            for bucket in sorted(self._rows[(tkey, arch)]):
+                yield tkey, arch, self.entry(tkey, arch, bucket)
+
+    def to_json(self) -> dict[str, Any]:
+        select: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        for (tkey, arch), rows in self._rows.items():
+            select.setdefault(tkey, {})[arch] = [self.entry(tkey, arch, b).to_json() for b in rows]
+        return {**self.decl.to_json(), "variants": {vid: v.to_json() for vid, v in self.variants.items()}, "select": select}
+
+    @classmethod
+    def from_json(cls, name: str, data: Mapping[str, Any]) -> KernelTable:
+        """A kernel's table from its JSON; KeyError, TypeError or ValueError for a malformed one."""
+        variants = {str(vid): Variant.from_json(v) for vid, v in data["variants"].items()}
+        return cls(KernelDecl.from_json(name, data), variants, data["select"])
+
+
+def _bucket_of(entry: TableEntry | Mapping[str, Any]) -> tuple[int, ...]:
+    return entry.bucket if isinstance(entry, TableEntry) else tuple(int(b) for b in entry["bucket"])

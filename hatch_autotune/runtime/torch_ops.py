@@ -11,7 +11,7 @@ Per kernel K, under a namespace ns (the hook's `torch-namespace`, by default the
   ns::K_out  (kernels with `out` arrays) K's call as declared, writing into outputs the caller
              passes.
 
-`operators` derives both from the declaration alone, so the build's stub (wheel/stub.py) and the
+`operators` derives both from the declaration (a `KernelDecl`) alone, so the build's stub (wheel/stub.py) and the
 registration agree. A schema takes the kernel's arguments in declared order (tensors; scalars as
 `int` or `float` by dtype), then its constants, keyword-only; `(a0!)` marks what it writes.
 
@@ -33,8 +33,10 @@ from .values import INT_RANGES
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
-    from typing import Any, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
+    from typing import Any
 
+    from .declaration import ArgDecl, KernelDecl
     from .kernel import Kernel
     from .library import Library
 
@@ -55,50 +57,43 @@ class Operator(Record):
     note: str  # K_out of a kernel that cannot have a functional K: why; else ''
 
 
-def operators(
-    kernel: str,
-    args: Sequence[Mapping[str, Any]],
-    key: Sequence[Mapping[str, Any]],
-    type_params: Mapping[str, Sequence[str]],
-    constants: Mapping[str, Sequence[Any]],
-) -> tuple[Operator, ...]:
-    """A kernel's operators, from its declaration as the selection table holds it."""
-    user = [a for a in args if "value" not in a]
-    outs = tuple(a["name"] for a in user if a["kind"] == "array" and a["intent"] == "out")
-    written = tuple(a["name"] for a in user if a["kind"] == "array" and a["intent"] != "in")
-    keywords = _constants_schema(constants)
+def operators(decl: KernelDecl) -> tuple[Operator, ...]:
+    """A kernel's operators, from its declaration."""
+    kernel, type_params = decl.name, decl.type_params
+    user = decl.user_args
+    outs = tuple(a.name for a in user if a.is_array and a.intent == "out")
+    written = tuple(a.name for a in user if a.writes)
+    keywords = _constants_schema(decl.constants)
     as_declared = _schema(user, written, type_params, keywords, "()")
-    names = tuple(a["name"] for a in user)
+    names = tuple(a.name for a in user)
     if not outs:
         return (Operator(kernel, kernel, names, (), written, as_declared, ""),)
-    blocker = functional_blocker(args, key, type_params)
+    blocker = functional_blocker(decl)
     out_form = Operator(kernel + OUT_SUFFIX, kernel, names, (), written, as_declared, blocker or "")
     if blocker:
         return (out_form,)
-    inputs = [a for a in user if a["name"] not in outs]
+    inputs = [a for a in user if a.name not in outs]
     returns = "Tensor" if len(outs) == 1 else "(" + ", ".join("Tensor" for _ in outs) + ")"
     inout = tuple(n for n in written if n not in outs)
     functional = Operator(
-        kernel, kernel, tuple(a["name"] for a in inputs), outs, inout, _schema(inputs, inout, type_params, keywords, returns), ""
+        kernel, kernel, tuple(a.name for a in inputs), outs, inout, _schema(inputs, inout, type_params, keywords, returns), ""
     )
     return (functional, out_form)
 
 
-def functional_blocker(
-    args: Sequence[Mapping[str, Any]], key: Sequence[Mapping[str, Any]], type_params: Mapping[str, Sequence[str]]
-) -> str | None:
+def functional_blocker(decl: KernelDecl) -> str | None:
     """Why a kernel's `out` arrays cannot be allocated from its other arguments, or None."""
-    outs = {a["name"]: a for a in args if a["kind"] == "array" and a["intent"] == "out"}
-    inputs = [a for a in args if a["kind"] == "array" and a["name"] not in outs]
-    for k in key:
-        if k["from"] in outs:
-            return f"key dim {k['name']} is read from `out` array {k['from']!r}, so the outputs' sizes are not known before the call"
+    outs = {a.name: a for a in decl.args if a.is_array and a.intent == "out"}
+    inputs = [a for a in decl.args if a.is_array and a.name not in outs]
+    for k in decl.key:
+        if k.source in outs:
+            return f"key dim {k.name} is read from `out` array {k.source!r}, so the outputs' sizes are not known before the call"
     if not inputs:
         return "it has no array but its `out` arrays, so no tensor says which device they go on"
-    fixed = {a["dtype"] for a in inputs}
+    fixed = {a.dtype for a in inputs}
     for name, a in outs.items():
-        tp = a["dtype"]
-        if len(type_params.get(tp, ())) > 1 and tp not in fixed:
+        tp = a.dtype
+        if len(decl.type_params.get(tp, ())) > 1 and tp not in fixed:
             return f"the dtype of `out` array {name!r} is type parameter {tp}, which no other array fixes"
     return None
 
@@ -110,16 +105,14 @@ def scalar_type(dtype: str, type_params: Mapping[str, Sequence[str]]) -> str:
     return "int" if all(integer) else "float" if not any(integer) else "Scalar"
 
 
-def _schema(
-    user: Sequence[Mapping[str, Any]], written: Sequence[str], type_params: Mapping[str, Sequence[str]], keywords: str, returns: str
-) -> str:
+def _schema(user: Sequence[ArgDecl], written: Sequence[str], type_params: Mapping[str, Sequence[str]], keywords: str, returns: str) -> str:
     params = []
     for a in user:
-        name = a["name"]
-        if a["kind"] == "array":
+        name = a.name
+        if a.is_array:
             params.append(f"Tensor(a{written.index(name)}!) {name}" if name in written else f"Tensor {name}")
         else:
-            params.append(f"{scalar_type(a['dtype'], type_params)} {name}")
+            params.append(f"{scalar_type(a.dtype, type_params)} {name}")
     return f"({', '.join(params + ([keywords] if keywords else []))}) -> {returns}"
 
 
@@ -176,7 +169,7 @@ def register(library: Library, namespace: str) -> dict[str, Any]:
     the operators, whose schemas must be the same; another module's operators in the namespace
     are an error that says so."""
     torch = _import_torch()
-    ops = [op for k in library.kernels.values() for op in operators(k.name, k.args, k.key, k.type_params, k.constants)]
+    ops = [op for k in library.kernels.values() for op in operators(k.declaration)]
     schemas = {op.name: op.schema for op in ops}
     held = _REGISTERED.get(namespace)
     if held is not None:
@@ -217,11 +210,12 @@ class _Implementation:
     def __init__(self, torch: Any, reg: _Registration, op: Operator, kernel: Kernel):
         self.torch, self.reg, self.op = torch, reg, op
         self.kernel_name = op.kernel
-        declared = {a["name"]: a for a in kernel.args}
-        self.arrays = [i for i, n in enumerate(op.params) if declared[n]["kind"] == "array"]  # positions of the tensors
-        self.scalars = [(i, n, declared[n]["dtype"]) for i, n in enumerate(op.params) if declared[n]["kind"] != "array"]
-        self.key_scalars = [i for i, n in enumerate(op.params) if any(k["from"] == n and k["axis"] is None for k in kernel.key)]
-        self.out_dtypes = [declared[n]["dtype"] for n in op.returns]
+        decl = kernel.declaration
+        declared = {a.name: a for a in decl.args}
+        self.arrays = [i for i, n in enumerate(op.params) if declared[n].is_array]  # positions of the tensors
+        self.scalars = [(i, n, declared[n].dtype) for i, n in enumerate(op.params) if not declared[n].is_array]
+        self.key_scalars = [i for i, n in enumerate(op.params) if any(k.source == n and k.axis is None for k in decl.key)]
+        self.out_dtypes = [declared[n].dtype for n in op.returns]
         # the kernel's arguments, in its order, from (the operator's arguments + the outputs)
         position = {n: i for i, n in enumerate(op.params)} | {n: len(op.params) + j for j, n in enumerate(op.returns)}
         order = [position[n] for n in kernel.user_args]
@@ -275,11 +269,11 @@ class _Implementation:
         views = {}
         for i in self.arrays:  # tensors, as the schema says: fake, meta or real
             views[self.op.params[i]] = torch_view(args[i], memory=False)
-        types, key, env = kernel.check_views(values, views, constants, pointers=False)
+        types, key, env = kernel.checks.check_views(values, views, constants, pointers=False)
         for i, name, dtype in self.scalars:
             if type(args[i]) in (int, float):  # a symbolic one (torch.compile's) is checked at the call
                 c_scalar(args[i], types.get(dtype, dtype), kernel.name, name)
         return [
-            (kernel.expected_shape(name, env, key), getattr(self.torch, types.get(dtype, dtype)))
+            (kernel.checks.expected_shape(name, env, key), getattr(self.torch, types.get(dtype, dtype)))
             for name, dtype in zip(self.op.returns, self.out_dtypes)
         ]

@@ -1,9 +1,9 @@
-"""One bucket's tuning: its inputs and reference made once, then the search over its configs
-(the default and the warm starts first) within the kernel's budget, each config pruned or
-measured in the worker, and the winner chosen in a runoff of the configs the search could not
-tell apart (choice.py); the result is its lock entry. The core loop of Triton's autotuner:
-prune -> measure (verify, then time) -> choose. The decisions (`prune_reason`, choice.py's)
-are plain functions, tested on the CPU."""
+"""One bucket's tuning: its inputs made once and its reference settled (reference.py), then the
+search over its configs (the default and the warm starts first) within the kernel's budget, each
+config pruned or measured in the worker, and the winner chosen in a runoff of the configs the
+search could not tell apart (choice.py); the result is its lock entry (bucket_result.py). The
+core loop of Triton's autotuner: prune -> measure (verify, then time) -> choose. The decisions
+(`prune_reason`, choice.py's, reference.py's) are plain functions, tested on the CPU."""
 
 from __future__ import annotations
 
@@ -20,25 +20,23 @@ from .. import __version__
 from ..compile import nvrtc as compile_mod
 from ..compile.render import Variant
 from ..declare.config import KernelSpec, SearchSpec
-from ..declare.kernel_json import kernel_json
-from ..lock import TIMED, Bucket, LockEntry, Measurement, Runoff
-from ..plan.planner import PROVENANCE_MAX_CHARS, Instance, Point
-from ..text import log_excerpt
+from ..declare.kernel_decl import kernel_decl
+from ..lock import TIMED, Bucket, LockEntry, Measurement
+from ..plan.planner import Instance, Point
 from .binaries import CompareBinaries, VariantBinaries
-from .choice import RunoffResult, choose_winner, contenders, measured, run_runoff
-from .errors import TuningError
+from .bucket_result import BucketResult
+from .choice import RunoffResult, contenders, measured, run_runoff
 from .inputs import InputRecipe
 from .protocol import DeviceInfo, Failure, Limits, Measure, Measured, Reference, Setup
+from .reference import settle_reference
 from .search import SearchSpace, WarmStart, make_strategy, run_search
 from .session import WorkerSession
 from .verify import tolerance
-from .worker import WorkerDied
+from .worker_client import WorkerDied
 
 Log = Callable[[str], None]
 PROGRESS_EVERY = 16  # configs between progress lines within a bucket
 REFERENCE_NOTE = "reference (no user reference configured)"  # the reason of the config whose outputs became the reference
-WITNESS_LOOKS = 64  # configs looked at (compiled) for a second opinion on the reference, at most
-DISSENT = 3  # witnesses that may disagree with the default before the majority is asked
 # Where a bucket's wall time goes (seconds, the lock's provenance "phases"): waiting for NVRTC,
 # measuring (the worker's run, verify and time of every variant), and the fixed cost: setting
 # the bucket up (inputs made and uploaded) and settling its reference, the rest in "overhead".
@@ -180,13 +178,14 @@ class BucketTuning:
         self.info = self.session.info or self.session.hello()
         default_index = job.inst.default_index
         self.binaries.request([default_index, *self.warm.first])  # compiling while the worker makes the inputs
-        self.setup = self._setup()
+        self.setup = bucket_setup(job, self.root, self.tmp, self.session, self.compare)
         t = time.monotonic()
         ready = self.session.setup(self.setup)
         self.costs["setup"] = time.monotonic() - t
         self.phases.update(ready.phases)  # inputs (made, or waited for when made ahead), upload
         t, waited, measured_s = time.monotonic(), self.costs["compile_wait"], self.costs["measure"]
-        self._settle_reference()
+        settled = settle_reference(self, job.spec, job.eid, default_index, self.log)
+        self.reference, self.reference_text = settled.index, settled.text
         self.costs["reference"] = time.monotonic() - t - (self.costs["compile_wait"] - waited) - (self.costs["measure"] - measured_s)
         budget = search.budget_for(len(self.configs))
         self.total = search.configs_tried(len(self.configs))
@@ -209,26 +208,7 @@ class BucketTuning:
         self.runoff = self._runoff(default_index)
         self.costs["wall"] = time.monotonic() - began
         self.costs["overhead"] = self.costs["wall"] - self.costs["compile_wait"] - self.costs["measure"]
-        return self._entry()
-
-    def _setup(self) -> Setup:
-        """The Setup of the bucket: the recipe of its inputs (the worker makes them, and the
-        user's reference outputs), its tolerances and its compare kernels."""
-        job, spec = self.job, self.job.spec
-        outputs = [a for a in spec.args if a.is_array and a.intent != "in"]
-        dtypes = [job.types.get(a.dtype, a.dtype) for a in outputs]
-        return Setup(
-            name=spec.name,
-            # the runtime's view of the kernel, with every candidate variant of the bucket
-            kernel={**kernel_json(spec), "variants": {v.id: {"config": v.config_dict} for v in job.variants}},
-            types=job.types,
-            key=job.bucket,
-            inputs=bucket_recipe(job, self.root),
-            tolerances={a.name: tolerance(d, spec.tolerance) for a, d in zip(outputs, dtypes)},
-            settings=self.session.settings,
-            binaries={},  # each request names its variant's binary: they are compiled as the search goes
-            comparers=self.compare.files(self.tmp, dtypes) if self.compare is not None else {},
-        )
+        return self._result().entry(lambda i: self.binaries.get(i).log, self.log)
 
     @contextmanager
     def _compiling(self) -> Iterator[None]:
@@ -259,9 +239,9 @@ class BucketTuning:
         with self._compiling():
             return self.binaries.file(i, self.tmp)
 
-    # -- the reference ---------------------------------------------------------------------
+    # -- what settling the reference asks (reference.py) -----------------------------------
 
-    def _runnable(self, ranked: Sequence[int], limit: int) -> Iterator[int]:
+    def runnable(self, ranked: Sequence[int], limit: int) -> Iterator[int]:
         """The configs of `ranked` that can run, in that order, compiled a pool's worth at a
         time; at most `limit` looked at (a bound on what settling the reference compiles)."""
         ranked = [i for i in ranked[:limit] if i not in self.measurements]
@@ -274,9 +254,20 @@ class BucketTuning:
                 if reason is None:
                     yield i
                 else:
-                    self._record(measured(i, self.configs[i], "pruned", reason=reason))
+                    self.record(measured(i, self.configs[i], "pruned", reason=reason))
 
-    def _check(self, i: int) -> tuple[bool, str | None]:
+    def adopt(self, i: int) -> None:
+        """Config i's outputs made the reference in the worker; WorkerDied when it died doing
+        so, the time that took counted as measuring."""
+        vid, binary = self.job.variants[i].id, self._file(i)
+        asked = time.monotonic()
+        try:
+            self.session.reference(Reference(vid, binary))
+        except WorkerDied:
+            self.costs["measure"] += time.monotonic() - asked
+            raise
+
+    def check(self, i: int) -> tuple[bool, str | None]:
         """Run config i once against the reference without timing it: whether it ran (one
         that did not is recorded as failed), and why its outputs disagree (None: they agree)."""
         vid, binary = self.job.variants[i].id, self._file(i)
@@ -287,98 +278,13 @@ class BucketTuning:
             reply = Failure(str(exc))
         if isinstance(reply, Failure):  # the time a crash or hang took is its measurement's, not the reference's
             self.costs["measure"] += time.monotonic() - asked
-            self._record(measured(i, self.configs[i], "failed", reason=reply.error or "unknown error"))
+            self.record(measured(i, self.configs[i], "failed", reason=reply.error or "unknown error"))
             return False, reply.error
         return True, (reply.reason or "wrong result") if reply.status == "rejected" else None
 
-    def _witness(self, chosen: Sequence[int], skip: set[int]) -> tuple[int, str | None] | None:
-        """The runnable config most unlike the configs `chosen` so far (the most axes that
-        differ, summed over them: each witness differs from the reference and from the other
-        witnesses, so that a bug tied to one parameter value cannot outvote it), and its check
-        against the reference (None: it agrees); None when no other config runs."""
-
-        def unlike(i: int) -> int:
-            return sum(self.configs[i].get(k) != v for c in chosen for k, v in self.configs[c].items())
-
-        ranked = sorted((i for i in range(len(self.configs)) if i not in skip and i not in chosen), key=lambda i: (-unlike(i), i))
-        for i in self._runnable(ranked, WITNESS_LOOKS - len(skip)):
-            ran, why = self._check(i)
-            skip.add(i)
-            if ran:
-                return i, why
-        return None
-
-    def _settle_reference(self) -> None:
-        """What every variant is verified against. The kernel's reference function, when it
-        declares one; else the outputs of the default config (or, if it cannot run, the first
-        config that runs), trusted once a structurally different config agrees with them: a
-        wrong default would otherwise make every variant "verified". Witnesses are checked
-        until one agrees, at most DISSENT disagreeing; when all of those disagree with the
-        default but agree among themselves, the default is the odd one out and the first of
-        them becomes the reference; with no agreement anywhere nothing can be trusted, and the
-        bucket is an error that says to declare a reference function."""
-        job, spec = self.job, self.job.spec
-        if spec.reference is not None:
-            self.reference_text = f"the kernel's reference function {spec.reference}"
-            return
-        default = job.inst.default_index
-        anchor = None
-        for i in self._runnable([default, *(i for i in range(len(self.configs)) if i != default)], len(self.configs)):
-            vid, binary = job.variants[i].id, self._file(i)
-            asked = time.monotonic()
-            try:
-                self.session.reference(Reference(vid, binary))
-            except WorkerDied as exc:
-                self.costs["measure"] += time.monotonic() - asked
-                self._record(measured(i, self.configs[i], "failed", reason=str(exc)))
-                continue
-            anchor = self.reference = i
-            break
-        if anchor is None:
-            return  # nothing runs: the search finds every config failed or pruned, and says so
-        name = "the default config" if anchor == default else f"config {anchor} (the default cannot run)"
-        skip: set[int] = set()
-        dissent: list[tuple[int, str]] = []
-        while len(dissent) < DISSENT:
-            found = self._witness([anchor, *(i for i, _ in dissent)], skip)
-            if found is None:
-                break
-            i, why = found
-            if why is None:
-                others = f"; {len(dissent)} other config(s) disagreed, first config {dissent[0][0]}" if dissent else ""
-                self.reference_text = f"{name}, cross-checked with config {i}{others}"
-                return
-            dissent.append((i, why))
-        if not dissent:
-            self.reference_text = f"{name}, not cross-checked: no other config runs"
-            return
-        described = lambda ix: ", ".join(f"config {i} {dict(self.configs[i])}" for i in ix)  # noqa: E731
-        if len(dissent) == 1:
-            raise TuningError(
-                f"{job.eid}: the outputs of {described([anchor, dissent[0][0]])} differ ({dissent[0][1]}) and no third config "
-                f"runs to tell which is right; declare a `reference` function for kernel {spec.name!r}"
-            )
-        first = dissent[0][0]
-        self.session.reference(Reference(job.variants[first].id, self._file(first)))  # is it the default that is wrong?
-        agreeing = [i for i, _ in dissent[1:] if self._check(i) == (True, None)]
-        if agreeing:
-            self.reference = first
-            self.reference_text = f"config {first}, cross-checked with config {agreeing[0]} ({name} disagreed with {len(dissent)} configs)"
-            self.log(
-                f"warning: {job.eid}: the outputs of {name} {dict(self.configs[anchor])} differ from those of configs "
-                f"{', '.join(str(i) for i, _ in dissent)}, which agree with one another: it is rejected as wrong "
-                f"(declare a `reference` function for kernel {spec.name!r} to verify against known-good outputs)"
-            )
-            return
-        raise TuningError(
-            f"{job.eid}: {described([anchor, *(i for i, _ in dissent)])} all give different results "
-            f"({'; '.join(why for _, why in dissent)}): no output can be trusted as the reference; declare a `reference` "
-            f"function for kernel {spec.name!r}"
-        )
-
     # -- the search ------------------------------------------------------------------------
 
-    def _record(self, m: Measurement) -> float | None:
+    def record(self, m: Measurement) -> float | None:
         """Keep a config's measurement; its time for the search (None: it did not run)."""
         self.measurements[m.index if m.index is not None else -1] = m
         if (
@@ -406,7 +312,7 @@ class BucketTuning:
         reason = self._unrunnable(i)
         if reason:
             self.seconds += time.monotonic() - started
-            return self._record(measured(i, config, "pruned", reason=reason))
+            return self.record(measured(i, config, "pruned", reason=reason))
         variant, binary = self.job.variants[i].id, self._file(i)
         leader = self.best.median_ms if self.best is not None else None
         asked = time.monotonic()
@@ -415,11 +321,11 @@ class BucketTuning:
         seconds = reply.seconds if not isinstance(reply, Failure) else None
         self.seconds += (asked - started) + (seconds if seconds is not None else time.monotonic() - asked)
         if isinstance(reply, Failure):
-            return self._record(measured(i, config, "failed", reason=reply.error or "unknown error"))
+            return self.record(measured(i, config, "failed", reason=reply.error or "unknown error"))
         m = measured(i, config, reply.status, reply.samples, reply.reason)
         if self.reference == i:
             m = replace(m, reason=REFERENCE_NOTE)
-        return self._record(m)
+        return self.record(m)
 
     def _in_worker(self, request: Measure) -> Measured | Failure:
         """The worker's reply to a timed measurement (a worker that died: a Failure saying
@@ -461,69 +367,45 @@ class BucketTuning:
             self.measurements[m.index] = replace(m, reason=REFERENCE_NOTE) if self.reference == m.index and m.status == "ok" else m
         return result
 
-    def _entry(self) -> LockEntry:
-        """The lock entry: the winner, every config's measurement (skipped ones too), the
-        default's time and where it was measured; TuningError when nothing ran."""
-        job, spec, search, configs = self.job, self.job.spec, self.job.spec.search, self.configs
+    def _result(self) -> BucketResult:
+        """What the bucket's tuning found, for its log line and its lock entry."""
+        job, spec = self.job, self.job.spec
         assert self.info is not None
-        default_index, measurements = job.inst.default_index, self.measurements
-        skipped = f"not tried by the search ({strategy_text(search)})"
-        ordered = [measurements.get(i) or measured(i, configs[i], "skipped", reason=skipped) for i in range(len(configs))]
-        winner = self.runoff.winner if self.runoff is not None and self.runoff.winner is not None else choose_winner(ordered, default_index)
-        if winner is None or winner.median_ms is None:
-            first = next((m for m in ordered if m.status in ("failed", "rejected", "pruned")), ordered[0])
-            detail = (
-                f":\n{log_excerpt(self.binaries.get(first.index).log)}"
-                if first.reason == "did not compile" and first.index is not None
-                else ""
-            )
-            tried = "tried " if len(measurements) < len(configs) else ""
-            raise TuningError(f"{job.eid}: every variant {tried}failed or was rejected; the first ({first.config}): {first.reason}{detail}")
-        default = measurements.get(default_index)
-        default_ms = default.median_ms if default is not None and default.status == "ok" else None
-        counts = {s: sum(m.status == s for m in ordered) for s in ("ok", "eliminated", "rejected", "failed", "pruned")}
-        searched = (
-            f", {len(measurements)} tried ({strategy_text(search)}, {self.seconds:.1f} s)" if len(measurements) < len(configs) else ""
-        )
-        self.log(
-            f"tuned {job.eid}: {len(configs)} configs{searched}, {counts['ok'] + counts['eliminated']} measured "
-            f"({counts['eliminated']} eliminated early), {counts['rejected']} rejected, {counts['failed']} failed, "
-            f"{counts['pruned']} pruned; best {winner.config} {winner.median_ms:.4f} ms"
-            + (f" ({default_ms / winner.median_ms:.2f}x the default)" if default_ms else "")
-            + (f"; prior: the times of {len(self.warm.prior)} earlier result(s)" if self.warm.prior else "")
-            + (f"; worker {', '.join(f'{k} {v:.1f} s' for k, v in self.phases.items())}" if self.phases else "")
-            + f"; fixed cost {self.costs['overhead']:.2f} s (setup {self.costs['setup']:.2f}, reference {self.costs['reference']:.2f}, search {self.costs['search']:.2f})"
-            + f"; verified against {self.reference_text}"
-            + (f"; {runoff_text(self.runoff.record)}" if self.runoff is not None else "")
-        )
-        return LockEntry(
+        return BucketResult(
+            eid=job.eid,
             checksum=job.point.checksum,
-            config=winner.config,
-            tuned=True,
-            index=winner.index,
-            default=dict(spec.default),
-            default_ms=round(default_ms, 6) if default_ms else None,
-            measurements=tuple(m.as_recorded() for m in ordered),
-            provenance={
-                **provenance(self.info, self.compiler),
-                "reference": self.reference_text[:PROVENANCE_MAX_CHARS],
-                "phases": {k: round(v, 4) for k, v in {**self.costs, **self.phases}.items()},
-            },
-            runoff=self.runoff.record if self.runoff is not None else None,
+            configs=self.configs,
+            default_index=job.inst.default_index,
+            default=spec.default,
+            measurements=self.measurements,
+            runoff=self.runoff,
+            strategy=strategy_text(spec.search),
+            seconds=self.seconds,
+            prior=len(self.warm.prior),
+            phases=self.phases,
+            costs=self.costs,
+            reference=self.reference_text,
+            provenance=provenance(self.info, self.compiler),
         )
 
 
-def runoff_text(record: Runoff) -> str:
-    """'runoff of 3 configs, 5 rounds: the winner 1.2% ahead of the next, fastest in 4 rounds'."""
-    n = len(record.contenders)
-    if record.margin is None:
-        return f"runoff of {n} configs, {record.rounds} rounds: the others failed"
-    lead = (
-        f"{record.margin:.1%} ahead of the next"
-        if record.margin >= 0
-        else f"chosen within {-record.margin:.1%} of a faster one (a near-tie)"
+def bucket_setup(job: BucketJob, root: Path, tmp: Path, session: WorkerSession, compare: CompareBinaries | None) -> Setup:
+    """The Setup of a bucket: the recipe of its inputs (the worker makes them, and the user's
+    reference outputs), its tolerances and its compare kernels."""
+    spec = job.spec
+    outputs = [a for a in spec.args if a.is_array and a.intent != "in"]
+    dtypes = [job.types.get(a.dtype, a.dtype) for a in outputs]
+    return Setup(
+        kernel=kernel_decl(spec),  # the runtime's view of the kernel
+        configs={v.id: v.config_dict for v in job.variants},  # every candidate variant of the bucket
+        types=job.types,
+        key=job.bucket,
+        inputs=bucket_recipe(job, root),
+        tolerances={a.name: tolerance(d, spec.tolerance) for a, d in zip(outputs, dtypes)},
+        settings=session.settings,
+        binaries={},  # each request names its variant's binary: they are compiled as the search goes
+        comparers=compare.files(tmp, dtypes) if compare is not None else {},
     )
-    return f"runoff of {n} configs, {record.rounds} rounds: the winner {lead}, fastest in {record.rounds_won} round(s)"
 
 
 def bucket_recipe(job: BucketJob, root: Path) -> InputRecipe:

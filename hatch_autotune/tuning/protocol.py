@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Mapping, Union
 
 from ..declare.config import TuningSpec
 from ..lock import Bucket
+from ..runtime import KernelDecl
 from .inputs import InputRecipe
 
 
@@ -106,8 +107,8 @@ class Setup:
     'got/expected' dtype pair: verification on the device). Replaces the previous bucket."""
 
     op: ClassVar[str] = "setup"
-    name: str
-    kernel: Mapping[str, Any]  # the runtime's kernel JSON, with every candidate variant
+    kernel: KernelDecl
+    configs: Mapping[str, Mapping[str, Any]]  # every candidate variant: its id -> its config
     types: Mapping[str, str]
     key: Bucket
     inputs: InputRecipe
@@ -119,8 +120,9 @@ class Setup:
     def to_json(self) -> dict[str, Any]:
         return {
             "op": self.op,
-            "name": self.name,
-            "kernel": dict(self.kernel),
+            "name": self.kernel.name,
+            "kernel": self.kernel.to_json(),
+            "configs": {vid: dict(config) for vid, config in self.configs.items()},
             "binaries": dict(self.binaries),
             "types": dict(self.types),
             "key": self.key.as_dict(),
@@ -133,8 +135,8 @@ class Setup:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> "Setup":
         return cls(
-            name=raw["name"],
-            kernel=dict(raw["kernel"]),
+            kernel=KernelDecl.from_json(str(raw["name"]), raw["kernel"]),
+            configs={str(vid): dict(config) for vid, config in raw["configs"].items()},
             types=dict(raw["types"]),
             key=Bucket.of(raw["key"]),
             inputs=InputRecipe.from_json(raw["inputs"]),

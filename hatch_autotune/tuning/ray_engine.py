@@ -42,7 +42,7 @@ from .schedule import Job, SlotLost
 from .search import WarmStart
 from .session import WorkerSession
 from .tuner import Log, TuneSummary, output_dtypes, plan_run, run_tuning
-from .worker import WorkerClient
+from .worker_client import WorkerClient
 
 RESOURCE_PREFIX = "hatch-autotune:"  # + arch: a node's number of GPUs of that arch
 READY_TIMEOUT_S = 120.0  # an actor that has no GPU after this long is given up

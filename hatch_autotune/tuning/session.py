@@ -8,7 +8,7 @@ from ..declare.config import TuningSpec
 from .errors import TuningError
 from .inputs import InputError, InputRecipe
 from .protocol import DeviceInfo, Failure, Hello, HelloReply, Measure, Measured, Prepare, Ready, Reference, Setup
-from .worker import WorkerClient, WorkerDied
+from .worker_client import WorkerClient, WorkerDied
 
 
 class WorkerSession:

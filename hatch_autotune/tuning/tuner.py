@@ -36,7 +36,7 @@ from .schedule import Job, ScheduleResult, Slot, run_schedule, text_table
 from .search import WarmStart
 from .session import WorkerSession
 from .warm import transfer_waves, warm_start
-from .worker import WorkerClient
+from .worker_client import WorkerClient
 
 Log = Callable[[str], None]
 # Scheduling: a bucket's inputs are made on the host (drawn, written, loaded and uploaded by the

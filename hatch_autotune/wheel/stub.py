@@ -20,9 +20,9 @@ import ast
 from typing import Any
 
 from .. import __version__
-from ..declare.config import ArgSpec, KernelSpec, ProjectSpec
-from ..runtime import INT_RANGES
-from ..runtime.kernel import STREAM_DOC
+from ..declare.config import ProjectSpec
+from ..declare.kernel_decl import kernel_decl
+from ..runtime import INT_RANGES, ArgDecl, KernelDecl
 
 STUB_FILE = "__init__.pyi"
 TYPED_MARKER = "py.typed"  # empty: the stub is complete, not partial
@@ -42,7 +42,7 @@ from typing import (
     SupportsIndex as _SupportsIndex,
 )
 
-from ._runtime import PreparedCall as _PreparedCall, Selection as _Selection
+from ._runtime import KernelDecl as _KernelDecl, PreparedCall as _PreparedCall, Selection as _Selection, Variant as _Variant
 """
 
 _PROTOCOLS = '''\
@@ -84,20 +84,13 @@ _ATTRIBUTES = (
     ("name", "{str}"),
     ("entry", "{str}"),
     ("doc", "{str}"),
-    ("args", "{list}[{dict}[{str}, _Any]]"),
-    ("key", "{list}[{dict}[{str}, _Any]]"),
-    ("type_params", "{dict}[{str}, {list}[{str}]]"),
-    ("constants", "{dict}[{str}, {list}[_Any]]"),
-    ("launch_trees", "{dict}[{str}, _Any]"),
-    ("variants", "{dict}[{str}, {dict}[{str}, _Any]]"),
-    ("user_args", "{list}[{str}]"),
+    ("declaration", "_KernelDecl"),
+    ("user_args", "{tuple}[{str}, ...]"),
+    ("type_params", "_Mapping[{str}, {tuple}[{str}, ...]]"),
+    ("constants", "_Mapping[{str}, {tuple}[_Any, ...]]"),
+    ("variants", "_Mapping[{str}, _Variant]"),
+    ("checked_calls", "{int}"),
 )
-_ARCH_DOC = "arch: 'sm_86', '8.6', 86 or (8, 6); None asks the current CUDA device."
-
-
-def _signature(spec: Any) -> str:
-    user_args = [a.name for a in spec.args if a.value is None]
-    return ", ".join(user_args)
 
 
 def module_docstring(project: ProjectSpec) -> str:
@@ -110,9 +103,9 @@ def module_docstring(project: ProjectSpec) -> str:
         "",
         "Kernels:",
     ]
-    for s in project.kernels.values():
-        lines.append(f"- {s.name}({_signature(s)}): {s.doc or '(no description)'}")
-        lines.append("  key: " + ", ".join(f"{k.name} in {list(k.buckets)}" for k in s.key))
+    for decl in map(kernel_decl, project.kernels.values()):
+        lines.append(f"- {decl.summary()}")
+        lines.append("  key: " + ", ".join(f"{k.name} in {list(k.buckets)}" for k in decl.key))
     return repr("\n".join(lines) + "\n")
 
 
@@ -134,9 +127,9 @@ def render_stub(project: ProjectSpec) -> str:
     parts.append("__all__ = [" + ", ".join(f'"{n}"' for n in [*names, "provenance"]) + "]\n")
     parts.append(f"provenance: {b('dict')}[{b('str')}, _Any]\n")
     for spec in project.kernels.values():
-        parts.append(_kernel_class(spec, b))
-    for spec in project.kernels.values():
-        parts.append(f"{spec.name}: {_class_name(spec.name)}")
+        parts.append(_kernel_class(kernel_decl(spec), b))
+    for name in names:
+        parts.append(f"{name}: {_class_name(name)}")
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
@@ -168,21 +161,11 @@ def _choice(name: str, values: tuple[Any, ...], b: _Builtins) -> str:
     return f"{name}: {annotation} = {_value(values[0])}" if len(values) == 1 else f"{name}: {annotation}"
 
 
-def _scalar_type(arg: ArgSpec, spec: KernelSpec) -> str:
+def _scalar_type(arg: ArgDecl, decl: KernelDecl) -> str:
     """What a caller may pass for a scalar: an integer (Python or NumPy) for integer dtypes,
     any real number otherwise (the runtime converts it to the exact C type)."""
-    dtypes = spec.types.get(arg.dtype, (arg.dtype,))
+    dtypes = decl.type_params.get(arg.dtype, (arg.dtype,))
     return "_SupportsIndex" if all(d in INT_RANGES for d in dtypes) else "_SupportsFloat"
-
-
-def _dtype_text(dtype: str, spec: KernelSpec) -> str:
-    if dtype in spec.types:
-        return f"{dtype} in {{{', '.join(spec.types[dtype])}}}"
-    return dtype
-
-
-def _expr_text(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _docstring(text: str, indent: str) -> str:
@@ -208,75 +191,12 @@ def _docstring(text: str, indent: str) -> str:
     return f'{indent}"""{body}{closing}"""'
 
 
-def _key_source(spec: KernelSpec, dim: Any) -> str:
-    return f"{dim.source}.shape[{dim.axis}]" if dim.axis is not None else dim.source
-
-
-def _user_args(spec: KernelSpec) -> list[ArgSpec]:
-    return [a for a in spec.args if a.value is None]
-
-
-def _call_doc(spec: KernelSpec) -> str:
-    user = _user_args(spec)
-    kw = [*(f"{c}={v[0]!r}" if len(v) == 1 else c for c, v in spec.constants.items()), "stream=None"]
-    lines = [f"{spec.name}({', '.join([*(a.name for a in user), '*', *kw])})", ""]
-    if spec.doc:
-        lines += [spec.doc, ""]
-    lines.append("Arguments:")
-    for a in user:
-        dtype = _dtype_text(a.dtype, spec)
-        if a.is_array:
-            shape = ", ".join(_expr_text(e.text) for e in a.shape or ())
-            align = f", {a.align}-byte aligned" if a.align else ""
-            lines.append(f"  {a.name}: GPU array, {dtype}, shape ({shape}), C-contiguous{align}, intent {a.intent}")
-        else:
-            lines.append(f"  {a.name}: scalar, {dtype}")
-    for c, values in spec.constants.items():
-        lines.append(f"  {c}: constant, keyword only, one of {list(values)!r}" + (" (the only value)" if len(values) == 1 else ""))
-    lines.append(f"  {STREAM_DOC}")
-    computed = [(a.name, _expr_text(a.value.text)) for a in spec.args if a.value is not None]
-    if computed:
-        lines.append("Not passed (computed from the key): " + ", ".join(n if n == e else f"{n} = {e}" for n, e in computed))
-    if spec.types:
-        lines.append("Type parameters (from the arrays' dtypes): " + "; ".join(f"{t} in {{{', '.join(v)}}}" for t, v in spec.types.items()))
-    lines.append(
-        "Key (selects the variant): " + ", ".join(f"{k.name} = {_key_source(spec, k)} in {list(k.buckets)} ({k.mapping})" for k in spec.key)
-    )
-    return "\n".join(lines)
-
-
-def _select_doc(spec: KernelSpec) -> str:
-    kw = [k.name for k in spec.key] + list(spec.types) + list(spec.constants)
-    lines = [
-        f"{spec.name}.select(arch=None, *, {', '.join(kw)}) -> Selection",
-        "",
-        "Which variant runs for these sizes on this arch, and why.",
-        "",
-        _ARCH_DOC,
-    ]
-    lines.append("Key dims (sizes, each mapped to a bucket):")
-    for k in spec.key:
-        lines.append(f"  {k.name}: buckets {list(k.buckets)} ({k.mapping}); a call reads it from {_key_source(spec, k)}")
-    if spec.types:
-        lines.append("Type parameters:")
-        for t, values in spec.types.items():
-            default = " (the default)" if len(values) == 1 else ""
-            lines.append(f"  {t}: one of {', '.join(values)}{default}")
-    if spec.constants:
-        lines.append("Constants:")
-        for c, values in spec.constants.items():
-            default = " (the default)" if len(values) == 1 else ""
-            lines.append(f"  {c}: one of {list(values)!r}{default}")
-    return "\n".join(lines)
-
-
-def _kernel_class(spec: KernelSpec, b: _Builtins) -> str:
-    user = _user_args(spec)
-    user_names = [a.name for a in user]
-    key_names = [k.name for k in spec.key]
-    constants = [_choice(c, v, b) for c, v in spec.constants.items()]
-    types = [_choice(t, v, b) for t, v in spec.types.items()]
-    params = [f"{a.name}: {'_GpuArray' if a.is_array else _scalar_type(a, spec)}" for a in user]
+def _kernel_class(decl: KernelDecl, b: _Builtins) -> str:
+    user = decl.user_args
+    key_names = [k.name for k in decl.key]
+    constants = [_choice(c, v, b) for c, v in decl.constants.items()]
+    types = [_choice(t, v, b) for t, v in decl.type_params.items()]
+    params = [f"{a.name}: {'_GpuArray' if a.is_array else _scalar_type(a, decl)}" for a in user]
     self_ = "self"  # config.py refuses `self`, `stream` and `arch` where a call or select() takes them
 
     def signature(positional: list[str], keywords: list[str]) -> str:
@@ -287,19 +207,19 @@ def _kernel_class(spec: KernelSpec, b: _Builtins) -> str:
     key_params = [f"{k}: {b('int')}" for k in key_names]
     select_sig = signature(["arch: _Arch = None"], [*key_params, *types, *constants])
     i1, i2 = "    ", "        "
-    summary = f"{spec.name}({', '.join(user_names)}): {spec.doc or '(no description)'}"
+    summary = decl.summary()
     int_, str_ = b("int"), b("str")
     types_ = {n: b(n) for n in _BUILTINS_USED}
     lines = [
-        f"class {_class_name(spec.name)}:",
+        f"class {_class_name(decl.name)}:",
         _docstring(summary + "\n\nCall it to launch; `select()` says which variant runs, and why.", i1),
         "",
         *(f"{i1}{attr}: {annotation.format(**types_)}" for attr, annotation in _ATTRIBUTES),
         "",
         f"{i1}def __call__({call_sig}) -> None:",
-        _docstring(_call_doc(spec), i2),
+        _docstring(decl.call_doc(), i2),
         f"{i1}def select({select_sig}) -> _Selection:",
-        _docstring(_select_doc(spec), i2),
+        _docstring(decl.select_doc(), i2),
         f"{i1}def prepare({prepare_sig}) -> _PreparedCall:",
         f'{i2}"""Check and convert a call\'s arguments without touching the GPU (the arguments of a call, without `stream=`)."""',
         f"{i1}def binary({self_}, selection: _Selection) -> {b('bytes')}:",
@@ -308,7 +228,7 @@ def _kernel_class(spec: KernelSpec, b: _Builtins) -> str:
         f'{i2}"""(grid, block, dynamic shared bytes) of a config at a key: the declared expressions."""',
         f"{i1}@property",
         f"{i1}def buckets({self_}) -> {b('dict')}[{str_}, {b('list')}[{int_}]]:",
-        f'{i2}"""The buckets of each key dim: {", ".join(f"{k.name}={list(k.buckets)}" for k in spec.key)}."""',
+        f'{i2}"""The buckets of each key dim: {", ".join(f"{k.name}={list(k.buckets)}" for k in decl.key)}."""',
         f"{i1}@property",
         f"{i1}def provenance({self_}) -> {b('dict')}[{str_}, _Any]:",
         f'{i2}"""Per (types, arch, bucket): the variant, tuned or default, and where it was tuned."""',

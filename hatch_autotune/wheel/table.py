@@ -1,7 +1,7 @@
 """The selection table's contents (the runtime's table module owns its schema, reader, byte
-layout and entry type): the kernels' declarations as the runtime reads them, and per type
-instance, arch and bucket the variant chosen (a `TableEntry`), with the binaries it ships.
-`declare/kernel_json.py` gives the declarations.
+layout and records): per kernel a `KernelTable` of its declaration (declare/kernel_decl.py), the
+variants chosen with the binaries they ship, and per type instance, arch and bucket the variant
+chosen (a `TableEntry`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..declare.config import ProjectSpec
-from ..declare.kernel_json import kernel_json
+from ..declare.kernel_decl import kernel_decl
 from ..errors import BuildError
-from ..runtime import TABLE_SCHEMA, TableEntry, sha256_hex
+from ..runtime import TABLE_SCHEMA, BinaryRef, KernelTable, TableEntry, Variant, sha256_hex
 
 if TYPE_CHECKING:  # the pipeline's result types; the table sits below the pipeline
     from ..plan.planner import Choice
@@ -34,15 +34,16 @@ def ptx_isa(ptx: bytes, what: str) -> str:
     return m.group(1).decode()
 
 
-def kernel_table(kb: KernelBuild, result: BuildResult, files: dict[str, bytes]) -> dict[str, Any]:
+def kernel_table(kb: KernelBuild, result: BuildResult, files: dict[str, bytes]) -> KernelTable:
     """One kernel's part of the selection table; adds the binaries it refers to into `files`."""
     spec = kb.spec
-    variants: dict[str, dict[str, Any]] = {}
-    select: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    variants: dict[str, Variant] = {}
+    select: dict[str, dict[str, list[TableEntry]]] = {}
     for (tkey, arch, point), choice in sorted(kb.choices.items()):
         v = kb.variants[tkey][choice.variant_index]
         vid = v.id
-        var = variants.setdefault(vid, {"config": v.config_dict, "types": v.types_dict, "index": v.index, "binaries": {}, "resources": {}})
+        binaries: dict[str, BinaryRef] = dict(variants[vid].binaries) if vid in variants else {}
+        resources: dict[str, Any] = dict(variants[vid].resources) if vid in variants else {}
         for bin_arch in [arch] + ([result.ptx[arch]] if arch in result.ptx else []):
             r = kb.binaries[(v.source_hash, bin_arch)]
             ext = "ptx" if bin_arch.startswith("compute_") else "cubin"
@@ -50,13 +51,14 @@ def kernel_table(kb: KernelBuild, result: BuildResult, files: dict[str, bytes]) 
             if r.binary is None:  # the planner chooses only variants that compiled
                 raise BuildError(f"internal error: {v.label} is chosen for {arch} but {bin_arch} did not compile")
             files[rel] = r.binary
-            var["binaries"][bin_arch] = {"file": rel, "sha256": sha256_hex(r.binary)}
-            if ext == "ptx":  # PTX is only as portable as the NVRTC that made it
-                var["binaries"][bin_arch].update(ptx_isa=ptx_isa(r.binary, f"{rel} ({v.label})"), nvrtc=result.compiler)
+            ptx = ext == "ptx"  # PTX is only as portable as the NVRTC that made it
+            isa = ptx_isa(r.binary, f"{rel} ({v.label})") if ptx else None
+            binaries[bin_arch] = BinaryRef(rel, sha256_hex(r.binary), isa, result.compiler if ptx else None)
             if r.resources is not None:
-                var["resources"][bin_arch] = r.resources.__dict__
-        select.setdefault(tkey, {}).setdefault(arch, []).append(table_entry(point, vid, choice).to_json())
-    return {**kernel_json(spec), "variants": variants, "select": select}
+                resources[bin_arch] = r.resources.__dict__
+        variants[vid] = Variant(config=v.config_dict, types=v.types_dict, index=v.index, binaries=binaries, resources=resources)
+        select.setdefault(tkey, {}).setdefault(arch, []).append(table_entry(point, vid, choice))
+    return KernelTable(kernel_decl(spec), variants, select)
 
 
 def table_entry(point: tuple[int, ...], variant: str, choice: Choice) -> TableEntry:
@@ -80,6 +82,6 @@ def build_table(project: ProjectSpec, result: BuildResult) -> tuple[dict[str, An
         "archs": list(result.archs),
         "ptx": dict(result.ptx),
         "provenance": {"hatch_autotune": __version__, "nvrtc": result.compiler},
-        "kernels": {kb.spec.name: kernel_table(kb, result, files) for kb in result.kernels},
+        "kernels": {kb.spec.name: kernel_table(kb, result, files).to_json() for kb in result.kernels},
     }
     return table, files

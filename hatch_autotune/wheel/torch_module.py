@@ -16,7 +16,7 @@ import ast
 
 from .. import __version__
 from ..declare.config import KernelSpec, ProjectSpec
-from ..declare.kernel_json import kernel_json
+from ..declare.kernel_decl import kernel_decl
 from ..runtime.torch_ops import MIN_TORCH, Operator, operators, scalar_type
 from .stub import _Builtins, _choice, _docstring
 
@@ -26,8 +26,7 @@ _BUILTINS_USED = ("bool", "float", "int")
 
 def kernel_operators(spec: KernelSpec) -> tuple[Operator, ...]:
     """A kernel's PyTorch operators, derived as the runtime derives them from the table."""
-    j = kernel_json(spec)
-    return operators(spec.name, j["args"], j["key"], j["type_params"], {c["name"]: c["values"] for c in j["constants"]})
+    return operators(kernel_decl(spec))
 
 
 def project_operators(project: ProjectSpec) -> list[tuple[KernelSpec, Operator]]:

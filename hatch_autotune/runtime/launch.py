@@ -1,0 +1,345 @@
+"""The call path from Python arguments to a launch: the fast path of a call whose signature was
+seen before (pointers and scalars packed into a parameter buffer, one cuLaunchKernel), and the
+checked path of any other call (every check, then the driver started, the device found, the
+variant's function loaded once into the device's primary context, and a fast plan recorded).
+`Launcher` is handed the kernel's selector and checks; the runtime's Kernel is one."""
+
+from __future__ import annotations
+
+from _thread import allocate_lock  # threading.Lock itself, without importing threading
+
+from . import cuda_seam
+from .args import _CODES, CUPY, TORCH, array_reader, stream_handle
+from .cuda_seam import CACHE_LIMIT, CU_STREAM_LEGACY, check_cuda
+from .expr import compile_expr
+from .params import PACK_ERRORS, POINTER, ParamBuffer
+from .selection import ptx_driver_needed
+from .values import MAX_SIZE, instance_env
+
+TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any
+
+    from .args import PreparedCall
+    from .checks import CallChecks
+    from .cuda_seam import GpuState
+    from .selection import KernelSelector, Selection
+
+_NO_CONSTANTS: Mapping[str, Any] = {}
+
+# How the fast path takes each argument: an array is its alignment in bytes (1 or more), so that
+# one `ptr % kind` checks it; a scalar is 0, a key scalar (its value picks the bucket) -1.
+_SCALAR, _KEY_SCALAR = 0, -1
+
+
+class Launcher:
+    """A kernel's launches: `__call__`, from the arguments to cuLaunchKernel on the right device
+    and stream, with the plans and loaded functions that make a repeated call cheap."""
+
+    def __init__(self, selector: KernelSelector, checks: CallChecks):
+        decl = selector.decl
+        self.name = decl.name
+        self.entry = decl.entry
+        self._selector = selector
+        self._checks = checks
+        self._grid = [compile_expr(t) for t in decl.launch.grid]
+        self._block = [compile_expr(t) for t in decl.launch.block]
+        self._shared = compile_expr(decl.launch.shared)
+        self._memo: dict[Any, Any] = {}
+        self._fast: dict[tuple[Any, ...], _FastPlan] = {}
+        # Calls that took the checked path (every argument checked, a fast plan recorded); the
+        # rest took the fast path. A count that grows with every call says the fast path is
+        # missed, e.g. a new stream object per call.
+        self.checked_calls = 0
+        user_args = checks.user_args
+        self._n_user = len(user_args)
+        self._constant_names = checks.constant_names
+        key_scalars = {k.source for k in decl.key if k.axis is None}
+        kinds = {a.name: (a.align or 1) if a.is_array else _KEY_SCALAR if a.name in key_scalars else _SCALAR for a in decl.args}
+        self._user_kinds: tuple[int, ...] = tuple(kinds[n] for n in user_args)
+        c_slot = {a.name: c for c, a in enumerate(decl.args)}
+        self._user_slots = tuple(c_slot[n] for n in user_args)  # each argument's C parameter
+        # The parameter layout of a plan: per C parameter its dtype (None: a type parameter's,
+        # found per call), the caller's argument it comes from, or None for a computed scalar.
+        user_index = {name: i for i, name in enumerate(user_args)}
+        self._layout = tuple((a.is_array, a.dtype, user_index.get(a.name)) for a in decl.args)
+        self._kernels: dict[tuple[int, str, str], Any] = {}
+        self._load_lock = allocate_lock()
+
+    # The call path. A first call with a given signature (array types, dtypes, shapes, layouts
+    # and devices, scalar types, stream) goes through every check in _prepare, then starts the
+    # driver, and records a _FastPlan per device; later calls with the same signature read each
+    # array's pointer (CuPy's and PyTorch's through their own attributes: args.array_reader),
+    # check its alignment, pack the pointers and scalars into the plan's parameter buffer and
+    # launch, from any thread. The device is the arrays' own (CuPy, PyTorch), the only one, or,
+    # with several GPUs and other arrays, the one the driver says they are on.
+
+    def __call__(self, *args: Any, stream: Any = None, **kwargs: Any) -> None:
+        sig: list[Any] = [stream if stream is None or type(stream) is int else id(stream)]
+        constants: Mapping[str, Any] = _NO_CONSTANTS
+        if kwargs:
+            constants = self._checks.take_constants(kwargs)
+            if kwargs:
+                return self._call_checked(self._checks.bind(args, kwargs), stream, None, constants)
+            if any(type(v) not in (int, bool) for v in constants.values()):
+                return self._call_checked(list(args), stream, None, constants)  # names what is wrong, or converts
+            sig.append(tuple((c, type(v), v) for c, v in constants.items()))  # the type too: True == 1, not for a constant
+        if len(args) != self._n_user:
+            return self._call_checked(self._checks.bind(args, kwargs), stream, None, constants)
+        values: list[Any] = []  # the caller's values as the kernel takes them: pointers for arrays
+        device = library = None  # the arrays' own device, and their type, where they say (CuPy, PyTorch)
+        codes = _CODES
+        for obj, kind in zip(args, self._user_kinds):
+            if kind > 0:  # an array; `kind` is its alignment
+                t = type(obj)
+                code = codes.get(t) or array_reader(t).code  # found once per type
+                if code is CUPY:
+                    memory = obj.data
+                    ptr = memory.ptr
+                    on = memory.device_id
+                    sig += (t, obj.dtype, obj.shape, obj.strides, on)
+                    if device is None:
+                        device, library = on, t
+                elif code is TORCH:
+                    ptr = obj.data_ptr()
+                    on = obj.get_device() if obj.is_cuda else -1  # another backend's index is no CUDA device
+                    sig += (t, obj.dtype, obj.shape, obj.stride(), on)
+                    if device is None:
+                        device, library = on, t
+                else:
+                    try:
+                        cai = obj.__cuda_array_interface__
+                        data = cai["data"]
+                        sig += (t, cai["typestr"], cai["shape"], data[1], cai.get("strides"))
+                    except (LookupError, TypeError, AttributeError):  # DLPack only, not an array, or not a real
+                        return self._call_checked(list(args), stream, None, constants)  # interface: checked
+                    ptr = data[0]
+                # an int pointer that fits the parameter (below 2**63), aligned, not null: a null or
+                # odd one (an empty array's, or a mistake) takes the checked path, which says which
+                if type(ptr) is not int or ptr <= 0 or ptr % kind:  # above 2**63 - 1: struct refuses it
+                    return self._call_checked(list(args), stream, None, constants)
+                values.append(ptr)
+            else:
+                sig.append((type(obj), obj) if kind else type(obj))  # a key scalar's value picks the bucket
+                values.append(obj)
+        gpu = cuda_seam.current
+        if gpu.api is None:  # the first call in this process: checks first, then the driver
+            return self._call_checked(list(args), stream, tuple(sig), constants)
+        if gpu.single_device is None:  # several GPUs: the driver says where the other arrays are
+            others = [v for v, obj, kind in zip(values, args, self._user_kinds) if kind > 0 and codes.get(type(obj)) not in (CUPY, TORCH)]
+            if others:
+                found = self._arrays_device(gpu, others)
+                if found is None or (device is not None and found != device):  # unknown or mixed: the
+                    return self._call_checked(list(args), stream, tuple(sig), constants)  # checked path says which
+                device = found
+        if device is None:
+            device = gpu.single_device
+            if device is None:  # several GPUs, no array to say which: the checked path finds it
+                return self._call_checked(list(args), stream, tuple(sig), constants)
+        current_stream = array_reader(library).current_stream if library is not None else None  # asked below
+        sig.append(device)
+        try:
+            plan = self._fast.get(tuple(sig))
+        except TypeError:  # an interface with a list (shape, strides): valid, but no plan is keyed by it
+            return self._call_checked(list(args), stream, None, constants)
+        if plan is None or (stream is not None and plan.stream_ref is not stream and type(stream) is not int):
+            return self._call_checked(list(args), stream, tuple(sig[:-1]), constants)
+        handle = plan.stream
+        if handle is None:  # stream=None: where the arrays' library runs its own work, else the default
+            # (a library's null stream 0 is its legacy one: 0 is the per-thread one where cuda-python
+            # is told to use that)
+            handle = (current_stream(device) or CU_STREAM_LEGACY) if current_stream is not None else gpu.default_stream
+        try:
+            params = plan.take()  # the plan's buffer, unless another thread is launching from it
+        except IndexError:
+            params = plan.params.fresh()
+        try:
+            params.pack(params.storage, 0, *values)
+        except PACK_ERRORS:  # a scalar its C type cannot hold: the checked path says which
+            plan.give(params)
+            return self._call_checked(list(args), stream, None, constants)
+        driver = gpu.driver  # the launch, as GpuState.launch does it, inline: a call costs 0.1 µs
+        err, current = driver.cuCtxGetCurrent()
+        if err or int(current) != plan.context:
+            gpu.launch(device, plan.head, handle, params.address, self.name)  # the caller's context is another
+        else:
+            result = driver.cuLaunchKernel(*plan.head, handle, params.address, 0)
+            if result[0]:
+                gpu.raise_launch_error(result[0], self.name)
+        plan.give(params)  # not after a failed launch: a later call makes a fresh one
+        return None
+
+    @staticmethod
+    def _arrays_device(gpu: GpuState, ptrs: Sequence[Any]) -> int | None:
+        """The one device that every non-null pointer is on, else None (several GPUs only)."""
+        found = None
+        for ptr in ptrs:
+            if type(ptr) is not int or not 0 <= ptr <= MAX_SIZE:
+                return None  # not a pointer: the checked path names it
+            if ptr:
+                device = gpu.pointer_device(ptr)
+                if device is None or (found is not None and device != found):
+                    return None
+                found = device
+        return found
+
+    def _call_checked(self, bound: list[Any], stream: Any, fast_sig: tuple[Any, ...] | None, constants: Mapping[str, Any]) -> None:
+        """Every check, then the launch; records a fast plan under `fast_sig` + device."""
+        self.checked_calls += 1
+        handle = stream_handle(stream)
+        gpu = cuda_seam.current
+        ordering = gpu.default_stream if handle is None else handle or CU_STREAM_LEGACY  # DLPack forbids stream 0
+        call = self._checks.prepare(bound, ordering, constants)
+        gpu.start()  # NoDriverError only now, after every check that needs no driver
+        gpu.planners.add(self)  # so that use_gpu() drops the plans made below
+        device = self._device_of(gpu, call)
+        memo_key = (device, tuple(call.types.values()), tuple(call.key.values()))
+        head = self._memo.get(memo_key)
+        if head is None:
+            head = self._plan(gpu, device, call)
+            if len(self._memo) >= CACHE_LIMIT:
+                self._memo.clear()
+            self._memo[memo_key] = head
+        plan = _FastPlan(self, call, head, handle, stream, gpu.primary_handle(device))
+        if fast_sig is not None and not plan.empty:  # an empty problem's calls stay on this path: they launch nothing
+            if len(self._fast) >= CACHE_LIMIT:
+                self._fast.clear()
+            try:
+                self._fast[(*fast_sig, device)] = plan
+            except TypeError:  # an unhashable key (a list in an array interface): every such call is checked
+                pass
+        if plan.empty:  # a zero-sized problem launches nothing
+            return
+        if handle is None:
+            library_stream = self._library_stream(bound)
+            handle = (library_stream(device) or CU_STREAM_LEGACY) if library_stream is not None else gpu.default_stream
+        try:
+            params = plan.take()  # published above: a fast call of another thread may hold it
+        except IndexError:
+            params = plan.params.fresh()
+        params.exact.pack_into(params.storage, 0, *[call.c_args[c] for c in self._user_slots])
+        gpu.launch(device, plan.head, handle, params.address, self.name)
+        plan.give(params)
+
+    def _library_stream(self, bound: Sequence[Any]) -> Callable[[int], int] | None:
+        """The current-stream reader of the first array whose library has one (CuPy, PyTorch)."""
+        for obj, kind in zip(bound, self._user_kinds):
+            if kind > 0:
+                reader = array_reader(type(obj))
+                if reader.current_stream is not None:
+                    return reader.current_stream
+        return None
+
+    def _drop_plans(self) -> None:
+        """Forget everything made over a GpuState (see use_gpu): plans, loaded code."""
+        self._memo, self._fast, self._kernels = {}, {}, {}
+
+    def _device_of(self, gpu: GpuState, call: PreparedCall) -> int:
+        """The one device all arrays live on (zero-sized arrays, pointer 0, are anywhere)."""
+        devices = {}
+        for arg, view in call.arrays.items():
+            if view.ptr == 0 or 0 in view.shape:
+                continue
+            device = view.device if view.device is not None else gpu.pointer_device(view.ptr)
+            if device is None:
+                raise ValueError(f"{self.name}(): argument {arg!r} (pointer {view.ptr:#x}) is not CUDA device memory")
+            devices[arg] = device
+        distinct = set(devices.values())
+        if len(distinct) > 1:
+            listing = ", ".join(f"{a} on device {d}" for a, d in devices.items())
+            raise ValueError(f"{self.name}(): arrays are on different devices ({listing})")
+        if distinct:
+            return distinct.pop()
+        current = gpu.current_device()
+        return 0 if current is None else current
+
+    def _plan(self, gpu: GpuState, device: int, call: PreparedCall) -> tuple[Any, ...] | None:
+        """(function, grid x3, block x3, shared bytes) for a (device, types, key), the head of
+        its cuLaunchKernel; None for a zero-sized problem. Computed once, memoised."""
+        sel = self._selector.selection(gpu.device_cc(device), call.types, call.key)
+        grid, block, shared = self.geometry(sel.config, call.types, call.key)
+        if min(grid) == 0:
+            return None
+        dims = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
+        return (self._kernel_handle(gpu, device, sel), *dims[0], *dims[1], shared)
+
+    def geometry(
+        self, config: Mapping[str, Any], types: Mapping[str, str], key: Mapping[str, int]
+    ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+        """(grid, block, dynamic shared bytes) of a config at a key: the declared expressions."""
+        env = {**key, **config, **instance_env(types)}
+        grid = tuple(int(f(env)) for f in self._grid)
+        block = tuple(int(f(env)) for f in self._block)
+        shared = int(self._shared(env))
+        if any(g < 0 for g in grid) or any(b <= 0 for b in block) or shared < 0:
+            raise ValueError(f"{self.name}: launch geometry grid={grid} block={block} shared={shared} is invalid for {dict(key)}")
+        return grid, block, shared
+
+    def _kernel_handle(self, gpu: GpuState, device: int, sel: Selection) -> Any:
+        """The CUfunction of a selection on a device: its cubin (or PTX, JIT-compiled) loaded
+        into the device's primary context once, with the driver's own calls."""
+        cache_key = (device, sel.variant, sel.binary)
+        handle = self._kernels.get(cache_key)
+        if handle is None:
+            with self._load_lock:
+                handle = self._kernels.get(cache_key)
+                if handle is None:
+                    data = self._selector.binary(sel)
+                    is_ptx = sel.binary.startswith("compute_")
+                    if is_ptx:
+                        self._check_ptx_driver(gpu, sel)
+                        if not data.endswith(b"\0"):
+                            data += b"\0"  # cuModuleLoadData reads PTX as a C string
+                    driver = gpu.driver
+                    what = f"{self.name} variant {sel.variant}, {sel.binary}, on device {device}"
+                    with gpu.on_device(device):
+                        module = check_cuda(driver.cuModuleLoadData(data), f"cuModuleLoadData ({what})")
+                        handle = check_cuda(driver.cuModuleGetFunction(module, self.entry.encode()), f"cuModuleGetFunction ({what})")
+                    self._kernels[cache_key] = handle
+        return handle
+
+    def _check_ptx_driver(self, gpu: GpuState, sel: Selection) -> None:
+        """A clear error, before the driver's bare CUDA_ERROR_UNSUPPORTED_PTX_VERSION, when this
+        driver is older than the PTX it would have to JIT-compile."""
+        info = self._selector.variant(sel.variant).binaries[sel.binary]
+        isa = info.ptx_isa
+        if isa is None:
+            return
+        needed = ptx_driver_needed(isa, info.nvrtc)
+        have = gpu.driver_version
+        if have >= needed:
+            return
+        raise RuntimeError(
+            f"{self.name}(): the wheel has no cubin for this device's arch (its cubins: {', '.join(self._selector.binaries.cubin_archs)}), "
+            f"so its PTX ({sel.binary}, ISA {isa}, made by NVRTC {info.nvrtc or 'unknown'}) must be JIT-compiled, "
+            f"which needs a driver of CUDA {needed[0]}.{needed[1]} or newer; this driver is CUDA {have[0]}.{have[1]}. "
+            f"Fixes: update the NVIDIA driver; or rebuild the wheel with this device's arch in `archs`; or build it "
+            f"with an NVRTC no newer than the driver (pin nvidia-cuda-nvrtc=={have[0]}.{have[1]}.* in build-system.requires)"
+        )
+
+
+class _FastPlan:
+    """What a call with a known signature needs: the launch's head (function, grid, block,
+    shared bytes), the parameter buffers that its pointers and scalars are packed into
+    (`take()` one, `give()` it back), and its stream (None: asked at each call, see
+    Kernel.__call__)."""
+
+    __slots__ = ("params", "take", "give", "head", "empty", "stream", "stream_ref", "context")
+
+    def __init__(
+        self, launcher: Launcher, call: PreparedCall, head: tuple[Any, ...] | None, stream: int | None, stream_ref: Any, context: int
+    ):
+        layout = []
+        for (is_array, dtype, user), value in zip(launcher._layout, call.c_args):
+            layout.append((POINTER if is_array else call.types.get(dtype, dtype), user, None if user is not None else value))
+        self.params = ParamBuffer(layout)
+        # Buffers not in use: cuLaunchKernel reads a buffer while it runs (without the GIL), so a
+        # call takes one (list.pop is atomic) and gives it back after its launch; a call that
+        # finds none (another thread launches this plan) packs into a fresh one.
+        free = [self.params]
+        self.take, self.give = free.pop, free.append
+        self.head, self.empty = head or (), head is None
+        self.stream = stream
+        self.stream_ref = stream_ref  # the user's stream object, so a new object is not mistaken for it
+        self.context = context  # the device's primary context (an int): where the launch must happen
