@@ -97,6 +97,14 @@ SUGGESTIONS = {"10k": 300, "100k": 300, "1M": 200}
 QUICK_SUGGESTIONS = {"10k": 60, "100k": 60, "1M": 40}  # --quick: every size, fewer suggestions (under a minute)
 
 
+def search_code_sha256() -> str:
+    """The strategies' code, every module of tuning/search/ in name order: what a result measured."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(search.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _fits(config: Mapping[str, int]) -> bool:
     """The constraint: 32 to 1024 threads per block, where the space has both block axes."""
     if "block_x" in config and "block_y" in config:
@@ -382,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "threads": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
         "cpu_count": os.cpu_count(),
         "commit": commit(),
-        "search_py_sha256": hashlib.sha256(Path(search.__file__).read_bytes()).hexdigest()[:16],  # the commit may be +dirty
+        "search_sha256": search_code_sha256(),  # the commit may be +dirty
         "machine": host,
     }
 
