@@ -42,7 +42,7 @@ from search_quality import replayed_search
 
 from hatch_autotune.declare.config import parse_project
 from hatch_autotune.declare.project import hook_table
-from hatch_autotune.lock import EntryId, LockEntry, LockFile
+from hatch_autotune.lock import TIMED, EntryId, LockEntry, LockFile, Status
 from hatch_autotune.plan.planner import Point
 from hatch_autotune.runtime.values import types_key
 from hatch_autotune.tuning.search import WarmStart
@@ -54,7 +54,6 @@ BUDGETS = (0.05, 0.10)
 MODES = ("alone", "waves")
 STRATEGIES = ("auto", "tpe", "random")
 DEV_SEED0, REPORT_SEED0 = 0, 100
-TIMED = ("ok", "eliminated")  # statuses with a time: eliminated configs ran, slower than the leader
 
 
 class LockReplayError(ValueError):
@@ -65,7 +64,7 @@ def bucket_data(eid: str, entry: LockEntry, axes: Mapping[str, Sequence[Any]], c
     """One exhaustively tuned entry as replay data, its configs (`configs`, the instance's space)
     in canonical order."""
     ms = sorted(entry.measurements, key=lambda m: m.index if m.index is not None else -1)
-    if [m.config for m in ms] != list(configs) or any(m.status == "skipped" for m in ms):
+    if [m.config for m in ms] != list(configs) or any(m.status == Status.SKIPPED for m in ms):
         raise LockReplayError(f"{eid}: not every config of its space was measured (tune it with strategy exhaustive first)")
     records = []
     for m in ms:

@@ -1,12 +1,14 @@
 """Text that several stages print: compiler-log excerpts, indented quotes, type instances in
-words, a few examples of a long list. One copy, so the planner, the tuner, the wheel's outcome
-and the command word these things alike."""
+words, a few examples of a long list, and where a stage's log lines go (`Log`). One copy, so the
+planner, the tuner, the wheel's outcome and the command word these things alike."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .runtime import short_repr
+
+Log = Callable[[str], None]  # where a stage's progress lines go: print, stderr, the hook's app
 
 LOG_LINES = 12  # of a failed compile's log, kept in the record
 LOG_CHARS = 1500

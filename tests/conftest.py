@@ -1,4 +1,4 @@
-"""Shared fixtures: small real projects on disk, and one compile cache per test session.
+"""Shared fixtures: small real projects on disk, and one compile cache per test run.
 
 Nothing here mocks NVRTC: every build in the tests really compiles. Only the GPU is absent.
 """
@@ -11,7 +11,14 @@ import os
 # any test module imports it. Without it Ray rewrites 127.0.0.1 to the machine's outward IP.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+# On an xdist worker, one BLAS (OpenMP) thread, read when numpy or torch is first imported: the
+# workers are the parallelism, and OpenBLAS's threads spinning on cores the other workers keep
+# busy made single GP refits take seconds (benchmarks/README.md, search_cost.py).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
 
+import collections
 import contextlib
 import importlib
 import importlib.util
@@ -33,6 +40,36 @@ from hatch_autotune.wheel.assemble import BuildResult, build_payload
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "example_pkg"
 STENCIL_KIT = ROOT / "tests" / "consumers" / "stencil_kit"  # constants, shapes from expressions, #included headers
+
+
+# The files that run longest, in the order xdist hands them out first (pyproject.toml: --dist
+# loadfile --no-loadscope-reorder): a long file that started last would run alone at the end.
+# Seconds: `-n 0` on the 2-core VM, 2026-11-28. The others follow as xdist orders them by
+# default: most tests first.
+LONG_FILES = (
+    "test_cluster.py",  # 150 s, mostly waiting on Ray and the fake workers: beside the compiles
+    "test_sgemm_template.py",  # 115 s: every config of the space, on all cores
+    "test_softmax_template.py",  # 70 s: likewise
+    "test_wheel.py",  # 99 s
+    "test_search.py",  # 97 s
+    "test_damage.py",  # 87 s
+    "test_stub.py",  # 69 s
+    "test_consumer.py",  # 50 s
+    "test_sass.py",  # 49 s: after the template tests, whose compiles fill the cache it reads
+    "test_host_emulator.py",  # 43 s
+    "test_cli.py",  # 42 s
+    "test_torch_ops.py",  # 42 s
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """On an xdist worker, the order the files are handed out in (LONG_FILES first); a test
+    file's own order is kept. A run without workers keeps pytest's order."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {name: i - len(LONG_FILES) for i, name in enumerate(LONG_FILES)}  # all < 0
+    tests = collections.Counter(item.path for item in items)
+    items.sort(key=lambda item: (rank.get(item.path.name, 0), -tests[item.path]))
 
 
 def load_benchmark(name: str):
@@ -243,10 +280,33 @@ def build(project_dir: Path, cache_dir: Path | None, logs: list | None = None, e
     return build_payload(load_project(project_dir, env), cache=cache, log=sink)
 
 
+def xdist_shared(tmp_path_factory) -> Path | None:
+    """The folder this run's pytest-xdist workers share (the parent of each one's basetemp), or
+    None in a run without workers (`-n 0`)."""
+    return tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: Path):
+    """Held by one process of the run at a time (an flock): the first worker makes what the
+    others then reuse."""
+    import fcntl
+
+    with open(lock_path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
 def session_cache(tmp_path_factory) -> Path:
-    """One compile cache for the session, so example_pkg compiles cold only once."""
-    return tmp_path_factory.mktemp("compile-cache")
+    """One compile cache for the run, so each binary compiles cold only once: with xdist, one
+    for all workers (the store is safe for concurrent writers: compile/cache.py), as `-n 0` has
+    one; so the whole-space compiles of the template tests also serve test_sass and the builds."""
+    shared = xdist_shared(tmp_path_factory)
+    if shared is None:
+        return tmp_path_factory.mktemp("compile-cache")
+    (shared / "compile-cache").mkdir(exist_ok=True)
+    return shared / "compile-cache"
 
 
 @pytest.fixture(scope="session")
@@ -368,10 +428,20 @@ def pip_constraints(path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def plugin_dist(tmp_path_factory) -> Path:
-    """hatch-autotune as a wheel, built from this checkout the way a release is (build isolation)."""
-    import shutil
+    """hatch-autotune as a wheel, built from this checkout the way a release is (build isolation):
+    once per run, the xdist workers sharing the first one's."""
+    shared = xdist_shared(tmp_path_factory)
+    if shared is None:
+        return _build_plugin_dist(tmp_path_factory)
+    with exclusive(shared / "plugin-dist.lock"):
+        done = shared / "plugin-dist.path"
+        if not done.exists():
+            done.write_text(str(_build_plugin_dist(tmp_path_factory)))
+        return Path(done.read_text())
+
+
+def _build_plugin_dist(tmp_path_factory) -> Path:
     import subprocess
-    import sys
 
     src = tmp_path_factory.mktemp("plugin-src")
     shutil.copytree(

@@ -331,7 +331,7 @@ def test_generated_package_selects_and_checks_binaries(generated):
 def test_tampered_binary_and_table_are_integrity_errors(generated):
     mod = importlib.import_module("tinypkg.kernels")
     sel = mod.scale.select(arch="sm_90", n=1)
-    path = generated / mod.scale.variants[sel.variant]["binaries"]["sm_90"]["file"]
+    path = generated / mod.scale.variants[sel.variant].binaries["sm_90"].file
     data = path.read_bytes()
     path.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
     vendored = mod._runtime  # the wheel's own copy of the runtime, not hatch_autotune.runtime

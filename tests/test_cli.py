@@ -525,7 +525,7 @@ def test_merge_refuses_a_wheel(tiny_wheel, tiny_lock, tmp_path, capsys):
 
 def test_cache_info_and_clear(tiny_lock, session_cache, tmp_path, monkeypatch, capsys):
     root = tmp_path / "cache"
-    shutil.copytree(session_cache, root)
+    shutil.copytree(session_cache, root, ignore=shutil.ignore_patterns("*.tmp"))  # other xdist workers' writes under way
     (root / "keep-me.txt").write_text("not the store")
     monkeypatch.setenv("HATCH_AUTOTUNE_CACHE_DIR", str(root))
     entries, size = CompileCache(root).info()

@@ -75,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ui = UI()
         with _gc_paused(getattr(args, "pause_gc", False)):
-            return args.func(args, ui)
+            code: int = args.func(args, ui)  # each subcommand's cmd_* (the parser sets it): an exit status
+            return code
     except CliError as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")
         for line in exc.details:

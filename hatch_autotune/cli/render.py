@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..declare.project import load_project
 from ..errors import CliError
-from ..inspection.readers import load_project
 from ..text import shown
 from .common import EXIT_OK, PROG
 from .ui import UI

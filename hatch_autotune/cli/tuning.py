@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from ..compile.tiers import open_compile_cache
+from ..declare.project import load_project
 from ..declare.settings import RAY_VAR
 from ..errors import CliError
-from ..inspection.readers import load_project
 from .common import EXIT_OK, PROG
 from .ui import UI
 

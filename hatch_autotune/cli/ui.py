@@ -26,7 +26,9 @@ class TextTable:
     def text(self) -> str:
         from rich.cells import cell_len
 
-        width = lambda s: len(s) if s.isascii() else cell_len(s)  # noqa: E731
+        def width(s: str) -> int:
+            return len(s) if s.isascii() else cell_len(s)
+
         body = ([self.columns] if self.header else []) + [list(map(str, r)) for r in self.rows]
         widths = [max((width(r[i]) for r in body), default=0) for i in range(len(self.columns))]
 

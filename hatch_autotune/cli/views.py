@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from ..errors import CliError
 from ..inspection.diff import diff_sources
 from ..inspection.fmt import fmt_bucket, fmt_config, fmt_delta, fmt_ms, fmt_speedup
-from ..inspection.model import combine, provenance_lines
+from ..inspection.model import Source, combine, provenance_lines
 from ..inspection.readers import load_source
+from ..wheel.outcome import EntryStatus
 from .common import EXIT_OK, EXIT_REGRESSION, row_limit, write_output
 from .ui import UI
 
@@ -63,10 +64,10 @@ def cmd_show(args: argparse.Namespace, ui: UI) -> int:
             "--all shows every one, --limit N the first N, --kernel K one kernel's"
         )
     failed = _show_outcome(src, args.kernel, limit, ui)
-    status = {s: sum(r.status == s for r in shown) for s in ("tuned", "default", "fallback")}
-    summary = f"{src.label} ({src.kind}): {len(shown)} entries, {status['tuned']} tuned, {status['default']} default"
-    if status["fallback"]:
-        summary += f", {status['fallback']} fallback (the default config does not compile)"
+    status = {s: sum(r.status == s for r in shown) for s in EntryStatus}
+    summary = f"{src.label} ({src.kind}): {len(shown)} entries, {status[EntryStatus.TUNED]} tuned, {status[EntryStatus.DEFAULT]} default"
+    if status[EntryStatus.FALLBACK]:
+        summary += f", {status[EntryStatus.FALLBACK]} fallback (the default config does not compile)"
     if src.outcome is not None:
         summary += f"; {failed} variant binar{'y' if failed == 1 else 'ies'} failed to compile"
         if src.outcome.shipped is not None and not args.kernel:
@@ -77,7 +78,7 @@ def cmd_show(args: argparse.Namespace, ui: UI) -> int:
     return EXIT_OK
 
 
-def _show_outcome(src: Any, kernels: Sequence[str] | None, limit: int | None, ui: UI) -> int:
+def _show_outcome(src: Source, kernels: Sequence[str] | None, limit: int | None, ui: UI) -> int:
     """What the build's outcome record adds to the tables: the untuned entries grouped by
     kernel and reason, and the compile failures grouped by kernel, type instance and arch (the
     first one's log in each group; every recorded log with --all). Returns how many failed."""
@@ -90,7 +91,7 @@ def _show_outcome(src: Any, kernels: Sequence[str] | None, limit: int | None, ui
     if untuned:
         ui.print("untuned entries, by kernel and reason:")
         for (kernel, status, reason), eids in untuned.items():
-            config = "the default config" if status == "default" else "a fallback config"
+            config = "the default config" if status == EntryStatus.DEFAULT else "a fallback config"
             ui.print(f"  {kernel}: {len(eids)} entr{'y runs' if len(eids) == 1 else 'ies run'} {config}: {reason}")
     groups = {k: fs for k, fs in outcome.failure_groups().items() if not kernels or k[0] in kernels}
     failed = sum(len(fs) for fs in groups.values())

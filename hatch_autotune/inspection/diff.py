@@ -11,11 +11,13 @@ the threshold is a regression.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final, Literal
 
 from .model import Row, Source
 
-KINDS = ("added", "removed", "changed")  # counted in every summary
-CODE_CHANGED = "code changed"  # the same winner, other code: counted in the summary when there are any
+ChangeKind = Literal["added", "removed", "changed", "code changed"]
+KINDS: tuple[ChangeKind, ...] = ("added", "removed", "changed")  # counted in every summary
+CODE_CHANGED: Final = "code changed"  # the same winner, other code: counted in the summary when there are any
 
 
 @dataclass
@@ -23,7 +25,7 @@ class Change:
     """How one row differs from A to B."""
 
     eid: str
-    kind: str  # added | removed | changed | code changed (the same winner, other code)
+    kind: ChangeKind  # "code changed": the same winner, other code
     what: list[str]  # for 'changed' and 'code changed': what changed, in words
     old: Row | None
     new: Row | None
@@ -49,7 +51,7 @@ class Diff:
     def regressions(self) -> list[Change]:
         return [c for c in self.changes if c.regression]
 
-    def count(self, kind: str) -> int:
+    def count(self, kind: ChangeKind) -> int:
         return sum(c.kind == kind for c in self.changes)
 
     def summary(self) -> str:
@@ -99,7 +101,7 @@ def diff_sources(a: Source, b: Source, threshold: float) -> Diff:
         if not what:
             out.unchanged += 1
             continue
-        kind = CODE_CHANGED if what == code else "changed"
+        kind: ChangeKind = CODE_CHANGED if what == code else "changed"
         out.changes.append(Change(eid, kind, what, old, new, delta, regression=delta is not None and delta > threshold))
     return out
 
@@ -119,6 +121,6 @@ def _knows_code(old: Row, new: Row) -> bool:
     return bool((old.checksum and new.checksum) or (old.binary and new.binary))
 
 
-def _order(a: Source, b: Source, eid: str) -> tuple:
+def _order(a: Source, b: Source, eid: str) -> tuple[str, str, tuple[str, int, int, str], tuple[int, ...]]:
     r = a.rows.get(eid) or b.rows[eid]
     return (r.kernel, *r.sort_key())

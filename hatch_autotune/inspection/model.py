@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..lock import Bucket, EntryId, Measurement
+from ..wheel.outcome import EntryStatus, Outcome
 from .fmt import fmt_config
 
 # What a kind of input cannot know: a note of its Source, dropped by `combine` when another
@@ -36,6 +37,9 @@ def finite_ms(value: Any) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) else None
+
+
+RowOrder = tuple[str, tuple[str, int, int, str], tuple[int, ...]]  # types, arch (numerically), bucket
 
 
 @dataclass
@@ -61,9 +65,9 @@ class Row:
     provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def status(self) -> str:
+    def status(self) -> EntryStatus:
         """tuned, default or fallback, as the build's outcome record says."""
-        return "tuned" if self.tuned else "fallback" if self.fallback else "default"
+        return EntryStatus.of(self.tuned, self.fallback)
 
     @property
     def eid(self) -> str:
@@ -79,7 +83,7 @@ class Row:
             return 1.0
         return None
 
-    def sort_key(self) -> tuple:
+    def sort_key(self) -> RowOrder:
         """Within a kernel: by types, arch (numerically: sm_90 after sm_80), bucket."""
         return (self.types, _arch_key(self.arch), self.bucket.values)
 
@@ -93,7 +97,7 @@ class Source:
     rows: dict[str, Row]
     kernels: list[str]  # in the input's order
     notes: list[str] = field(default_factory=list)
-    outcome: Any = None  # build.outcome.Outcome: what the build decided and what failed (wheels, packages, projects)
+    outcome: Outcome | None = None  # what the build decided and what failed (wheels, packages, projects)
 
     @property
     def has_resources(self) -> bool:
@@ -107,7 +111,7 @@ class Source:
 
 
 @functools.lru_cache(maxsize=None)
-def _arch_key(arch: str) -> tuple:  # cached: sorting 50k rows asked it 50k times about a few archs
+def _arch_key(arch: str) -> tuple[str, int, int, str]:  # cached: sorting 50k rows asked it 50k times about a few archs
     from ..runtime import parse_arch
 
     try:
@@ -152,7 +156,7 @@ def combine(sources: Sequence[Source]) -> Source:
 
 def provenance_lines(rows: Sequence[Row]) -> list[str]:
     """One line per (GPU, cc, driver, NVRTC) the tuned rows were measured with, and when."""
-    seen: dict[tuple, list[str]] = {}
+    seen: dict[tuple[Any, Any, Any, Any], list[str]] = {}
     for r in rows:
         p = r.provenance
         if r.tuned and p.get("gpu"):

@@ -216,7 +216,7 @@ def generated_tables(names: Iterable[str]) -> list[str]:
 def with_outcome(src: Source, data: bytes | None, label: str) -> Source:
     """The source with the build's outcome record (outcome.json next to the table) read into
     it, leniently: rows learn which are fallbacks; a missing or damaged record is a note."""
-    from ..wheel.outcome import Outcome
+    from ..wheel.outcome import EntryStatus, Outcome
 
     outcome = Outcome.read(data, label)
     if outcome is None:
@@ -228,7 +228,7 @@ def with_outcome(src: Source, data: bytes | None, label: str) -> Source:
     src.notes += outcome.notes
     for e in outcome.entries:
         row = src.rows.get(e.eid)
-        if row is not None and e.status == "fallback":
+        if row is not None and e.status == EntryStatus.FALLBACK:
             row.fallback = True
     return src
 

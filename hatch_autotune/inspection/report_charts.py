@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..lock import Measurement
+from ..lock import Measurement, Status
 from .fmt import fmt_bucket, fmt_config, fmt_ms
 from .model import Row, Source, finite_ms
 
@@ -114,7 +114,7 @@ def speedup_chart(kernel: str, rows: Sequence[Row], used: set[str]) -> Chart | N
 
 
 def resources_chart(all_rows: Sequence[Row], used: set[str]) -> Chart | None:
-    seen: dict[tuple, Row] = {}
+    seen: dict[tuple[str, str, str, str], Row] = {}
     for e in all_rows:
         if e.resources:
             seen.setdefault((e.kernel, e.types, e.arch, e.variant or _cfg(e.config)), e)
@@ -147,7 +147,10 @@ def _by_config(e: Row) -> dict[str, Measurement]:
     """The measurement of each config of an entry, keyed by its written form; a fully timed run
     wins over an eliminated or untimed one of the same config."""
     out: dict[str, Measurement] = {}
-    rank = lambda m: 2 if m.timed and m.status == "ok" else 1 if m.timed else 0  # noqa: E731
+
+    def rank(m: Measurement) -> int:
+        return 2 if m.timed and m.status == Status.OK else 1 if m.timed else 0
+
     for m in e.measurements:
         key = _cfg(m.config)
         if key not in out or rank(m) > rank(out[key]):
@@ -191,7 +194,7 @@ def times_chart(rows: Sequence[Row], used: set[str]) -> Chart | None:
     default = next((_cfg(e.default_config) for e in rows if e.default_config is not None), None)
     winners = {_cfg(e.config) for e, _ in timed_buckets}
     drawn = _drawn_configs(timed_buckets, winners | ({default} if default else set()))
-    order: dict[str, tuple] = {}
+    order: dict[str, tuple[int, int]] = {}
     for n, (_, ms) in enumerate(timed_buckets):
         for key, measured in ms.items():
             order.setdefault(key, (measured.index if measured.index is not None else 1 << 30, n))
@@ -210,12 +213,12 @@ def times_chart(rows: Sequence[Row], used: set[str]) -> Chart | None:
                 bars.append(Bar(labels[key], None, OTHER, status, f"{where}: {key}: {status if m is not None else 'not measured'}"))
                 continue
             is_winner, is_default = key == winner, key == default
-            eliminated |= m.status == "eliminated"
-            color = WINNER if is_winner else DEFAULT if is_default else ELIMINATED if m.status == "eliminated" else OTHER
+            eliminated |= m.status == Status.ELIMINATED
+            color = WINNER if is_winner else DEFAULT if is_default else ELIMINATED if m.status == Status.ELIMINATED else OTHER
             role = " (winner, default)" if is_winner and is_default else " (winner)" if is_winner else " (default)" if is_default else ""
             spread = finite_ms(m.spread_ms)
             tip = f"{key}{role}: median {_ms(ms_)} ms" + (f", spread {_ms(spread)} ms" if spread is not None else "")
-            tip += f", {'?' if m.samples is None else m.samples} samples" + (", eliminated early" if m.status == "eliminated" else "")
+            tip += f", {'?' if m.samples is None else m.samples} samples" + (", eliminated early" if m.status == Status.ELIMINATED else "")
             bars.append(Bar(labels[key], ms_, color, _ms(ms_), tip))
         speed = f": {e.speedup:.2f}x" if e.speedup is not None else ""
         panels.append(Panel("median time (ms)", bars, title=f"{where}{speed}"))

@@ -16,7 +16,7 @@ from .entry import LockEntry
 from .errors import LockFormatError
 from .file import LOCK_FILE_LIMIT, LOCK_SCHEMA, LockFile
 from .ids import Bucket, EntryId
-from .measurements import RECORDED_DIGITS, TIMED, Contender, Measurement, Runoff, recorded
+from .measurements import RECORDED_DIGITS, TIMED, Contender, Measurement, Runoff, Status, recorded
 from .merging import MERGE_PREFERENCES, MergeConflict, merge
 from .nvrtc_policy import NOT_RECORDED, NvrtcPolicy, tuned_with
 
@@ -37,6 +37,7 @@ __all__ = [
     "MergeConflict",
     "NvrtcPolicy",
     "Runoff",
+    "Status",
     "entry_checksum",
     "merge",
     "recorded",

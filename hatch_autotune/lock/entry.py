@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .errors import LockFormatError
-from .measurements import Measurement, Runoff, number_as_written
+from .measurements import Measurement, Runoff, Status, number_as_written
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,8 @@ class LockEntry:
         """The entry's JSON; an entry read from a file and not changed since is written back as
         it was read (keys a newer writer added, and number formats, survive a re-save)."""
         if self.read_from is not None and LockEntry.from_json(self.read_from) == self:
-            return json.loads(json.dumps(self.read_from))
+            copy: dict[str, Any] = json.loads(json.dumps(self.read_from))
+            return copy
         out: dict[str, Any] = {"checksum": self.checksum, "config": dict(self.config), "tuned": self.tuned}
         if self.index is not None:
             out["index"] = self.index
@@ -70,7 +71,9 @@ class LockEntry:
     def time_of(self, config: Mapping[str, Any]) -> float | None:
         """The median time measured for `config` (a fully timed run before an eliminated one)."""
         times = [
-            (m.status != "ok", m.median_ms) for m in self.measurements if m.timed and m.median_ms is not None and m.config == dict(config)
+            (m.status != Status.OK, m.median_ms)
+            for m in self.measurements
+            if m.timed and m.median_ms is not None and m.config == dict(config)
         ]
         return min(times)[1] if times else None
 

@@ -7,9 +7,24 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Mapping
 
-TIMED = ("ok", "eliminated")  # measurement statuses that carry a median time
+
+class Status(StrEnum):
+    """What happened to one config in one bucket; the lock writes the value."""
+
+    OK = "ok"  # timed in full
+    ELIMINATED = "eliminated"  # timed, and stopped early as a clear loser
+    REJECTED = "rejected"  # ran, and its outputs disagree with the reference
+    FAILED = "failed"  # crashed, hung, or failed in the runoff
+    PRUNED = "pruned"  # not run: it did not compile, or exceeds the device's limits
+    SKIPPED = "skipped"  # not tried by the search
+    UNRECORDED = ""  # the lock does not say
+
+
+TIMED = (Status.OK, Status.ELIMINATED)  # measurement statuses that carry a median time
+_STATUSES = {s.value: s for s in Status}
 RECORDED_DIGITS = 6  # times are kept to 1 ns (in ms)
 
 
@@ -28,6 +43,14 @@ def integer_as_written(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def status_as_written(value: Any) -> Status | str:
+    """A status as a lenient reader keeps it: its member, a string this version does not know
+    as written (a re-written file keeps it), anything else as not recorded."""
+    if not isinstance(value, str):
+        return Status.UNRECORDED
+    return _STATUSES.get(value, value)
+
+
 @dataclass(frozen=True)
 class Measurement:
     """What happened to one config in one bucket, as the lock records it: the tuner makes it,
@@ -37,7 +60,7 @@ class Measurement:
 
     index: int | None  # the config's position in the instance's canonical config list
     config: Mapping[str, Any]
-    status: str  # ok | eliminated | rejected | failed | pruned | skipped ("" if not recorded)
+    status: Status | str  # a string only where a lock names a status this version does not know
     samples: int | None = 0  # how many timings the median is of (None: not recorded)
     median_ms: float | None = None
     spread_ms: float | None = None  # half the interquartile range of the timings
@@ -58,7 +81,7 @@ class Measurement:
         return cls(
             index=integer_as_written(index),
             config=dict(raw["config"]),
-            status=status if isinstance(status, str) else "",
+            status=status_as_written(status),
             samples=integer_as_written(samples),
             median_ms=number_as_written(raw.get("median_ms")),
             spread_ms=number_as_written(raw.get("spread_ms")),
@@ -67,7 +90,7 @@ class Measurement:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {} if self.index is None else {"index": self.index}
-        out.update(config=dict(self.config), status=self.status)
+        out.update(config=dict(self.config), status=str(self.status))
         if self.samples is not None:
             out["samples"] = self.samples
         if self.median_ms is not None:

@@ -35,7 +35,7 @@ class NvrtcPolicy:
             return None
         return f"tuned with NVRTC {version}, this build uses {self.nvrtc} and exact-nvrtc = true"
 
-    def warning(self, versions: Counter) -> str | None:
+    def warning(self, versions: Counter[str]) -> str | None:
         """One line about the winners in use that another NVRTC measured, or None;
         `versions`: NVRTC version -> how many of the entries in use were tuned with it."""
         others = {v: n for v, n in versions.most_common() if v not in (self.nvrtc, NOT_RECORDED)}

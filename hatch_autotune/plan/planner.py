@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..compile.nvrtc import CompileJob
 from ..compile.render import Variant, render_kernel
@@ -28,10 +28,8 @@ from ..declare.space import bucket_points, count_points
 from ..errors import BuildError
 from ..lock import Bucket, EntryId, LockEntry, LockFile, NvrtcPolicy, entry_checksum
 from ..runtime import parse_arch, short_repr
-from ..text import indent, instance_text, log_excerpt
+from ..text import Log, indent, instance_text, log_excerpt
 from .devices import Gpu
-
-Log = Callable[[str], None]
 
 # The most configs one tuning run may measure, over every bucket, type instance and arch (each
 # at most `budget-ms` of GPU time, after its compile): more is days of GPU time, most likely a

@@ -21,8 +21,9 @@ from ..compile import nvrtc as compile_mod
 from ..compile.render import Variant
 from ..declare.config import KernelSpec, SearchSpec
 from ..declare.kernel_decl import kernel_decl
-from ..lock import TIMED, Bucket, LockEntry, Measurement
+from ..lock import TIMED, Bucket, LockEntry, Measurement, Status
 from ..plan.planner import Instance, Point
+from ..text import Log
 from .binaries import CompareBinaries, VariantBinaries
 from .bucket_result import BucketResult
 from .choice import RunoffResult, contenders, measured, run_runoff
@@ -34,7 +35,6 @@ from .session import WorkerSession
 from .verify import tolerance
 from .worker_client import WorkerDied
 
-Log = Callable[[str], None]
 PROGRESS_EVERY = 16  # configs between progress lines within a bucket
 REFERENCE_NOTE = "reference (no user reference configured)"  # the reason of the config whose outputs became the reference
 # Where a bucket's wall time goes (seconds, the lock's provenance "phases"): waiting for NVRTC,
@@ -225,7 +225,10 @@ class BucketTuning:
         assert self.info is not None
         with self._compiling():
             result = self.binaries.get(i)
-        env = lambda c: {**self.key, **c, **spec.type_env(job.types)}  # noqa: E731
+
+        def env(c: Mapping[str, Any]) -> dict[str, Any]:
+            return {**self.key, **c, **spec.type_env(job.types)}
+
         return prune_reason(
             config,
             result.resources if result.ok else None,
@@ -254,7 +257,7 @@ class BucketTuning:
                 if reason is None:
                     yield i
                 else:
-                    self.record(measured(i, self.configs[i], "pruned", reason=reason))
+                    self.record(measured(i, self.configs[i], Status.PRUNED, reason=reason))
 
     def adopt(self, i: int) -> None:
         """Config i's outputs made the reference in the worker; WorkerDied when it died doing
@@ -278,9 +281,9 @@ class BucketTuning:
             reply = Failure(str(exc))
         if isinstance(reply, Failure):  # the time a crash or hang took is its measurement's, not the reference's
             self.costs["measure"] += time.monotonic() - asked
-            self.record(measured(i, self.configs[i], "failed", reason=reply.error or "unknown error"))
+            self.record(measured(i, self.configs[i], Status.FAILED, reason=reply.error or "unknown error"))
             return False, reply.error
-        return True, (reply.reason or "wrong result") if reply.status == "rejected" else None
+        return True, (reply.reason or "wrong result") if reply.status == Status.REJECTED else None
 
     # -- the search ------------------------------------------------------------------------
 
@@ -288,14 +291,14 @@ class BucketTuning:
         """Keep a config's measurement; its time for the search (None: it did not run)."""
         self.measurements[m.index if m.index is not None else -1] = m
         if (
-            m.status == "ok"
+            m.status == Status.OK
             and m.median_ms is not None
             and (self.best is None or self.best.median_ms is None or m.median_ms < self.best.median_ms)
         ):
             self.best = m
         done = len(self.measurements)
         if done % PROGRESS_EVERY == 0 and done < self.total:
-            rejected = sum(x.status in ("rejected", "failed") for x in self.measurements.values())
+            rejected = sum(x.status in (Status.REJECTED, Status.FAILED) for x in self.measurements.values())
             best = self.best
             lead = f"best so far {best.config} {best.median_ms:.4f} ms" if best else "none timed yet"
             self.log(f"  {self.job.eid}: {done}/{self.total} configs done, {rejected} rejected or failed; {lead}")
@@ -312,7 +315,7 @@ class BucketTuning:
         reason = self._unrunnable(i)
         if reason:
             self.seconds += time.monotonic() - started
-            return self.record(measured(i, config, "pruned", reason=reason))
+            return self.record(measured(i, config, Status.PRUNED, reason=reason))
         variant, binary = self.job.variants[i].id, self._file(i)
         leader = self.best.median_ms if self.best is not None else None
         asked = time.monotonic()
@@ -321,7 +324,7 @@ class BucketTuning:
         seconds = reply.seconds if not isinstance(reply, Failure) else None
         self.seconds += (asked - started) + (seconds if seconds is not None else time.monotonic() - asked)
         if isinstance(reply, Failure):
-            return self.record(measured(i, config, "failed", reason=reply.error or "unknown error"))
+            return self.record(measured(i, config, Status.FAILED, reason=reply.error or "unknown error"))
         m = measured(i, config, reply.status, reply.samples, reply.reason)
         if self.reference == i:
             m = replace(m, reason=REFERENCE_NOTE)
@@ -348,7 +351,7 @@ class BucketTuning:
         reply = self._in_worker(Measure(self.job.variants[i].id, self._file(i), None))
         if isinstance(reply, Failure):
             return reply.error or "unknown error"
-        if reply.status != "ok" or not reply.samples:
+        if reply.status != Status.OK or not reply.samples:
             return reply.reason or f"status {reply.status}"
         return reply.samples
 
@@ -364,7 +367,7 @@ class BucketTuning:
         result = run_runoff(field, self._retime, rounds, default_index)
         for m in result.measurements:
             assert m.index is not None
-            self.measurements[m.index] = replace(m, reason=REFERENCE_NOTE) if self.reference == m.index and m.status == "ok" else m
+            self.measurements[m.index] = replace(m, reason=REFERENCE_NOTE) if self.reference == m.index and m.status == Status.OK else m
         return result
 
     def _result(self) -> BucketResult:

@@ -6,13 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from ..lock import LockEntry, Measurement, Runoff
+from ..lock import LockEntry, Measurement, Runoff, Status
 from ..plan.planner import PROVENANCE_MAX_CHARS
-from ..text import log_excerpt
+from ..text import Log, log_excerpt
 from .choice import RunoffResult, choose_winner, measured
 from .errors import TuningError
-
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -40,24 +38,25 @@ class BucketResult:
         is config i's NVRTC log, quoted when the first config that failed did not compile."""
         configs, default_index, measurements = self.configs, self.default_index, self.measurements
         skipped = f"not tried by the search ({self.strategy})"
-        ordered = [measurements.get(i) or measured(i, configs[i], "skipped", reason=skipped) for i in range(len(configs))]
+        ordered = [measurements.get(i) or measured(i, configs[i], Status.SKIPPED, reason=skipped) for i in range(len(configs))]
         winner = self.runoff.winner if self.runoff is not None and self.runoff.winner is not None else choose_winner(ordered, default_index)
         if winner is None or winner.median_ms is None:
-            first = next((m for m in ordered if m.status in ("failed", "rejected", "pruned")), ordered[0])
+            first = next((m for m in ordered if m.status in (Status.FAILED, Status.REJECTED, Status.PRUNED)), ordered[0])
             detail = f":\n{log_excerpt(compile_log(first.index))}" if first.reason == "did not compile" and first.index is not None else ""
             tried = "tried " if len(measurements) < len(configs) else ""
             raise TuningError(
                 f"{self.eid}: every variant {tried}failed or was rejected; the first ({first.config}): {first.reason}{detail}"
             )
         default = measurements.get(default_index)
-        default_ms = default.median_ms if default is not None and default.status == "ok" else None
-        counts = {s: sum(m.status == s for m in ordered) for s in ("ok", "eliminated", "rejected", "failed", "pruned")}
+        default_ms = default.median_ms if default is not None and default.status == Status.OK else None
+        counted = (Status.OK, Status.ELIMINATED, Status.REJECTED, Status.FAILED, Status.PRUNED)
+        counts = {s: sum(m.status == s for m in ordered) for s in counted}
         searched = f", {len(measurements)} tried ({self.strategy}, {self.seconds:.1f} s)" if len(measurements) < len(configs) else ""
         costs = self.costs
         log(
-            f"tuned {self.eid}: {len(configs)} configs{searched}, {counts['ok'] + counts['eliminated']} measured "
-            f"({counts['eliminated']} eliminated early), {counts['rejected']} rejected, {counts['failed']} failed, "
-            f"{counts['pruned']} pruned; best {winner.config} {winner.median_ms:.4f} ms"
+            f"tuned {self.eid}: {len(configs)} configs{searched}, {counts[Status.OK] + counts[Status.ELIMINATED]} measured "
+            f"({counts[Status.ELIMINATED]} eliminated early), {counts[Status.REJECTED]} rejected, {counts[Status.FAILED]} failed, "
+            f"{counts[Status.PRUNED]} pruned; best {winner.config} {winner.median_ms:.4f} ms"
             + (f" ({default_ms / winner.median_ms:.2f}x the default)" if default_ms else "")
             + (f"; prior: the times of {self.prior} earlier result(s)" if self.prior else "")
             + (f"; worker {', '.join(f'{k} {v:.1f} s' for k, v in self.phases.items())}" if self.phases else "")

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from ..lock import Contender, Measurement, Runoff, recorded
+from ..lock import Contender, Measurement, Runoff, Status, recorded
 from .bench import median, spread
 
 TIE_FLOOR = 0.005  # timings closer than 0.5% are a tie whatever the measured spread
@@ -28,7 +28,7 @@ MAX_CONTENDERS = 6  # configs a runoff times again, at most: the leader and the 
 NOTCH = 1.58
 
 
-def measured(index: int, config: Mapping[str, Any], status: str, samples: Sequence[float] = (), reason: str = "") -> Measurement:
+def measured(index: int, config: Mapping[str, Any], status: Status, samples: Sequence[float] = (), reason: str = "") -> Measurement:
     """The measurement of a config from its timings (ms; none for a config that was not timed),
     its median and spread exact: the lock rounds them (Measurement.as_recorded)."""
     if not samples:
@@ -37,7 +37,7 @@ def measured(index: int, config: Mapping[str, Any], status: str, samples: Sequen
 
 
 def _runs(measurements: Sequence[Measurement]) -> list[Measurement]:
-    return [m for m in measurements if m.status == "ok" and m.samples and m.median_ms is not None]
+    return [m for m in measurements if m.status == Status.OK and m.samples and m.median_ms is not None]
 
 
 def _leader(ok: Sequence[Measurement]) -> Measurement:
@@ -125,7 +125,7 @@ def run_runoff(field: Sequence[Measurement], retime: Retime, rounds: int, defaul
         was = by_index[i]
         if i in failed:
             pooled.append(
-                replace(was, status="failed", samples=0, median_ms=None, spread_ms=None, reason=f"failed in the runoff: {failed[i]}")
+                replace(was, status=Status.FAILED, samples=0, median_ms=None, spread_ms=None, reason=f"failed in the runoff: {failed[i]}")
             )
         elif times:
             pooled.append(replace(was, samples=len(times), median_ms=median(times), spread_ms=spread(times)))

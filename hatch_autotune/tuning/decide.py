@@ -5,14 +5,14 @@ before any GPU is touched."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 from ..declare.config import ProjectSpec
 from ..plan.devices import Gpu
 from ..plan.planner import Instance, Plan, Point, resolve_archs
+from ..text import Log
 from .errors import TuningError
 
-Log = Callable[[str], None]
 Todo = list[tuple[str, Instance, list[Point]]]  # per arch and type instance, the points to tune
 
 

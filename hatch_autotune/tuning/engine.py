@@ -10,7 +10,8 @@ from typing import Sequence
 from ..compile.cache import CompileCache
 from ..declare.config import ProjectSpec
 from ..plan.devices import Gpu
-from .tuner import Log, TuneSummary
+from ..text import Log
+from .tuner import TuneSummary
 
 
 def cluster_address(project: ProjectSpec, ray_address: str | None = None) -> str | None:

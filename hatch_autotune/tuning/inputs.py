@@ -62,7 +62,8 @@ def load_function(ref: str, root: Path, where: str | None = None) -> Callable[..
         raise InputError(f"{where}: module {module_name!r} ({getattr(module, '__file__', '?')}) has no function {func!r}")
     if not callable(fn):
         raise InputError(f"{where}: {module_name}.{func} is a {type(fn).__name__}, not a function")
-    return fn
+    function: Callable[..., Any] = fn
+    return function
 
 
 def _describe(exc: BaseException) -> str:

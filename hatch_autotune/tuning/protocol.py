@@ -25,10 +25,10 @@ No array crosses the protocol: the worker makes a bucket's inputs from their rec
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Union
+from typing import Any, ClassVar, Literal, Mapping, Union
 
 from ..declare.config import TuningSpec
-from ..lock import Bucket
+from ..lock import Bucket, Status
 from ..runtime import KernelDecl
 from .inputs import InputRecipe
 
@@ -258,15 +258,15 @@ class Measured:
     went (run, verify, time); `seconds`: a replayed device's simulated time (None on a GPU,
     whose time is the wall clock)."""
 
-    status: str  # ok | eliminated | rejected
+    status: Status  # ok, eliminated or rejected
     samples: tuple[float, ...] = ()
     reason: str = ""
     phases: Mapping[str, float] = field(default_factory=dict)
     seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"ok": True, "status": self.status}
-        if self.samples or self.status != "rejected":
+        out: dict[str, Any] = {"ok": True, "status": str(self.status)}
+        if self.samples or self.status != Status.REJECTED:
             out["samples"] = list(self.samples)
         if self.reason:
             out["reason"] = self.reason
@@ -279,12 +279,15 @@ class Measured:
     def from_json(cls, raw: Mapping[str, Any]) -> "Measured":
         seconds = raw.get("seconds")
         return cls(
-            status=raw["status"],
+            status=Status(raw["status"]),
             samples=tuple(raw.get("samples", ())),
             reason=raw.get("reason", ""),
             phases={k: float(v) for k, v in raw.get("phases", {}).items()},
             seconds=None if seconds is None else float(seconds),
         )
+
+
+FailureKind = Literal["", "input"]  # "input": the user's input generator or reference failed
 
 
 @dataclass(frozen=True)
@@ -295,7 +298,7 @@ class Failure:
 
     error: str
     fatal: bool = False
-    kind: str = ""
+    kind: FailureKind = ""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ok": False, "fatal": True, "error": self.error} if self.fatal else {"ok": False, "error": self.error}
@@ -303,7 +306,7 @@ class Failure:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> "Failure":
-        return cls(str(raw.get("error", "")), bool(raw.get("fatal", False)), str(raw.get("kind", "")))
+        return cls(str(raw.get("error", "")), bool(raw.get("fatal", False)), "input" if raw.get("kind") == "input" else "")
 
 
 Reply = Union[Done, Ready, HelloReply, Measured, Failure]

@@ -33,6 +33,7 @@ from ..lock import LockEntry
 from ..plan.devices import Gpu
 from ..plan.planner import make_plan, target_archs
 from ..runtime import short_repr
+from ..text import Log
 from .binaries import CompareBinaries, InstanceBinaries, VariantBinaries
 from .bucket import BucketJob, BucketTuning
 from .decide import check_kernels
@@ -41,7 +42,7 @@ from .protocol import DeviceInfo
 from .schedule import Job, SlotLost
 from .search import WarmStart
 from .session import WorkerSession
-from .tuner import Log, TuneSummary, output_dtypes, plan_run, run_tuning
+from .tuner import TuneSummary, output_dtypes, plan_run, run_tuning
 from .worker_client import WorkerClient
 
 RESOURCE_PREFIX = "hatch-autotune:"  # + arch: a node's number of GPUs of that arch

@@ -6,15 +6,15 @@ config agrees with them: a wrong default would otherwise make every variant "ver
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from ..declare.config import KernelSpec
-from ..lock import Measurement
+from ..lock import Measurement, Status
+from ..text import Log
 from .choice import measured
 from .errors import TuningError
 from .worker_client import WorkerDied
 
-Log = Callable[[str], None]
 WITNESS_LOOKS = 64  # configs looked at (compiled) for a second opinion on the reference, at most
 DISSENT = 3  # witnesses that may disagree with the default before the majority is asked
 
@@ -66,7 +66,7 @@ def settle_reference(bucket: Candidates, spec: KernelSpec, eid: str, default: in
         try:
             bucket.adopt(i)
         except WorkerDied as exc:
-            bucket.record(measured(i, configs[i], "failed", reason=str(exc)))
+            bucket.record(measured(i, configs[i], Status.FAILED, reason=str(exc)))
             continue
         anchor = i
         break
@@ -86,7 +86,10 @@ def settle_reference(bucket: Candidates, spec: KernelSpec, eid: str, default: in
         dissent.append((i, why))
     if not dissent:
         return Settled(anchor, f"{name}, not cross-checked: no other config runs")
-    described = lambda ix: ", ".join(f"config {i} {dict(configs[i])}" for i in ix)  # noqa: E731
+
+    def described(ix: Iterable[int]) -> str:
+        return ", ".join(f"config {i} {dict(configs[i])}" for i in ix)
+
     if len(dissent) == 1:
         raise TuningError(
             f"{eid}: the outputs of {described([anchor, dissent[0][0]])} differ ({dissent[0][1]}) and no third config "

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from ..lock import LockEntry
+from ..text import Log
 from .search import WarmStart
 
-Log = Callable[[str], None]
 RETRIES = 2  # a job whose slot is lost goes to another slot at most this many times
 
 

@@ -4,6 +4,8 @@ reference, each remembered as the latest one sent."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..declare.config import TuningSpec
 from .errors import TuningError
 from .inputs import InputError, InputRecipe
@@ -35,7 +37,7 @@ class WorkerSession:
         self.info, self._greeted = HelloReply.from_json(reply).device, True
         return self.info
 
-    def _send(self, message: Setup | Reference | Prepare) -> dict:
+    def _send(self, message: Setup | Reference | Prepare) -> dict[str, Any]:
         reply = self.client.request(message.to_json(), self.settings.timeout_s * 4)
         if not reply.get("ok"):
             failure = Failure.from_json(reply)

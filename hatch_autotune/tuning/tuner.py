@@ -22,10 +22,10 @@ from .. import __version__
 from ..compile.cache import CompileCache
 from ..compile.tiers import open_compile_cache
 from ..declare.config import ProjectSpec
-from ..lock import LockEntry
+from ..lock import LockEntry, Status
 from ..plan.devices import Gpu, detect_gpus
 from ..plan.planner import Instance, Plan, Point, make_plan, target_archs
-from ..text import instance_text
+from ..text import Log, instance_text
 from .binaries import CompareBinaries, InstanceBinaries
 from .bucket import BucketJob, BucketTuning, bucket_recipe, strategy_text
 from .decide import Todo, TuningPlan, check_kernels, plan_tuning, stale_points
@@ -38,7 +38,6 @@ from .session import WorkerSession
 from .warm import transfer_waves, warm_start
 from .worker_client import WorkerClient
 
-Log = Callable[[str], None]
 # Scheduling: a bucket's inputs are made on the host (drawn, written, loaded and uploaded by the
 # worker) before anything is measured, seconds per GiB; counting 8 MiB as one more config puts a
 # bucket of 1 GiB (128 configs more) early rather than last, where it would stretch the run's
@@ -66,8 +65,8 @@ class TuneSummary:
                     ",".join(f"{k}={v}" for k, v in e.config.items()),
                     f"{win:.4f}" if win else "-",
                     speedup,
-                    str(sum(m.status in ("ok", "eliminated") for m in ms)),
-                    str(sum(m.status in ("rejected", "failed") for m in ms)),
+                    str(sum(m.status in (Status.OK, Status.ELIMINATED) for m in ms)),
+                    str(sum(m.status in (Status.REJECTED, Status.FAILED) for m in ms)),
                 )
             )
         return text_table(rows)

@@ -9,7 +9,7 @@ import math
 import statistics
 from typing import Any, Mapping, Sequence
 
-from ..lock import Bucket, EntryId, LockEntry, LockFile, LockFormatError
+from ..lock import Bucket, EntryId, LockEntry, LockFile, LockFormatError, Status
 from ..plan.planner import Point
 from .search import MAX_RELATED, WarmStart, uses_prior
 
@@ -57,7 +57,7 @@ def related_entries(lock: LockFile, point: Point) -> list[LockEntry]:
     me = point.id
     mine = me.bucket.as_dict()
 
-    def distance(eid: EntryId) -> tuple:
+    def distance(eid: EntryId) -> tuple[bool, float, bool, str]:
         return (eid != me, log_gap(eid.bucket, mine), eid.arch != me.arch, str(eid))
 
     found = []
@@ -94,7 +94,7 @@ def speeds(related: Sequence[LockEntry], index: Mapping[str, int], n_configs: in
         times: dict[int, float] = {}  # config index -> median ms; inf where it did not run
         for m in entry.measurements:
             i = index.get(config_key(m.config))
-            if i is None or m.status == "skipped":
+            if i is None or m.status == Status.SKIPPED:
                 continue
             ms = m.median_ms if m.timed and m.median_ms is not None and 0 < m.median_ms < math.inf else math.inf
             times[i] = min(times.get(i, math.inf), ms)

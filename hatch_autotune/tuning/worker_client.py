@@ -36,8 +36,8 @@ class WorkerClient:
     def __init__(self, command: list[str] | None = None, env: dict[str, str] | None = None) -> None:
         self.command = command or worker_command()
         self.env = env
-        self._proc: subprocess.Popen | None = None
-        self._lines: queue.Queue = queue.Queue()
+        self._proc: subprocess.Popen[str] | None = None
+        self._lines: queue.Queue[str | None] = queue.Queue()  # the worker's reply lines; None: it is gone
         self._stderr: Any = None
         self.restarts = 0
 
@@ -62,8 +62,9 @@ class WorkerClient:
         threading.Thread(target=self._read, args=(self._proc, self._lines), daemon=True).start()
 
     @staticmethod
-    def _read(proc: subprocess.Popen, lines: queue.Queue) -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
+    def _read(proc: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
+        assert proc.stdout is not None  # started with stdout=PIPE
+        for line in proc.stdout:
             lines.put(line)
         lines.put(None)  # EOF: the worker is gone
 
@@ -87,7 +88,7 @@ class WorkerClient:
         if line is None:
             raise WorkerDied(self._death_reason())
         try:
-            reply = json.loads(line)
+            reply: dict[str, Any] = json.loads(line)  # one JSON object per line (protocol.py)
         except ValueError:
             self._kill()
             raise WorkerDied(f"sent an unreadable reply: {line[:200]!r}") from None

@@ -10,8 +10,9 @@ import re
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
+from ..lock import Status
 from ..runtime import Binaries, CudaApi, CudaCallError, Kernel, KernelTable, Variant, check_cuda, cuda_api
 from .inputs import InputRecipe
 from .protocol import (
@@ -30,6 +31,9 @@ from .protocol import (
     Setup,
 )
 from .worker_memory import DeviceArray, Expected
+
+if TYPE_CHECKING:
+    from .device_verify import DeviceComparer
 
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"  # Linux: 'NVRM version: NVIDIA UNIX ... Kernel Module  580.159.04  ...'
 
@@ -83,12 +87,15 @@ class _Bucket:
     types: dict[str, str]
     key: dict[str, int]
     settings: Any  # TuningSpec: the timer's settings
-    comparer: Any  # device_verify.DeviceComparer, or None (verification on the host)
+    comparer: DeviceComparer | None  # None: verification on the host
     pairs: frozenset[tuple[str, str]]  # the (got, expected) dtypes it compares
     handles: dict[str, Any] = field(default_factory=dict)  # variant id -> its loaded kernel
 
 
-def _made_inputs(recipe: InputRecipe) -> tuple[dict[str, Any], dict[str, Any] | None, float]:
+_Inputs = tuple[dict[str, Any], dict[str, Any] | None, float]  # the inputs, the user's reference outputs, seconds
+
+
+def _made_inputs(recipe: InputRecipe) -> _Inputs:
     """A bucket's inputs and the user's reference outputs (None without a reference function),
     made on the host from the recipe, and the seconds it took."""
     import time
@@ -106,7 +113,7 @@ class WorkerState:
         self.arch = ""
         self.timer: Any = None
         self.bucket: _Bucket | None = None
-        self._ahead: dict[str, Future] = {}  # recipe identity -> its inputs, being made in the background
+        self._ahead: dict[str, Future[_Inputs]] = {}  # recipe identity -> its inputs, being made in the background
         self._pool: ThreadPoolExecutor | None = None
 
     def hello(self, msg: Hello) -> HelloReply:
@@ -172,7 +179,7 @@ class WorkerState:
         phases = {"inputs": t1 - t0, "upload": t2 - t1}
         return Ready(phases if ahead is not None else {**phases, "made": made_s}, prefetched=ahead is not None)
 
-    def _comparer(self, files: Mapping[str, str]) -> tuple[Any, frozenset[tuple[str, str]]]:
+    def _comparer(self, files: Mapping[str, str]) -> tuple[DeviceComparer | None, frozenset[tuple[str, str]]]:
         """The compare kernels of this bucket's dtypes and the (got, expected) dtype pairs they
         compare (none given, or they do not load: verification on the host)."""
         if not files:
@@ -272,7 +279,8 @@ class WorkerState:
         assert b is not None and b.expected is not None
         rtol, atol = b.tolerances[name]
         got = b.arrays[name]
-        if name in b.expected.device:
+        if name in b.expected.device:  # only where a compare kernel loaded
+            assert b.comparer is not None
             ptr, dtype = b.expected.device[name]
             found = b.comparer.compare(name, got.ptr, ptr, tuple(got.shape), str(got.dtype), str(dtype), rtol, atol, self.timer.stream)
             return found.message()
@@ -296,18 +304,18 @@ class WorkerState:
                 reason = self._mismatch(name)
                 if reason:
                     phases["verify"] = time.perf_counter() - t1
-                    return Measured("rejected", reason=f"wrong result: {reason}", phases=phases)
+                    return Measured(Status.REJECTED, reason=f"wrong result: {reason}", phases=phases)
         t2 = time.perf_counter()
         phases["verify"] = t2 - t1
         if not msg.timed:
-            return Measured("ok", phases=phases)
+            return Measured(Status.OK, phases=phases)
         fn = self._launcher(vid)
         try:
             timing = self.timer.time(fn, b.settings, msg.leader_ms)
         except Exception as exc:
             raise Fatal(f"variant {vid} failed while timed: {exc}") from None
         phases["time"] = time.perf_counter() - t2
-        return Measured("eliminated" if timing.eliminated else "ok", tuple(timing.samples), phases=phases)
+        return Measured(Status.ELIMINATED if timing.eliminated else Status.OK, tuple(timing.samples), phases=phases)
 
     def handle(self, msg: Request) -> Reply:
         if isinstance(msg, Hello):

@@ -19,10 +19,8 @@ from ..lock import tuned_with
 from ..plan.devices import Gpu
 from ..plan.planner import PROVENANCE_FIELDS, PROVENANCE_MAX_CHARS, Choice, Instance, Plan, Point, make_plan, resolve_archs
 from ..runtime import parse_arch
-from ..text import examples, indent, instance_text, log_excerpt
-from .outcome import CompileFailure, EntryOutcome, Outcome
-
-Log = Callable[[str], None]
+from ..text import Log, examples, indent, instance_text, log_excerpt
+from .outcome import CompileFailure, EntryOutcome, EntryStatus, Outcome
 
 
 @dataclass
@@ -170,7 +168,7 @@ def record_outcome(plan: Plan, shipping: Shipping, shipped: int | None = None) -
     for n, inst in enumerate(plan.instances):
         for arch in plan.archs:
             for p, choice in shipping.choices.get((n, arch), {}).items():
-                entries.append(EntryOutcome(p.id, choice.status, inst.configs[choice.variant_index], choice.reason))
+                entries.append(EntryOutcome(p.id, EntryStatus(choice.status), inst.configs[choice.variant_index], choice.reason))
     failures = Outcome.failures_of(
         [
             (inst.spec.name, inst.types_key, arch, v.label, v.config_dict, v.source_hash, r.log)
@@ -201,7 +199,7 @@ def _log_untuned(outcome: Outcome, lock_name: str, log: Log) -> None:
     """One warning per kernel and reason, with a count and a few of the entries (the outcome
     record lists them all)."""
     for (kernel, status, reason), eids in outcome.untuned().items():
-        n, config = len(eids), "the default config" if status == "default" else "a fallback config"
+        n, config = len(eids), "the default config" if status == EntryStatus.DEFAULT else "a fallback config"
         log(f"warning: {kernel}: {n} untuned entr{'y uses' if n == 1 else 'ies use'} {config} ({reason}): {examples(eids)}")
     log(f"hint: tune on a GPU builder (HATCH_AUTOTUNE_MODE=tune) and commit {lock_name}; strict = true makes untuned entries an error")
 

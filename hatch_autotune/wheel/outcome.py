@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Mapping, Sequence
 
 from ..lock import EntryId, LockFormatError
@@ -25,8 +26,20 @@ from ..text import log_excerpt
 
 OUTCOME_FILE = "outcome.json"
 OUTCOME_SCHEMA = 1
-STATUSES = ("tuned", "default", "fallback")  # fallback: the default did not compile (default-may-fail)
 LOGS_PER_GROUP = 5  # failures per kernel, type instance and arch whose log is kept; the rest by name
+
+
+class EntryStatus(StrEnum):
+    """What an entry runs in the wheel; the record writes the value."""
+
+    TUNED = "tuned"  # its tuned winner
+    DEFAULT = "default"  # the default config
+    FALLBACK = "fallback"  # the first config that compiled: the default did not (default-may-fail)
+
+    @classmethod
+    def of(cls, tuned: bool, fallback: bool) -> EntryStatus:
+        """The status of a choice that is tuned or not, and a fallback or not."""
+        return cls.TUNED if tuned else cls.FALLBACK if fallback else cls.DEFAULT
 
 
 @dataclass(frozen=True)
@@ -34,7 +47,7 @@ class EntryOutcome:
     """What one entry (kernel, type instance, arch, bucket) runs in the wheel, and why."""
 
     id: EntryId
-    status: str  # one of STATUSES
+    status: EntryStatus
     config: Mapping[str, Any]
     reason: str = ""  # why it is not tuned; "" for a tuned entry
 
@@ -43,7 +56,7 @@ class EntryOutcome:
         return str(self.id)
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.eid, "status": self.status, "config": dict(self.config), "reason": self.reason}
+        return {"id": self.eid, "status": str(self.status), "config": dict(self.config), "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -107,14 +120,14 @@ class Outcome:
 
     # ---- what the build log and `show` print ------------------------------------------------
 
-    def count(self, status: str) -> int:
+    def count(self, status: EntryStatus) -> int:
         return sum(e.status == status for e in self.entries)
 
-    def untuned(self) -> dict[tuple[str, str, str], list[str]]:
+    def untuned(self) -> dict[tuple[str, EntryStatus, str], list[str]]:
         """Entry ids that are not tuned, by (kernel, status, reason), in entry order."""
-        groups: dict[tuple[str, str, str], list[str]] = {}
+        groups: dict[tuple[str, EntryStatus, str], list[str]] = {}
         for e in self.entries:
-            if e.status != "tuned":
+            if e.status != EntryStatus.TUNED:
                 groups.setdefault((e.id.kernel, e.status, e.reason), []).append(e.eid)
         return groups
 
@@ -128,9 +141,10 @@ class Outcome:
     def summary(self) -> str:
         """'36 entries: 30 tuned, 6 on the default config; 12 variant binaries failed to compile'."""
         n = len(self.entries)
-        parts = [f"{self.count('tuned')} tuned", f"{self.count('default')} on the default config"]
-        if self.count("fallback"):
-            parts.append(f"{self.count('fallback')} on a fallback (the default config does not compile)")
+        tuned, default, fallback = (self.count(s) for s in (EntryStatus.TUNED, EntryStatus.DEFAULT, EntryStatus.FALLBACK))
+        parts = [f"{tuned} tuned", f"{default} on the default config"]
+        if fallback:
+            parts.append(f"{fallback} on a fallback (the default config does not compile)")
         text = f"{n} entr{'y' if n == 1 else 'ies'}: " + ", ".join(parts)
         if self.failures:
             text += f"; {len(self.failures)} variant binar{'y' if len(self.failures) == 1 else 'ies'} failed to compile"
@@ -175,8 +189,8 @@ class Outcome:
         listed = {k: raw[k] if isinstance(raw.get(k), list) else [] for k in ("entries", "failures")}
         for item in listed["entries"]:
             try:
-                status = item["status"]
-                if status not in STATUSES or not isinstance(item["config"], dict) or not isinstance(item.get("reason", ""), str):
+                status = EntryStatus(item["status"])  # ValueError for a status this version does not know
+                if not isinstance(item["config"], dict) or not isinstance(item.get("reason", ""), str):
                     raise ValueError(status)
                 entries.append(EntryOutcome(EntryId.parse(item["id"]), status, item["config"], item.get("reason", "")))
             except (KeyError, TypeError, ValueError, LockFormatError):
