@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..compile.tiers import open_compile_cache
 from ..declare.project import load_project
-from ..declare.settings import RAY_VAR
+from ..declare.settings import RAY_VAR, Mode
 from ..errors import CliError
 from .common import EXIT_OK, PROG
 from .ui import UI
@@ -27,7 +27,7 @@ def cmd_tune(args: argparse.Namespace, ui: UI) -> int:
     unknown = [k for k in args.kernel or () if k not in project.kernels]
     if unknown:
         raise CliError(f"no kernel named {', '.join(unknown)} in {root}; its kernels: {', '.join(project.kernels)}")
-    mode = args.mode or {"auto": "tune"}.get(project.mode, project.mode)
+    mode = Mode(args.mode) if args.mode else Mode.TUNE if project.mode == Mode.AUTO else project.mode
     address = cluster_address(project, args.ray)
     with ui.progress(None, f"tuning {root}" + (f" on the Ray cluster at {address}" if address else "")) as log:
         try:

@@ -34,6 +34,8 @@ from .cache import CompileCache
 from .entry import CacheEntry, Resources
 
 BASE_OPTIONS = ("--std=c++17",)
+# What makes two jobs one binary: source, arch, entry, options, headers (CompileJob.binary_key).
+BinaryKey = tuple[str, str, str, tuple[str, ...], tuple[tuple[str, str], ...]]
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class CompileJob:
         return opts
 
     @property
-    def binary_key(self) -> tuple:
+    def binary_key(self) -> BinaryKey:
         """What makes two jobs one binary (configs that render the same source share it): the
         cache key's fields but the compiler, which one build does not vary."""
         return (self.source, self.arch, self.entry, self.options, self.headers)
@@ -347,7 +349,7 @@ def count(results: Iterable[CompileResult]) -> dict[str, int]:
     compiled), and failed (now, or in the build that filled the cache): each binary in exactly
     one of the three, so the counts add up. Configs that render the same source share a
     binary; one compiled now and found in the cache later counts as compiled."""
-    seen: dict[tuple, CompileResult] = {}
+    seen: dict[BinaryKey, CompileResult] = {}
     for r in results:
         key = r.job.binary_key
         if key not in seen or (seen[key].cached and not r.cached):

@@ -25,13 +25,16 @@ import socket
 import threading
 import time
 from contextvars import ContextVar
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
 from ..declare.settings import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, DEFAULT_TTL_S, CacheSettings, redact
 from ..errors import BuildError
 from ..runtime import load_json
 from .entry import CACHE_SCHEMA, MAX_METADATA_BYTES, CacheEntry
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
 
 URL_VAR = "HATCH_AUTOTUNE_CACHE_URL"  # named in messages; declare/settings.py reads it
 EXTRA_HINT = "pip install 'hatch-autotune[redis]'"
@@ -75,7 +78,7 @@ class _BoundedSocket:
     read and write waits at most the time the operation has left, and reads stop once the
     replies exceed their size. Everything else is the socket's own."""
 
-    def __init__(self, sock: Any):
+    def __init__(self, sock: socket.socket):  # TCP, unix, or TLS (ssl.SSLSocket is a socket.socket)
         self._sock = sock
         self._timeout = sock.gettimeout()  # what redis-py asked for; each call may get less
 
@@ -102,18 +105,18 @@ class _BoundedSocket:
             budget.count(len(data))
         return data
 
-    def recv_into(self, buffer: Any, size: int = 0, *flags: int) -> int:
+    def recv_into(self, buffer: WriteableBuffer, size: int = 0, *flags: int) -> int:
         budget = self._budget()
         n = self._sock.recv_into(buffer, size, *flags)
         if budget is not None:
             budget.count(n)
         return n
 
-    def sendall(self, data: Any, *flags: int) -> None:
+    def sendall(self, data: ReadableBuffer, *flags: int) -> None:
         self._budget()
         self._sock.sendall(data, *flags)
 
-    def send(self, data: Any, *flags: int) -> int:
+    def send(self, data: ReadableBuffer, *flags: int) -> int:
         self._budget()
         return self._sock.send(data, *flags)
 
@@ -148,7 +151,9 @@ class RemoteCache:
             self.error = f"{URL_VAR} is set but redis-py is not installed ({EXTRA_HINT}); using the local compile cache only"
             return
         try:
-            self._url_options = redis.connection.parse_url(url)
+            # redis-py leaves parse_url unannotated; it returns the keyword arguments of a connection pool
+            parse_url: Callable[[str], dict[str, Any]] = redis.connection.parse_url
+            self._url_options = parse_url(url)
         except ValueError as exc:
             raise BuildError(f"hatch-autotune: {URL_VAR}={self.url}: {exc}") from None
 
@@ -230,6 +235,8 @@ class RemoteCache:
             values = _values(pipe.execute(raise_on_error=False))
         if values is None:
             return None
+        meta: bytes
+        binary: bytes  # decode_responses=False: GETRANGE replies are bytes
         meta, binary = values[:2]
         if len(meta) != meta_size or len(binary) != bin_size:
             return None

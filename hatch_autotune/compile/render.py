@@ -19,13 +19,16 @@ import re
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..declare.config import DTYPES, KernelSpec, builtin_templates_dir
 from ..errors import BuildError
 from ..files import read_regular
 from ..runtime import types_key, value_text
 from ..text import shown
+
+if TYPE_CHECKING:
+    from .nvrtc import CompileJob
 
 
 class TemplateError(BuildError):
@@ -95,7 +98,7 @@ class Variant:
         blob = self.source_hash + json.dumps(self.config_dict, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def compile_job(self, arch: str, entry: str, options: tuple[str, ...]) -> Any:
+    def compile_job(self, arch: str, entry: str, options: tuple[str, ...]) -> CompileJob:
         """The NVRTC job for this variant on `arch` (a `compute_` arch gives PTX)."""
         from .nvrtc import CompileJob
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..runtime import DTYPE_SIZES
 from .expr import Expr
@@ -46,7 +46,7 @@ class ArgSpec:
 
 
 def parse_args(
-    t: Table, raw_args: list, key_names: set[str], constant_names: set[str], types: Mapping[str, tuple[str, ...]]
+    t: Table, raw_args: list[Any], key_names: set[str], constant_names: set[str], types: Mapping[str, tuple[str, ...]]
 ) -> list[ArgSpec]:
     """Every argument of `args` (already checked to be a non-empty array), then their names distinct."""
     args: list[ArgSpec] = []

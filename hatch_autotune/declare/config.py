@@ -14,7 +14,7 @@ from .kernel_table import BUILTIN_PREFIX, builtin_templates_dir
 from .keys import KeyDim
 from .project import DEFAULT_LOCK_FILE, DEFAULT_TABLE_PATH, HATCHLING_HOOK_KEYS, ProjectSpec, parse_project
 from .search import SEARCH_STRATEGIES, Budget, SearchSpec, Share, TuningSpec
-from .settings import MODES, CacheSettings, Settings, SettingsError, read_settings
+from .settings import MODES, CacheSettings, Mode, Settings, SettingsError, read_settings
 from .validate import ConfigError
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "ConfigError",
     "KernelSpec",
     "KeyDim",
+    "Mode",
     "ProjectSpec",
     "SearchSpec",
     "Settings",

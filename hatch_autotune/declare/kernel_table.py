@@ -43,14 +43,14 @@ def builtin_templates_dir() -> Path:
     return package / "templates"
 
 
-def v_constant(value: Any, path: str, errors: list) -> Any:
+def v_constant(value: Any, path: str, errors: list[str]) -> Any:
     lo, hi = INT_RANGES["int64"]
     if isinstance(value, bool) or (isinstance(value, int) and lo <= value <= hi):
         return value
     return fail(errors, path, f"an integer from {lo} to {hi}, or a boolean", value)
 
 
-def v_nvrtc_options(value: Any, path: str, errors: list) -> Any:
+def v_nvrtc_options(value: Any, path: str, errors: list[str]) -> Any:
     """Extra NVRTC options, without the include options the cache key cannot see."""
     options = v_list(v_str, nonempty=False)(value, path, errors)
     bad_option = next((o for o in options if o.startswith(_INCLUDE_OPTIONS)), None) if options is not BAD else None
@@ -64,7 +64,7 @@ def v_nvrtc_options(value: Any, path: str, errors: list) -> Any:
     return BAD
 
 
-def v_space_value(value: Any, path: str, errors: list) -> Any:
+def v_space_value(value: Any, path: str, errors: list[str]) -> Any:
     if isinstance(value, (bool, int, str)):
         return value
     return fail(errors, path, "an integer, boolean or string", value)
@@ -225,7 +225,7 @@ def value_lists(t: Table, key: str, kind: str, item: Validator, noun: str, what:
     """A table of name -> non-empty array of distinct values of one kind: the type parameters
     (dtype names) and the constants (integers or booleans), each named by an identifier that
     is not a dtype's name."""
-    errors: list = t.errors
+    errors: list[str] = t.errors
     out: dict[str, tuple[Any, ...]] = {}
     table = t.table(key)
     if table is None or not table.ok:
@@ -251,7 +251,7 @@ def value_lists(t: Table, key: str, kind: str, item: Validator, noun: str, what:
     return out
 
 
-def resolve_template(ref: str, path: str, root: Path, errors: list) -> Any:
+def resolve_template(ref: str, path: str, root: Path, errors: list[str]) -> Any:
     """The template's file: a built-in one inside hatch-autotune's templates folder, or a file
     inside the project (where the headers it includes must be too: compile/render.py)."""
     builtin = ref.startswith(BUILTIN_PREFIX)

@@ -18,7 +18,7 @@ from ..runtime.torch_ops import OUT_SUFFIX
 from .kernel import KernelSpec
 from .kernel_table import parse_kernel
 from .search import TuningSpec, parse_tuning
-from .settings import MODES, Settings, SettingsError, read_settings
+from .settings import MODES, Mode, Settings, SettingsError, read_settings
 from .validate import BAD, IDENT, ConfigError, Table, fail, v_arch, v_bool, v_choice, v_ident, v_list, v_str
 
 # hatchling's own keys in every build-hook table.
@@ -36,7 +36,7 @@ class ProjectSpec:
     lock_file: Path
     strict: bool
     ptx: bool
-    mode: str  # the table's, or HATCH_AUTOTUNE_MODE
+    mode: Mode  # the table's, or HATCH_AUTOTUNE_MODE
     wheel_tag: str | None
     kernels: Mapping[str, KernelSpec]
     tuning: TuningSpec = TuningSpec()
@@ -63,7 +63,7 @@ def parse_project(
     lock = t.get("lock-file", v_str, default=DEFAULT_LOCK_FILE)
     strict = t.get("strict", v_bool, default=False)
     ptx = t.get("ptx", v_bool, default=True)
-    mode = t.get("mode", v_choice(MODES), default="auto")
+    mode = t.get("mode", v_choice(MODES), default=Mode.AUTO)
     wheel_tag = t.get("wheel-tag", v_wheel_tag, default=None)
     lock_outside = t.get("lock-file-outside-project", v_bool, default=False)
     exact_nvrtc = t.get("exact-nvrtc", v_bool, default=False)
@@ -91,7 +91,7 @@ def parse_project(
         lock_file=lock_path,
         strict=strict,
         ptx=ptx,
-        mode=mode,
+        mode=Mode(mode),
         wheel_tag=wheel_tag,
         kernels=kernels,
         tuning=tuning,
@@ -129,7 +129,7 @@ def _parse_kernels(kernels_t: Table, root: Path) -> dict[str, KernelSpec]:
     return kernels
 
 
-def _lock_path(lock: str, root: Path, outside_allowed: bool, path: str, errors: list) -> Any:
+def _lock_path(lock: str, root: Path, outside_allowed: bool, path: str, errors: list[str]) -> Any:
     """The lock file's path: inside the project (a tune replaces the file, so a mistyped
     `/etc/...` or `../..` must not point it elsewhere) unless `lock-file-outside-project`."""
     candidate = (root / lock).resolve()
@@ -145,7 +145,7 @@ def _lock_path(lock: str, root: Path, outside_allowed: bool, path: str, errors: 
     return root / lock
 
 
-def _module_path(value: Any, path: str, errors: list) -> Any:
+def _module_path(value: Any, path: str, errors: list[str]) -> Any:
     parts = value.split(".") if isinstance(value, str) else []
     if len(parts) >= 2 and all(IDENT.fullmatch(p) and not keyword.iskeyword(p) for p in parts):
         return value
@@ -156,13 +156,13 @@ def _module_path(value: Any, path: str, errors: list) -> Any:
 PYTORCH_NAMESPACES = frozenset({"aten", "prim", "prims", "torch", "higher_order", "inductor", "quantized", "_c10d_functional", "c10d"})
 
 
-def v_torch_namespace(value: Any, path: str, errors: list) -> Any:
+def v_torch_namespace(value: Any, path: str, errors: list[str]) -> Any:
     if isinstance(value, str) and IDENT.fullmatch(value) and not keyword.iskeyword(value) and value not in PYTORCH_NAMESPACES:
         return value
     return fail(errors, path, "an identifier that names your operators' namespace (torch.ops.<name>), not one of PyTorch's own", value)
 
 
-def v_wheel_tag(value: Any, path: str, errors: list) -> Any:
+def v_wheel_tag(value: Any, path: str, errors: list[str]) -> Any:
     if isinstance(value, str) and _WHEEL_TAG.fullmatch(value):
         return value
     return fail(

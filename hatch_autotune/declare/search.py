@@ -109,7 +109,7 @@ class TuningSpec:
     runoff_rounds: int = 5  # interleaved rounds in which the search's contenders are timed again (0: none)
 
 
-def v_search_budget(value: Any, path: str, errors: list) -> Any:
+def v_search_budget(value: Any, path: str, errors: list[str]) -> Any:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
     if isinstance(value, str):

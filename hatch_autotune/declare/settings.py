@@ -14,15 +14,32 @@ import ipaddress
 import os
 import re
 from dataclasses import Field, dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import BuildError
 from ..runtime import short_repr
 from .validate import in_range, number_text, v_arch, v_choice, v_list
 
-MODES = ("auto", "offline", "tune", "retune")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+
+class Mode(StrEnum):
+    """The build mode (docs/building.md#modes), from HATCH_AUTOTUNE_MODE or the table's `mode`.
+    A StrEnum: it prints, and is written, as its value (`offline`), and equals that string."""
+
+    AUTO = "auto"  # tune where a GPU of a target arch is found, else build from the lock
+    OFFLINE = "offline"  # never touch a GPU; build from the lock
+    TUNE = "tune"  # like auto, but a missing GPU is an error
+    RETUNE = "retune"  # tune every entry again, ignoring the lock
+
+
+# The modes' values, in the order the messages and `--mode` list them: strings, so that a
+# message quoting them (repr) reads 'offline', never <Mode.OFFLINE: 'offline'>.
+MODES: tuple[str, ...] = tuple(m.value for m in Mode)
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_MAX_BYTES = 64 << 20  # a cubin is kilobytes to a few megabytes
 DEFAULT_TTL_S = 30 * 24 * 3600
@@ -38,8 +55,10 @@ _DECIMAL = re.compile(r"\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 _RAY_ADDRESS = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9._-]+)):(?P<port>[0-9]+)")
 
 # A field's parser: (text, variable, problems) -> the value, or _UNSET after adding a problem.
-Parser = Callable[[str, str, list], Any]
+Parser = Callable[[str, str, list[str]], Any]
 _UNSET = object()
+_T = TypeVar("_T")
+_D = TypeVar("_D", bound="DataclassInstance")
 
 
 class SettingsError(BuildError):
@@ -66,7 +85,7 @@ def _number(expected: str, minimum: float, maximum: float, default: str, *, whol
     pattern = _WHOLE if whole else _DECIMAL
     bounds = f", from {number_text(minimum)} to {number_text(maximum)}"
 
-    def parse(text: str, var: str, problems: list) -> Any:
+    def parse(text: str, var: str, problems: list[str]) -> Any:
         value: Any = None
         if pattern.fullmatch(text):
             try:
@@ -81,25 +100,25 @@ def _number(expected: str, minimum: float, maximum: float, default: str, *, whol
     return parse
 
 
-def _mode(text: str, var: str, problems: list) -> Any:
+def _mode(text: str, var: str, problems: list[str]) -> Any:
     value = v_choice(MODES)(text, f"environment variable {var}", problems)
-    return value if value in MODES else _UNSET
+    return Mode(value) if value in MODES else _UNSET
 
 
-def _archs(text: str, var: str, problems: list) -> Any:
+def _archs(text: str, var: str, problems: list[str]) -> Any:
     archs = v_list(v_arch)([a.strip() for a in text.split(",") if a.strip()], f"environment variable {var}", problems)
     return archs if isinstance(archs, tuple) else _UNSET
 
 
-def _flag(text: str, var: str, problems: list) -> Any:
+def _flag(text: str, var: str, problems: list[str]) -> Any:
     return True  # set to anything
 
 
-def _path(text: str, var: str, problems: list) -> Any:
+def _path(text: str, var: str, problems: list[str]) -> Any:
     return Path(text)
 
 
-def _cache_url(url: str, var: str, problems: list) -> Any:
+def _cache_url(url: str, var: str, problems: list[str]) -> Any:
     scheme = url.partition("://")[0] if "://" in url else ""
     if scheme not in CACHE_SCHEMES:
         problems.append(
@@ -145,7 +164,7 @@ def ray_host_port(address: str) -> tuple[str, int]:
     return host, port
 
 
-def _ray_address(text: str, var: str, problems: list) -> Any:
+def _ray_address(text: str, var: str, problems: list[str]) -> Any:
     try:
         ray_host_port(text)
     except ValueError as exc:
@@ -201,7 +220,7 @@ class CacheSettings:
 class Settings:
     """What the environment sets for a build, a `tune` or a Ray actor."""
 
-    mode: str | None = _setting("HATCH_AUTOTUNE_MODE", _mode, strip=False)  # over the table's `mode`
+    mode: Mode | None = _setting("HATCH_AUTOTUNE_MODE", _mode, strip=False)  # over the table's `mode`
     archs: tuple[str, ...] | None = _setting("HATCH_AUTOTUNE_ARCHS", _archs, strip=False)  # comma-separated; over the table's `archs`
     jobs: int = _setting(
         "HATCH_AUTOTUNE_JOBS",
@@ -231,7 +250,7 @@ def read_jobs(env: Mapping[str, str] | None = None) -> int:
     return _cores() if value is _UNSET else value
 
 
-def _collect(read: Callable[[list[str]], Any], problems: list[str] | None) -> Any:
+def _collect(read: Callable[[list[str]], _T], problems: list[str] | None) -> _T:
     found: list[str] = []
     value = read(found)
     if problems is not None:
@@ -241,7 +260,7 @@ def _collect(read: Callable[[list[str]], Any], problems: list[str] | None) -> An
     return value
 
 
-def _convert(cls: Any, env: Mapping[str, str], problems: list[str]) -> Any:
+def _convert(cls: type[_D], env: Mapping[str, str], problems: list[str]) -> _D:
     """An instance of the settings class `cls`, each field from its variable in `env`."""
     values: dict[str, Any] = {}
     for f in fields(cls):
@@ -252,7 +271,7 @@ def _convert(cls: Any, env: Mapping[str, str], problems: list[str]) -> Any:
     return cls(**values)
 
 
-def _value(f: Field, env: Mapping[str, str], problems: list[str]) -> Any:
+def _value(f: Field[Any], env: Mapping[str, str], problems: list[str]) -> Any:
     """The field's parsed variable, or _UNSET when it is unset, empty or bad."""
     var = f.metadata["var"]
     text = env.get(var) or ""

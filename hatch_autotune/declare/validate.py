@@ -22,7 +22,7 @@ BAD = object()  # a validator's "already reported" result
 # seconds, milliseconds and tolerances all stay far below what a timer or a float overflows at.
 MAX_NUMBER = 1_000_000.0
 
-Validator = Callable[[Any, str, list], Any]
+Validator = Callable[[Any, str, list[str]], Any]
 
 
 class ConfigError(ValueError):
@@ -39,7 +39,7 @@ class UnknownKey(str):
     sits in is still read and checked: a misspelt key must not hide the other problems."""
 
 
-def problems_since(errors: list, start: int) -> int:
+def problems_since(errors: list[str], start: int) -> int:
     """How many lines from `errors[start]` on make a part unusable: all but unknown keys."""
     return sum(not isinstance(e, UnknownKey) for e in errors[start:])
 
@@ -50,27 +50,27 @@ def type_name(value: Any) -> str:
     )
 
 
-def fail(errors: list, path: str, expected: str, value: Any) -> Any:
+def fail(errors: list[str], path: str, expected: str, value: Any) -> Any:
     errors.append(f"{path}: expected {expected}, got {type_name(value)} {short_repr(value)}")
     return BAD
 
 
-def v_str(value: Any, path: str, errors: list) -> Any:
+def v_str(value: Any, path: str, errors: list[str]) -> Any:
     return value if isinstance(value, str) and value else fail(errors, path, "a non-empty string", value)
 
 
-def v_bool(value: Any, path: str, errors: list) -> Any:
+def v_bool(value: Any, path: str, errors: list[str]) -> Any:
     return value if isinstance(value, bool) else fail(errors, path, "a boolean (true or false)", value)
 
 
-def v_ident(value: Any, path: str, errors: list) -> Any:
+def v_ident(value: Any, path: str, errors: list[str]) -> Any:
     if isinstance(value, str) and IDENT.fullmatch(value) and not keyword.iskeyword(value):
         return value
     return fail(errors, path, "an identifier (letters, digits, _; not starting with a digit)", value)
 
 
 def v_int(minimum: int | None = None, maximum: int | None = None) -> Validator:
-    def check(value: Any, path: str, errors: list) -> Any:
+    def check(value: Any, path: str, errors: list[str]) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             return fail(errors, path, "an integer", value)
         if minimum is not None and value < minimum:
@@ -83,7 +83,7 @@ def v_int(minimum: int | None = None, maximum: int | None = None) -> Validator:
 
 
 def v_choice(choices: tuple[str, ...]) -> Validator:
-    def check(value: Any, path: str, errors: list) -> Any:
+    def check(value: Any, path: str, errors: list[str]) -> Any:
         if value in choices:
             return value
         return fail(errors, path, "one of " + ", ".join(repr(c) for c in choices), value)
@@ -92,7 +92,7 @@ def v_choice(choices: tuple[str, ...]) -> Validator:
 
 
 def v_list(item: Validator, nonempty: bool = True, what: str = "") -> Validator:
-    def check(value: Any, path: str, errors: list) -> Any:
+    def check(value: Any, path: str, errors: list[str]) -> Any:
         if not isinstance(value, list):
             return fail(errors, path, f"an array{what}", value)
         if nonempty and not value:
@@ -104,7 +104,7 @@ def v_list(item: Validator, nonempty: bool = True, what: str = "") -> Validator:
 
 
 def v_expr(allowed: set[str] | None = None, where: str = "") -> Validator:
-    def check(value: Any, path: str, errors: list) -> Any:
+    def check(value: Any, path: str, errors: list[str]) -> Any:
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             return fail(errors, path, "an expression string or an integer", value)
         try:
@@ -141,7 +141,7 @@ def v_number(minimum: float = 0.0, maximum: float = MAX_NUMBER) -> Validator:
     """A finite number from `minimum` to `maximum` (default MAX_NUMBER; sys.float_info.max: any
     finite one), as a float."""
 
-    def check(value: Any, path: str, errors: list) -> Any:
+    def check(value: Any, path: str, errors: list[str]) -> Any:
         if not in_range(value, minimum, maximum):
             most = "" if maximum == sys.float_info.max else f" and <= {number_text(maximum)}"
             return fail(errors, path, f"a {'finite ' if not most else ''}number >= {minimum:g}{most}", value)
@@ -150,13 +150,13 @@ def v_number(minimum: float = 0.0, maximum: float = MAX_NUMBER) -> Validator:
     return check
 
 
-def v_entry_point(value: Any, path: str, errors: list) -> Any:
+def v_entry_point(value: Any, path: str, errors: list[str]) -> Any:
     if isinstance(value, str) and re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
         return value
     return fail(errors, path, "'module:function' (e.g. 'mypkg.reference:saxpy')", value)
 
 
-def v_arch(value: Any, path: str, errors: list) -> Any:
+def v_arch(value: Any, path: str, errors: list[str]) -> Any:
     try:
         kind, major, minor, _ = parse_arch(value) if isinstance(value, str) else ("", 0, 0, "")
     except ValueError:
@@ -171,7 +171,7 @@ def v_arch(value: Any, path: str, errors: list) -> Any:
 class Table:
     """A TOML table under validation: typed getters that record errors, then unknown keys."""
 
-    def __init__(self, value: Any, path: str, errors: list):
+    def __init__(self, value: Any, path: str, errors: list[str]):
         self.path, self.errors = path, errors
         self.ok = isinstance(value, dict)
         self.data: dict[str, Any] = value if self.ok else {}

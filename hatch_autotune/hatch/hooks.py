@@ -7,5 +7,5 @@ from .plugin import AutotuneBuildHook
 
 
 @hookimpl
-def hatch_register_build_hook():
+def hatch_register_build_hook() -> type[AutotuneBuildHook]:
     return AutotuneBuildHook

@@ -11,14 +11,19 @@ import atexit
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from hatchling.builders.config import BuilderConfig
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+if TYPE_CHECKING:
+    from ..declare.project import ProjectSpec
+    from ..wheel.assemble import BuildResult
 
 EDITABLE_MARKER = ".hatch-autotune-generated"
 
 
-class AutotuneBuildHook(BuildHookInterface):
+class AutotuneBuildHook(BuildHookInterface[BuilderConfig]):
     PLUGIN_NAME = "autotune"
     _staging: Path | None = None  # the generated package's folder until finalize()
 
@@ -39,7 +44,7 @@ class AutotuneBuildHook(BuildHookInterface):
             return
         from ..compile.tiers import open_compile_cache
         from ..declare.config import ConfigError, parse_project
-        from ..declare.settings import SettingsError, read_settings
+        from ..declare.settings import Mode, SettingsError, read_settings
         from ..errors import BuildError
         from ..plan.devices import detect_gpus
         from ..wheel.assemble import build_payload
@@ -51,11 +56,11 @@ class AutotuneBuildHook(BuildHookInterface):
             project = parse_project(self.config, root, path=self._table_path(), settings=settings)
         except (SettingsError, ConfigError) as exc:
             raise SystemExit(str(exc)) from None
-        gpus = [] if project.mode == "offline" else detect_gpus()
+        gpus = [] if project.mode == Mode.OFFLINE else detect_gpus()
         try:
             cache = open_compile_cache(settings.cache)
             plan = None
-            if project.mode != "offline":  # the Ray cluster HATCH_AUTOTUNE_RAY names, else this machine's GPUs (run_engine)
+            if project.mode != Mode.OFFLINE:  # the Ray cluster HATCH_AUTOTUNE_RAY names, else this machine's GPUs (run_engine)
                 from ..tuning.engine import run_engine
 
                 plan = run_engine(project, mode=project.mode, log=self._say, cache=cache, gpus=gpus).plan
@@ -89,7 +94,7 @@ class AutotuneBuildHook(BuildHookInterface):
         self._say(f"hatch-autotune: packed {project.module} ({len(result.kernels)} kernel(s), archs {', '.join(result.archs)})")
 
     @staticmethod
-    def _write_in_tree(target: Path, project: Any, result: Any) -> None:
+    def _write_in_tree(target: Path, project: ProjectSpec, result: BuildResult) -> None:
         """Write next to the old copy, then swap, so a failure never leaves a half-written,
         unmarked directory that the next `pip install -e` would refuse to replace."""
         from ..wheel.payload import write_package

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..declare.project import load_project
+from ..declare.settings import Mode
 from ..errors import CliError
 from ..files import UnreadableFile, read_capped, read_regular
 from ..lock import LOCK_FILE_LIMIT, Bucket, EntryId, LockEntry, LockFile, LockFormatError
@@ -344,7 +345,7 @@ def project_source(root: Path) -> Source:
     lock_path = project.lock_file
     lock = read_lock(lock_path) if lock_path.exists() else LockFile()
     notes = [] if lock_path.exists() else [f"no lock file at {lock_path}: every entry uses its default config"]
-    gpus = [] if project.archs or project.mode == "offline" else detect_gpus()
+    gpus = [] if project.archs or project.mode == Mode.OFFLINE else detect_gpus()
     if project.archs or gpus:
         archs = resolve_archs(project, gpus)  # what a build here would target
     else:  # a build here would stop for want of targets; show what the lock was tuned for

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..compile.nvrtc import CompileJob
 from ..compile.render import Variant, render_kernel
-from ..declare.config import KernelSpec, ProjectSpec
+from ..declare.config import KernelSpec, Mode, ProjectSpec
 from ..declare.space import bucket_points, count_points
 from ..errors import BuildError
 from ..lock import Bucket, EntryId, LockEntry, LockFile, NvrtcPolicy, entry_checksum
@@ -76,7 +76,7 @@ def resolve_archs(project: ProjectSpec, gpus: Sequence[Gpu]) -> tuple[str, ...]:
     archs = target_archs(project, (g.arch for g in gpus))
     if archs:
         return archs
-    why = "mode 'offline' does not look for a GPU" if project.mode == "offline" else "no GPU found on this machine"
+    why = "mode 'offline' does not look for a GPU" if project.mode == Mode.OFFLINE else "no GPU found on this machine"
     raise BuildError(
         f'hatch-autotune: {why} and no `archs` declared; add e.g. archs = ["sm_80", "sm_90"] to the hook table or set HATCH_AUTOTUNE_ARCHS'
     )
@@ -275,14 +275,14 @@ class Plan:
             "(the wheel's outcome record, `hatch-autotune show WHEEL`, then names each such entry)."
         )
 
-    def to_tune(self, archs: Sequence[str], mode: str) -> tuple[list[tuple[str, Instance, list[Point]]], int]:
+    def to_tune(self, archs: Sequence[str], mode: Mode) -> tuple[list[tuple[str, Instance, list[Point]]], int]:
         """Per arch and type instance, the points to tune: those a build could not use
         (missing, stale, or refused by exact-nvrtc), or all of them in `retune`; and how many
         were still valid."""
         todo, skipped = [], 0
         for arch in archs:
             for inst in self.instances:
-                points = [p for p in inst.points[arch] if mode == "retune" or self.lock.valid(p.eid, p.checksum, self.policy) is None]
+                points = [p for p in inst.points[arch] if mode == Mode.RETUNE or self.lock.valid(p.eid, p.checksum, self.policy) is None]
                 skipped += len(inst.points[arch]) - len(points)
                 if points:
                     todo.append((arch, inst, points))

@@ -110,7 +110,8 @@ def _reader_of(kind: type) -> ArrayReader:
 
 def _torch_stream(torch: Any) -> Callable[[int], int]:
     """PyTorch's current stream on a device: what its own operations run on."""
-    raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)  # as Inductor's launchers read it
+    # as Inductor's launchers read it: (device index) -> the raw cudaStream_t
+    raw: Callable[[int], int] | None = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
     if raw is not None:
         return raw
     current = torch.cuda.current_stream

@@ -42,7 +42,8 @@ MAX_JSON_DEPTH = 160  # deeper than any file hatch-autotune writes (expression t
 
 def sha256_hex(data: bytes) -> str:
     """The digest the table records for each shipped binary (and the module for the table)."""
-    return _sha256(data).hexdigest()
+    digest: str = _sha256(data).hexdigest()  # hashlib's sha256 where the private modules are unknown to typeshed
+    return digest
 
 
 def table_bytes(table: Mapping[str, Any]) -> bytes:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..declare.config import ProjectSpec
+from ..declare.config import Mode, ProjectSpec
 from ..plan.devices import Gpu
 from ..plan.planner import Instance, Plan, Point, resolve_archs
 from ..text import Log
@@ -31,15 +31,15 @@ def _device(g: Gpu) -> str:
     return f"{g.ordinal} ({g.name or 'unnamed'}, {g.arch})"
 
 
-def plan_tuning(project: ProjectSpec, gpus: Sequence[Gpu], mode: str) -> TuningPlan:
+def plan_tuning(project: ProjectSpec, gpus: Sequence[Gpu], mode: Mode) -> TuningPlan:
     """Every target arch that has a device here is tuned, on those devices only. `offline`
     tunes nothing; `tune` and `retune` need a device of a target arch (TuningError otherwise);
     `auto` without one builds from the lock, and says so in a note. One warning for target archs
     without a device, one for devices of other archs."""
-    if mode == "offline":
+    if mode == Mode.OFFLINE:
         return TuningPlan(())
     if not gpus:
-        if mode == "auto":
+        if mode == Mode.AUTO:
             lock = project.lock_file.name
             return TuningPlan(
                 (),
@@ -47,13 +47,13 @@ def plan_tuning(project: ProjectSpec, gpus: Sequence[Gpu], mode: str) -> TuningP
                     f"mode auto: no GPU found on this machine, so nothing is tuned; the build takes the valid winners of {lock} and the default configs elsewhere",
                 ),
             )
-        raise TuningError(f"tuning (mode {mode!r}) needs a CUDA GPU on this machine and none was found")
+        raise TuningError(f"tuning (mode '{mode}') needs a CUDA GPU on this machine and none was found")
     targets = resolve_archs(project, gpus)
     here = {g.arch for g in gpus}
     archs = tuple(a for a in targets if a in here)
     if not archs:
         why = f"no GPU here is of a target arch ({', '.join(targets)}); devices: {', '.join(map(_device, gpus))}"
-        if mode == "auto":
+        if mode == Mode.AUTO:
             return TuningPlan((), targets, (f"{why}; not tuning",))
         raise TuningError(f"{why}; add their arch to `archs` or tune on a builder with such a GPU")
     warnings = []
@@ -78,7 +78,7 @@ def check_kernels(project: ProjectSpec, kernels: Sequence[str] | None) -> None:
         raise TuningError(f"no kernel named {', '.join(unknown)}; kernels: {', '.join(project.kernels)}")
 
 
-def stale_points(plan: Plan, archs: Sequence[str], mode: str, log: Log) -> tuple[Todo, int]:
+def stale_points(plan: Plan, archs: Sequence[str], mode: Mode, log: Log) -> tuple[Todo, int]:
     """What to tune (plan.to_tune) and how many entries are still valid, said in the log."""
     todo, skipped = plan.to_tune(archs, mode)
     if skipped:

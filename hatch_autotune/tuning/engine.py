@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..compile.cache import CompileCache
-from ..declare.config import ProjectSpec
+from ..declare.config import Mode, ProjectSpec
 from ..plan.devices import Gpu
 from ..text import Log
 from .tuner import TuneSummary
@@ -22,7 +22,7 @@ def cluster_address(project: ProjectSpec, ray_address: str | None = None) -> str
 def run_engine(
     project: ProjectSpec,
     *,
-    mode: str,
+    mode: Mode | str,
     log: Log,
     cache: CompileCache,
     kernels: list[str] | None = None,

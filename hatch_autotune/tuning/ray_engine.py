@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .. import __version__
 from ..compile.cache import CompileCache
 from ..compile.tiers import open_compile_cache
-from ..declare.config import ProjectSpec
+from ..declare.config import Mode, ProjectSpec
 from ..declare.settings import RAY_VAR, ray_host_port
 from ..lock import LockEntry
 from ..plan.devices import Gpu
@@ -201,7 +201,7 @@ def tune_on_ray(
     address: str,
     *,
     kernels: list[str] | None = None,
-    mode: str = "tune",
+    mode: Mode | str = Mode.TUNE,
     log: Log = print,
     cache: CompileCache | None = None,
     workers: Mapping[str, Mapping[str, Any]] | None = None,
@@ -212,9 +212,10 @@ def tune_on_ray(
     as each bucket arrives. Mode `auto` is `tune`: naming a cluster asks for its GPUs.
     `workers`: per arch, the worker to run instead of the GPU worker.
     The summary's schedule has each actor's idle time between its buckets (`idle_s`)."""
-    if mode == "offline":
+    mode = Mode(mode)
+    if mode == Mode.OFFLINE:
         raise TuningError("mode 'offline' never touches a GPU; use mode 'tune' or 'retune' to tune")
-    mode = {"auto": "tune"}.get(mode, mode)
+    mode = Mode.TUNE if mode == Mode.AUTO else mode
     check_kernels(project, kernels)
     _probe(address, RAY_VAR if address == project.settings.ray_address else "--ray")  # what named it, for its messages
     ray = _ray(address)

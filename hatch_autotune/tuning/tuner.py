@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 from .. import __version__
 from ..compile.cache import CompileCache
 from ..compile.tiers import open_compile_cache
-from ..declare.config import ProjectSpec
+from ..declare.config import Mode, ProjectSpec
 from ..lock import LockEntry, Status
 from ..plan.devices import Gpu, detect_gpus
 from ..plan.planner import Instance, Plan, Point, make_plan, target_archs
@@ -76,7 +76,7 @@ def tune(
     project: ProjectSpec,
     *,
     kernels: list[str] | None = None,
-    mode: str = "tune",
+    mode: Mode | str = Mode.TUNE,
     log: Log = print,
     gpu_arch: str | None = None,
     client_factory: Callable[[int], WorkerClient] | None = None,
@@ -90,7 +90,8 @@ def tune(
     tuned arch gets a worker, and the buckets are spread over them (schedule.py, the loop the
     Ray engine shares). The summary carries the plan it tuned (all kernels only), whose lock
     holds the new entries: the build that follows uses it, rendering and reading nothing again."""
-    if mode == "offline":
+    mode = Mode(mode)
+    if mode == Mode.OFFLINE:
         raise TuningError("mode 'offline' never touches a GPU; use mode 'tune' or 'retune' to tune")
     check_kernels(project, kernels)
     gpus = detect_gpus() if gpus is None else gpus
@@ -165,7 +166,7 @@ def code_version(package_dir: Path = Path(__file__).resolve().parents[1]) -> str
     return f"{__version__} (git {head.stdout.strip()}{dirty})"
 
 
-def plan_run(plan: Plan, archs: Sequence[str], mode: str, kernels: Sequence[str] | None, summary: TuneSummary, log: Log) -> Todo:
+def plan_run(plan: Plan, archs: Sequence[str], mode: Mode, kernels: Sequence[str] | None, summary: TuneSummary, log: Log) -> Todo:
     """What a run tunes (decide.stale_points); the summary counts the entries still valid and
     keeps the plan when it covers every kernel (the build that follows uses it)."""
     if not kernels:
