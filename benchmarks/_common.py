@@ -132,7 +132,7 @@ def machine() -> dict[str, Any]:
 
         dev = Device()
         dev.set_current()
-        err, v = driver.cuDriverGetVersion()
+        _err, v = driver.cuDriverGetVersion()
         info.update(gpu=dev.name, cc=".".join(map(str, dev.compute_capability)), driver_cuda=f"{v // 1000}.{(v % 1000) // 10}")
         from hatch_autotune.compile.nvrtc import nvrtc_version
 

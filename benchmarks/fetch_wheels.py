@@ -252,7 +252,7 @@ def download(dest: Path) -> None:
     ]
     for p in PLATFORMS:
         cmd += ["--platform", p]
-    run(cmd + ["-d", str(dest), *(f"{n}=={v}" for n, v in pins)])
+    run([*cmd, "-d", str(dest), *(f"{n}=={v}" for n, v in pins)])
 
 
 def check(dest: Path, max_mib: float) -> list[Path]:

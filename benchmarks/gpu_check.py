@@ -54,9 +54,10 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # The package is imported from this checkout (the environment probe, the lock summary): on a GPU
@@ -198,7 +199,7 @@ class Log:
     """OUTDIR/logs.txt and the terminal, line by line."""
 
     def __init__(self, path: Path):
-        self.file = open(path, "a", encoding="utf-8", errors="replace")
+        self.file = open(path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 (kept open for the run)
         self.lock = threading.Lock()
 
     def write(self, text: str) -> None:
@@ -274,7 +275,7 @@ def probe_env(txt: Path, js: Path) -> int:
     def attempt(what: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
-        except BaseException as exc:  # noqa: BLE001 - every failure is information here
+        except BaseException as exc:
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             add(f"{what} error", f"{type(exc).__name__}: {msg}")
             return None

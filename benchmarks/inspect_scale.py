@@ -79,7 +79,7 @@ def big_lock(
                 configs = spec.configs(types)
                 default = dict(spec.default)
                 others = [c for c in configs if c != default]
-                sample = [default] + rng.sample(others, min(configs_per_kernel - 1, len(others)))
+                sample = [default, *rng.sample(others, min(configs_per_kernel - 1, len(others)))]
                 sample.sort(key=configs.index)
                 tkey = ",".join(f"{k}={v}" for k, v in types.items()) or "-"
                 for c in sample:

@@ -65,7 +65,7 @@ from scipy.stats import qmc
 from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import KT_STRATEGIES  # noqa: E402
+from _common import KT_STRATEGIES
 
 # Kernel Tuner's Latin hypercube samples (Searchspace.get_LHS_sample, used by diff_evo; bayes_opt's
 # initial sample) draw from fresh OS entropy; draw them from numpy's global state, seeded per run.

@@ -51,9 +51,10 @@ import itertools
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from _common import example_project, import_generated, machine, options, require_gpu, spread, write_result
 

@@ -18,9 +18,10 @@ import gzip
 import json
 import random
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from hatch_autotune.declare.config import TuningSpec
 from hatch_autotune.tuning.bench import BATCH, median, next_step
@@ -53,7 +54,7 @@ class ReplayData:
     records: Sequence[Record]
 
     @classmethod
-    def load(cls, path: Path | str) -> "ReplayData":
+    def load(cls, path: Path | str) -> ReplayData:
         path = Path(path)
         opener = gzip.open if path.suffix == ".gz" else open
         try:
@@ -61,7 +62,7 @@ class ReplayData:
                 raw = json.load(f)
             axes = {str(k): list(v) for k, v in raw["tune_params"].items()}
             configs, records = [], []
-            for key, entry in raw["cache"].items():
+            for _key, entry in raw["cache"].items():
                 configs.append({a: entry[a] for a in axes})
                 time = entry.get("time")
                 ok = isinstance(time, (int, float)) and not isinstance(time, bool)
@@ -91,7 +92,7 @@ class ReplayData:
     def optimum_ms(self) -> float:
         return self.records[self.fastest()].mean_ms
 
-    def matcher(self, space_axes: Sequence[str]) -> "Matcher":
+    def matcher(self, space_axes: Sequence[str]) -> Matcher:
         """Looks configs of a kernel whose axes are `space_axes` up in this file: the names must
         be the file's, except that an axis with one value in the file may be left out."""
         fixed = {a: v[0] for a, v in self.axes.items() if len(v) == 1 and a not in space_axes}

@@ -51,8 +51,9 @@ import statistics
 import sys
 import time
 import zlib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from _common import commit, machine, options, quantile, write_result
 

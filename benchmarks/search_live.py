@@ -37,8 +37,9 @@ import statistics
 import tempfile
 import time
 import zlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from _common import EXAMPLE, machine, options, require_gpu, write_result
 from tune_vs_kernel_tuner import Retimer, config_key

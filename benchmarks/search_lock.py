@@ -32,9 +32,10 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from _common import EXAMPLE, ROOT, machine, options, quantile, write_result
 from replay import Record, ReplayData

@@ -43,10 +43,11 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from _common import ROOT, machine, options, write_result
 from replay import ReplayData, ReplayDevice
@@ -67,7 +68,7 @@ OURS = ("random", "local", "tpe", "gp", "auto", "warm", "warm-search")
 DEV_SEED0, REPORT_SEED0 = 0, 100
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(path: Path) -> ReplayData:
     return ReplayData.load(path)
 
@@ -96,7 +97,10 @@ def _warm(path: Path, data: ReplayData, searched: int | None = None) -> tuple[Wa
             if searched is not None:
                 search = make_strategy("auto", theirs.space(), searched)
                 tried = run_search(
-                    search, lambda i: theirs.records[i].mean_ms, Budget(math.ceil(WARM_SEARCH * len(theirs.configs))), clock=lambda: 0.0
+                    search,
+                    lambda i, theirs=theirs: theirs.records[i].mean_ms,  # run_search calls it at once, in this iteration
+                    Budget(math.ceil(WARM_SEARCH * len(theirs.configs))),
+                    clock=lambda: 0.0,
                 )
             records = [(theirs.configs[i], theirs.records[i].mean_ms) for i in tried]
             measurements = tuple(

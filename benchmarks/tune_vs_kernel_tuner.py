@@ -65,8 +65,9 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from _common import EXAMPLE, ROOT, commit, example_project, machine, options, require_gpu, write_result
 

@@ -54,10 +54,11 @@ import threading
 import time
 import traceback
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.parser import Parser
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
+from typing import Any
 
 from _common import EXAMPLE, ROOT, machine
 from packaging.requirements import InvalidRequirement, Requirement

@@ -8,7 +8,7 @@ plus indented details.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class BuildError(RuntimeError):

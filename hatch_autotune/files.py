@@ -9,9 +9,9 @@ import os
 import stat
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Callable, Iterator
 
 try:
     import fcntl

@@ -4,7 +4,7 @@ planner, the tuner, the wheel's outcome and the command word these things alike.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from .runtime import short_repr
 

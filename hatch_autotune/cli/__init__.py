@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from ..declare.settings import read_settings
 from ..errors import CliError

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 RICH_MAX_ROWS = 1000  # a terminal gets rich's tables up to this size; they take about 2 ms a row to lay out
 PROGRESS_LINES = 100  # plain progress (not a terminal) prints about this many lines, however many steps

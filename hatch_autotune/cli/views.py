@@ -4,8 +4,8 @@ package) and print, compare or draw them."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import CliError
 from ..inspection.diff import diff_sources

@@ -23,9 +23,9 @@ import re
 import sys
 import threading
 import types
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Iterator, Sequence
 
 from ..declare.settings import read_jobs
 from ..errors import BuildError

@@ -24,8 +24,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from ..declare.settings import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, DEFAULT_TTL_S, CacheSettings, redact
@@ -61,7 +62,7 @@ class _Budget:
     def time_left(self) -> float:
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise socket.timeout("the operation ran out of time")
+            raise TimeoutError("the operation ran out of time")
         return left
 
     def count(self, size: int) -> None:
@@ -212,7 +213,7 @@ class RemoteCache:
         try:
             with self._operation() as budget:
                 return self._get(key, budget)
-        except Exception as exc:  # noqa: BLE001 - whatever the server or the network does, the build goes on locally
+        except Exception as exc:
             self._switch_off(exc)
             return None
 
@@ -268,7 +269,7 @@ class RemoteCache:
                 else:
                     pipe.set(bin_key, entry.binary, ex=expiry)
                 pipe.set(meta_key, meta, ex=expiry).execute()
-        except Exception as exc:  # noqa: BLE001 - a full, read-only or dead server: the build goes on locally
+        except Exception as exc:
             self._switch_off(exc)
 
     def probe(self) -> str | None:
@@ -278,7 +279,7 @@ class RemoteCache:
             try:
                 with self._operation():
                     self._redis().ping()
-            except Exception as exc:  # noqa: BLE001 - reported, as a build would report it
+            except Exception as exc:
                 self._switch_off(exc)
         return self.error
 

@@ -17,9 +17,10 @@ import json
 import os
 import re
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..declare.config import DTYPES, KernelSpec, builtin_templates_dir
 from ..errors import BuildError

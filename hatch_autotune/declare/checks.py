@@ -9,7 +9,8 @@ from __future__ import annotations
 import itertools
 import sys
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..runtime import INT_RANGES, MAX_SIZE, ExpressionError, short_repr, value_text
 from . import space as space_mod
@@ -197,7 +198,7 @@ def check_sizes(spec: KernelSpec) -> str | None:
     for k in spec.key:
         arg = by_name[k.source]
         if not arg.is_array and arg.dtype in INT_RANGES:
-            lo, hi = INT_RANGES[arg.dtype]
+            _lo, hi = INT_RANGES[arg.dtype]
             if k.buckets[-1] > hi:
                 return f"key dim {k.name!r} has bucket {k.buckets[-1]}, which does not fit in argument {arg.name!r} ({arg.dtype}, at most {hi})"
     names = [k.name for k in spec.key]

@@ -10,8 +10,9 @@ from __future__ import annotations
 import ast
 import math
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..runtime import FUNCTIONS, MAX_EXPR_DEPTH, ExpressionError, compile_expr, short_repr, tree_names
 

@@ -3,9 +3,10 @@ reads it, checks.py checks it whole)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..runtime import instance_env
 from .args import ArgSpec

@@ -4,8 +4,9 @@ order the problems are reported, then the whole kernel checked (checks.py)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..runtime import INT_RANGES, short_repr
 from . import expr as expr_mod

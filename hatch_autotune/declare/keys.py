@@ -3,8 +3,8 @@ buckets are tuned apart and selected between."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from ..runtime import MAPPINGS, MAX_SIZE
 from .args import ArgSpec

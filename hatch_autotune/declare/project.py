@@ -8,9 +8,10 @@ from __future__ import annotations
 import keyword
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import CliError
 from ..files import read_regular

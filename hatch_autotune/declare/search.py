@@ -13,7 +13,7 @@ from typing import Any
 from .validate import BAD, Table, fail, v_bool, v_choice, v_int, v_number
 
 SEARCH_STRATEGIES = ("exhaustive", "random", "local", "tpe", "gp", "auto")  # tuning/search.py implements each
-_PERCENT = re.compile(r"([0-9]+(\.[0-9]+)?)%")  # ASCII digits: "١%" is no share
+_PERCENT = re.compile(r"([0-9]+(\.[0-9]+)?)%")  # ASCII digits: "١%" is no share  # noqa: RUF003
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import BuildError

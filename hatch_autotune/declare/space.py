@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from ..runtime import ExpressionError
 

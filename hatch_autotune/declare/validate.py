@@ -11,7 +11,8 @@ from __future__ import annotations
 import keyword
 import re
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..runtime import MIN_SM, parse_arch, short_repr
 from . import expr as expr_mod
@@ -190,7 +191,7 @@ class Table:
             return default
         return validator(self.data[key], self.sub(key), self.errors)
 
-    def table(self, key: str, required: bool = False) -> "Table | None":
+    def table(self, key: str, required: bool = False) -> Table | None:
         self.seen.add(key)
         if key not in self.data:
             if required and self.ok:

@@ -3,7 +3,8 @@ One place, so that a config reads the same in `show`, `diff`, the report and the
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..lock import Bucket
 from ..runtime import value_text

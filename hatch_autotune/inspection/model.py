@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from ..lock import Bucket, EntryId, Measurement
 from ..wheel.outcome import EntryStatus, Outcome
@@ -110,7 +111,7 @@ class Source:
         return [(k, sorted(rows, key=Row.sort_key)) for k, rows in groups.items() if rows and (not only or k in only)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _arch_key(arch: str) -> tuple[str, int, int, str]:  # cached: sorting 50k rows asked it 50k times about a few archs
     from ..runtime import parse_arch
 

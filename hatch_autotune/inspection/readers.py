@@ -19,8 +19,9 @@ import re
 import struct
 import zipfile
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..declare.project import load_project
 from ..declare.settings import Mode

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import __version__
 from .fmt import fmt_config

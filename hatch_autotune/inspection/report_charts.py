@@ -12,8 +12,8 @@ import itertools
 import math
 import re
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from ..lock import Measurement, Status
 from .fmt import fmt_bucket, fmt_config, fmt_ms

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from .report_charts import Chart, Panel
 
@@ -49,7 +49,7 @@ class _Layout:
     grid_rows: int  # rows of panels
 
     @classmethod
-    def of(cls, chart: Chart) -> "_Layout":
+    def of(cls, chart: Chart) -> _Layout:
         longest = max((len(b.label) for b in chart.panels[0].bars), default=0)
         label_w = int(min(max(longest * _CHAR + 24, 120), 440))
         n = len(chart.panels)

@@ -5,8 +5,9 @@ and `to_json` are its one reader and writer."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import LockFormatError
 from .measurements import Measurement, Runoff, Status, number_as_written
@@ -29,7 +30,7 @@ class LockEntry:
     read_from: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)  # the JSON it was read from
 
     @classmethod
-    def from_json(cls, raw: Any) -> "LockEntry":
+    def from_json(cls, raw: Any) -> LockEntry:
         """The entry, or LockFormatError saying what is malformed."""
         problem = _entry_problem(raw)
         if problem:

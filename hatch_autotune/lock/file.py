@@ -8,9 +8,10 @@ and a miss for a build, never a crash, never silently trusted.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..files import UnreadableFile, atomic_write, one_writer, read_regular, replaced_file
 from ..runtime import load_json, short_repr
@@ -38,7 +39,7 @@ class LockFile:
     warnings: list[str] = field(default_factory=list)
 
     @classmethod
-    def load(cls, path: Path) -> "LockFile":
+    def load(cls, path: Path) -> LockFile:
         """The build's reader: a regular file of at most LOCK_FILE_LIMIT bytes (a pipe would hang
         the build, a device fill its memory); any other is a warning and no entries."""
         if not path.exists():
@@ -52,7 +53,7 @@ class LockFile:
         return cls.parse(data, str(path), strict=False)
 
     @classmethod
-    def parse(cls, data: Any, label: str, strict: bool = True) -> "LockFile":
+    def parse(cls, data: Any, label: str, strict: bool = True) -> LockFile:
         """Decoded JSON to entries. Strict: the first problem is a LockFormatError; else each
         problem is a warning, and the file or entry it concerns is ignored."""
         if not isinstance(data, dict) or not isinstance(data.get("entries"), dict) or "schema" not in data:
@@ -104,7 +105,7 @@ class LockFile:
             atomic_write(target, lock.to_json())
 
     @classmethod
-    def _merged_into(cls, path: Path) -> "LockFile":
+    def _merged_into(cls, path: Path) -> LockFile:
         if not path.exists():
             return cls()
         try:

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..runtime import MAX_SIZE, short_repr
 from .errors import LockFormatError
@@ -26,21 +27,21 @@ class Bucket:
     dims: tuple[tuple[str, int], ...]  # ((name, value), ...), in key order
 
     @classmethod
-    def of(cls, values: "Bucket | Mapping[str, int]") -> "Bucket":
+    def of(cls, values: Bucket | Mapping[str, int]) -> Bucket:
         """The bucket of a {dim: value} mapping (in its order), or the bucket itself."""
         if isinstance(values, Bucket):
             return values
         return cls(tuple((k, int(v)) for k, v in values.items()))
 
     @classmethod
-    def from_values(cls, names: Sequence[str], values: Sequence[int]) -> "Bucket":
+    def from_values(cls, names: Sequence[str], values: Sequence[int]) -> Bucket:
         """The bucket of the key dims `names` at `values` (the table's and the planner's form)."""
         if len(names) != len(values):
             raise ValueError(f"{len(values)} bucket values for {len(names)} key dims ({', '.join(names)})")
         return cls(tuple((k, int(v)) for k, v in zip(names, values)))
 
     @classmethod
-    def parse(cls, text: str) -> "Bucket":
+    def parse(cls, text: str) -> Bucket:
         """'m=1024,n=64' back to its bucket; LockFormatError if it is not that form, or a value
         is beyond a key's range (MAX_SIZE either way)."""
         items = [_BUCKET_ITEM.fullmatch(item) for item in text.split(",")]
@@ -75,7 +76,7 @@ class EntryId:
     bucket: Bucket
 
     @classmethod
-    def of(cls, kernel: str, types: str, arch: str, bucket: Bucket | Mapping[str, int]) -> "EntryId":
+    def of(cls, kernel: str, types: str, arch: str, bucket: Bucket | Mapping[str, int]) -> EntryId:
         return cls(kernel, types, arch, Bucket.of(bucket))
 
     @property
@@ -87,7 +88,7 @@ class EntryId:
         return f"{self.instance}|{self.bucket}"
 
     @classmethod
-    def parse(cls, text: Any) -> "EntryId":
+    def parse(cls, text: Any) -> EntryId:
         parts = text.split("|") if isinstance(text, str) else []
         if len(parts) == 4 and all(parts[:3]):
             try:

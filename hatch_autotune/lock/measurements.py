@@ -6,9 +6,10 @@ not recorded."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import Any
 
 
 class Status(StrEnum):
@@ -71,12 +72,12 @@ class Measurement:
         """Whether it carries a median time (ok, or eliminated early)."""
         return self.status in TIMED and self.median_ms is not None
 
-    def as_recorded(self) -> "Measurement":
+    def as_recorded(self) -> Measurement:
         """The record as the lock file keeps it: its times rounded to 1 ns."""
         return dataclasses.replace(self, median_ms=recorded(self.median_ms), spread_ms=recorded(self.spread_ms))
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "Measurement":
+    def from_json(cls, raw: Mapping[str, Any]) -> Measurement:
         index, samples, status, reason = raw.get("index"), raw.get("samples"), raw.get("status"), raw.get("reason")
         return cls(
             index=integer_as_written(index),
@@ -114,7 +115,7 @@ class Contender:
     samples: int | None = None
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "Contender":
+    def from_json(cls, raw: Mapping[str, Any]) -> Contender:
         index, samples = raw.get("index"), raw.get("samples")
         return cls(
             index=integer_as_written(index),
@@ -146,7 +147,7 @@ class Runoff:
     rounds_won: int | None = None  # rounds in which the winner's median was the fastest
 
     @classmethod
-    def from_json(cls, raw: Any) -> "Runoff | None":
+    def from_json(cls, raw: Any) -> Runoff | None:
         """The record, or None for one this reader cannot use (a lenient reader: the runoff is
         an explanation, the winner stands without it)."""
         if not isinstance(raw, dict) or not isinstance(raw.get("contenders"), list):

@@ -3,7 +3,7 @@ are a `MergeConflict` unless a preference (first, last, faster) chooses."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .entry import LockEntry
 from .errors import LockFormatError

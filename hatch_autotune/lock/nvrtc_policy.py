@@ -4,8 +4,9 @@ entry was tuned with, as its provenance records it (`tuned_with`)."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .entry import LockEntry
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..compile.nvrtc import CompileJob
 from ..compile.render import Variant, render_kernel

@@ -13,7 +13,8 @@ from .values import DTYPE_SIZES, FLOAT_RANGES, INT_RANGES, MAX_SIZE, TYPESTRS
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
-    from typing import Any, Callable, Sequence
+    from collections.abc import Callable, Sequence
+    from typing import Any
 
     import numpy
 

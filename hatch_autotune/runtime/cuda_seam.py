@@ -20,7 +20,8 @@ except ImportError:  # pragma: no cover - depends on the interpreter
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
-    from typing import Any, Protocol, Sequence
+    from collections.abc import Sequence
+    from typing import Any, Protocol
 
     class PlanHolder(Protocol):
         """A kernel, as GpuState sees it: it holds plans made over a state, and drops them."""

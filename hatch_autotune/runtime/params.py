@@ -11,7 +11,8 @@ import struct
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
-    from typing import Any, Sequence
+    from collections.abc import Sequence
+    from typing import Any
 
 POINTER = "pointer"
 # dtype -> struct code of a caller's value: struct converts it as numpy does (round to nearest,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
-    from typing import Any, Mapping
+    from collections.abc import Mapping
+    from typing import Any
 
 MAX_SIZE = 2**63 - 1  # the largest array size or key value: what an int64 index can reach
 

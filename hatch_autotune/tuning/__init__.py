@@ -8,4 +8,4 @@ engine (ray_engine.tune_on_ray).
 from .errors import TuningError
 from .tuner import TuneSummary, tune
 
-__all__ = ["tune", "TuneSummary", "TuningError"]
+__all__ = ["TuneSummary", "TuningError", "tune"]

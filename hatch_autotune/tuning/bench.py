@@ -7,8 +7,9 @@ part that needs a GPU and runs inside the worker process.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..declare.config import TuningSpec
 from ..runtime import check_cuda, cuda_api

@@ -5,8 +5,9 @@ variant while the next compiles."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..compile import nvrtc as compile_mod
 from ..compile.cache import CompileCache
@@ -80,7 +81,7 @@ class VariantBinaries:
                     return
             try:
                 results: list[Any] = compile_mod.compile_all([self.inst.compile_job(i, self.arch) for i in chunk], self.cache, self.workers)
-            except BaseException as exc:  # noqa: BLE001 - raised by get(), in the measuring thread
+            except BaseException as exc:
                 results = [exc] * len(chunk)
             with self._cond:
                 self._results.update(zip(chunk, results))
@@ -125,7 +126,7 @@ class CompareBinaries:
 
         try:
             self._binaries = compare_binaries(self.arch, self.pairs, self.cache)
-        except Exception as exc:  # noqa: BLE001 - reported by files(), in the measuring thread
+        except Exception as exc:
             self._binaries, self._error = {}, f"{type(exc).__name__}: {exc}"
         self._done.set()
 

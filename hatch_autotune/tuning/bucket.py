@@ -11,10 +11,11 @@ import datetime
 import math
 import time
 import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from .. import __version__
 from ..compile import nvrtc as compile_mod

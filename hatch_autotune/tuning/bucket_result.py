@@ -3,8 +3,9 @@ too), the log line that says how the bucket went and the lock entry it becomes."
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from ..lock import LockEntry, Measurement, Runoff, Status
 from ..plan.planner import PROVENANCE_MAX_CHARS

@@ -15,8 +15,9 @@ ones (benchmarks/search_quality.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from ..lock import Contender, Measurement, Runoff, Status, recorded
 from .bench import median, spread

@@ -4,8 +4,8 @@ before any GPU is touched."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..declare.config import Mode, ProjectSpec
 from ..plan.devices import Gpu

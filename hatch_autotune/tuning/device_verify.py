@@ -14,8 +14,9 @@ kept in the content-addressed compile cache like any variant.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from importlib import resources
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from ..compile.cache import CompileCache
 from ..compile.nvrtc import CompileJob, compile_all
@@ -29,7 +30,7 @@ Pair = tuple[str, str]  # (dtype of the variant's output, dtype of the reference
 # Every dtype against itself, and a reference wider than the output (a user's float64 reference
 # for a float32 kernel, say). Not the other way round: a narrower reference has lost the digits
 # that the tolerance is about.
-PAIRS: tuple[Pair, ...] = tuple((d, d) for d in DTYPES) + (("float16", "float32"), ("float16", "float64"), ("float32", "float64"))
+PAIRS: tuple[Pair, ...] = (*tuple((d, d) for d in DTYPES), ("float16", "float32"), ("float16", "float64"), ("float32", "float64"))
 
 # The record a launch leaves (compare.cu's CompareRecord): five little-endian uint64, in order.
 # Before each launch the firsts are set to all-ones bytes (no index) and the rest to zero bytes.

@@ -5,7 +5,7 @@ plan whose lock holds the new entries."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..compile.cache import CompileCache
 from ..declare.config import Mode, ProjectSpec

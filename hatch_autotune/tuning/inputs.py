@@ -22,9 +22,10 @@ import numbers
 import os
 import sys
 import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from ..declare.config import KernelSpec
 from ..errors import BuildError
@@ -55,7 +56,7 @@ def load_function(ref: str, root: Path, where: str | None = None) -> Callable[..
                 "expected 'module:function' naming a module of the project"
             ) from None
         raise InputError(f"{where}: importing module {module_name!r} failed: {_describe(exc)}") from exc
-    except Exception as exc:  # noqa: BLE001 - a user module that fails at import (SyntaxError, ...)
+    except Exception as exc:
         raise InputError(f"{where}: importing module {module_name!r} failed: {_describe(exc)}") from exc
     fn = getattr(module, func, None)
     if fn is None:
@@ -78,7 +79,7 @@ def _describe(exc: BaseException) -> str:
 def _call(fn: Callable[..., Any], where: str, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - the user's code: reported with the kernel and hook
+    except Exception as exc:
         raise InputError(f"{where}: raised {_describe(exc)}") from exc
 
 
@@ -151,7 +152,7 @@ class ArgRecipe:
                 "intent": self.intent, "position": self.position, "key_dim": self.key_dim}  # fmt: skip
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "ArgRecipe":
+    def from_json(cls, raw: Mapping[str, Any]) -> ArgRecipe:
         shape = raw["shape"]
         dims = None if shape is None else tuple(int(d) for d in shape)
         return cls(str(raw["name"]), str(raw["dtype"]), dims, str(raw["intent"]), int(raw["position"]), raw["key_dim"])
@@ -176,7 +177,7 @@ class InputRecipe:
     computed: tuple[str, ...] = ()  # arguments computed from the key at launch (for messages)
 
     @classmethod
-    def of(cls, spec: KernelSpec, types: Mapping[str, Any], key: Mapping[str, int], root: Path | str, seed: int) -> "InputRecipe":
+    def of(cls, spec: KernelSpec, types: Mapping[str, Any], key: Mapping[str, int], root: Path | str, seed: int) -> InputRecipe:
         arr_shapes = shapes(spec, key, types)
         key_sources = {k.source: k.name for k in spec.key if k.axis is None}
         args = tuple(
@@ -187,7 +188,7 @@ class InputRecipe:
                 a.intent or "in",
                 position,
                 None if a.is_array else key_sources.get(a.name),
-            )  # fmt: skip
+            )
             for position, a in enumerate(spec.args)
             if a.value is None
         )
@@ -214,7 +215,7 @@ class InputRecipe:
         }  # fmt: skip
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "InputRecipe":
+    def from_json(cls, raw: Mapping[str, Any]) -> InputRecipe:
         return cls(
             str(raw["kernel"]), dict(raw["types"]), {str(k): int(v) for k, v in raw["key"].items()}, int(raw["seed"]),
             tuple(ArgRecipe.from_json(a) for a in raw["args"]), str(raw["root"]), raw.get("generator"), raw.get("reference"),
@@ -323,7 +324,7 @@ class InputRecipe:
             value = got[a.name]
             try:
                 array = np.asarray(value)
-            except Exception:  # noqa: BLE001 - ragged lists and the like
+            except Exception:
                 array = None
             shape = np.shape(inputs[a.name]) if a.name in inputs else None
             if array is None or array.dtype.kind not in "biuf" or (shape is not None and array.shape != shape):

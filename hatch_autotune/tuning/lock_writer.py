@@ -55,7 +55,7 @@ class LockSaver:
                 changes, mine = self._changes, dict(self._mine)
             try:
                 LockFile.save_entries(self.path, mine)
-            except BaseException as exc:  # noqa: BLE001 - raised by put and close, in the run's threads
+            except BaseException as exc:
                 with self._cond:
                     self._error = TuningError(f"cannot save {self.path}: {exc}")
                 return

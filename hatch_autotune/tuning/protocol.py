@@ -24,8 +24,9 @@ No array crosses the protocol: the worker makes a bucket's inputs from their rec
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Mapping, Union
+from typing import Any, ClassVar, Literal
 
 from ..declare.config import TuningSpec
 from ..lock import Bucket, Status
@@ -45,7 +46,7 @@ class Hello:
         return {"op": self.op, "device": self.device, "flush_l2": self.flush_l2}
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "Hello":
+    def from_json(cls, raw: Mapping[str, Any]) -> Hello:
         return cls(int(raw.get("device", 0)), bool(raw.get("flush_l2", True)))
 
 
@@ -65,7 +66,7 @@ class Limits:
         }
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "Limits":
+    def from_json(cls, raw: Mapping[str, Any]) -> Limits:
         return cls(int(raw["max_threads_per_block"]), int(raw["max_registers_per_block"]), int(raw["max_shared_memory_per_block"]))
 
 
@@ -93,7 +94,7 @@ class DeviceInfo:
         }
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "DeviceInfo":
+    def from_json(cls, raw: Mapping[str, Any]) -> DeviceInfo:
         major, minor = raw["cc"]
         release = str(raw.get("driver_release") or "unknown")
         return cls(str(raw["name"]), (int(major), int(minor)), str(raw["driver"]), Limits.from_json(raw["limits"]), release)
@@ -133,7 +134,7 @@ class Setup:
         }
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "Setup":
+    def from_json(cls, raw: Mapping[str, Any]) -> Setup:
         return cls(
             kernel=KernelDecl.from_json(str(raw["name"]), raw["kernel"]),
             configs={str(vid): dict(config) for vid, config in raw["configs"].items()},
@@ -159,7 +160,7 @@ class Prepare:
         return {"op": self.op, "inputs": self.inputs.to_json()}
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "Prepare":
+    def from_json(cls, raw: Mapping[str, Any]) -> Prepare:
         return cls(InputRecipe.from_json(raw["inputs"]))
 
 
@@ -175,7 +176,7 @@ class Reference:
         return {"op": self.op, "variant": self.variant, "binary": self.binary}
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "Reference":
+    def from_json(cls, raw: Mapping[str, Any]) -> Reference:
         return cls(raw["variant"], raw.get("binary") or None)
 
 
@@ -195,11 +196,11 @@ class Measure:
         return out if self.timed else {**out, "timed": False}
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "Measure":
+    def from_json(cls, raw: Mapping[str, Any]) -> Measure:
         return cls(raw["variant"], raw.get("binary") or None, raw.get("leader_ms"), bool(raw.get("timed", True)))
 
 
-Request = Union[Hello, Setup, Prepare, Reference, Measure]
+Request = Hello | Setup | Prepare | Reference | Measure
 _REQUESTS: dict[str, Any] = {c.op: c for c in (Hello, Setup, Prepare, Reference, Measure)}  # each message names its op
 OPERATIONS = tuple(_REQUESTS)
 
@@ -235,7 +236,7 @@ class Ready:
         return {"ok": True, "phases": dict(self.phases), "prefetched": self.prefetched}
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "Ready":
+    def from_json(cls, raw: Mapping[str, Any]) -> Ready:
         return cls({k: float(v) for k, v in raw.get("phases", {}).items()}, bool(raw.get("prefetched", False)))
 
 
@@ -247,7 +248,7 @@ class HelloReply:
         return {"ok": True, "device": self.device.to_json()}
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "HelloReply":
+    def from_json(cls, raw: Mapping[str, Any]) -> HelloReply:
         return cls(DeviceInfo.from_json(raw["device"]))
 
 
@@ -276,7 +277,7 @@ class Measured:
         return out
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "Measured":
+    def from_json(cls, raw: Mapping[str, Any]) -> Measured:
         seconds = raw.get("seconds")
         return cls(
             status=Status(raw["status"]),
@@ -305,8 +306,8 @@ class Failure:
         return {**out, "kind": self.kind} if self.kind else out
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "Failure":
+    def from_json(cls, raw: Mapping[str, Any]) -> Failure:
         return cls(str(raw.get("error", "")), bool(raw.get("fatal", False)), "input" if raw.get("kind") == "input" else "")
 
 
-Reply = Union[Done, Ready, HelloReply, Measured, Failure]
+Reply = Done | Ready | HelloReply | Measured | Failure

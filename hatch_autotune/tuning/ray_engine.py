@@ -13,6 +13,7 @@ lock entries as JSON and log lines.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -21,8 +22,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from .. import __version__
 from ..compile.cache import CompileCache
@@ -188,7 +190,7 @@ class RaySlot:
     def idle_s(self) -> float:
         """The actor's time between its buckets (its first excluded): what the engine costs per bucket."""
         spans = sorted(self.spans)
-        return sum(max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:]))
+        return sum(max(0.0, b[0] - a[1]) for a, b in itertools.pairwise(spans))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -299,7 +301,7 @@ def _probe(address: str, origin: str, timeout_s: float = PROBE_TIMEOUT_S) -> Non
             conn.sendall(GCS_HANDSHAKE)
             answer = conn.recv(1)
         why = None if answer else "it closed the connection without answering"
-    except socket.timeout:
+    except TimeoutError:
         why = f"nothing answered within {timeout_s:g} s"
     except (OSError, ValueError) as exc:  # ValueError: a host name that is not one (a NUL, an empty label)
         why = getattr(exc, "strerror", None) or str(exc)

@@ -5,8 +5,9 @@ config agrees with them: a wrong default would otherwise make every variant "ver
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from ..declare.config import KernelSpec
 from ..lock import Measurement, Status

@@ -20,8 +20,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from ..lock import LockEntry
 from ..text import Log
@@ -77,7 +78,7 @@ class ScheduleResult:
     wall_s: float = 0.0  # from the first job handed out to the last slot done
 
     @classmethod
-    def combined(cls, slots: Sequence["Slot"], parts: Sequence[tuple[Sequence["Slot"], "ScheduleResult"]]) -> "ScheduleResult":
+    def combined(cls, slots: Sequence[Slot], parts: Sequence[tuple[Sequence[Slot], ScheduleResult]]) -> ScheduleResult:
         """One result of schedules run one after another (a tuning run's waves), each over some
         of `slots` (those not lost before it): per slot in `slots`' order, its jobs and times
         summed and the first reason it was lost; the lost jobs of all; the walls summed."""
@@ -181,7 +182,7 @@ def run_schedule(
                 again = "lost after " + str(len(tries)) + " tries" if job.eid in result.lost else "goes back to the queue"
                 log(f"warning: {slot.name} ({slot.arch}) is lost ({exc}); {job.eid} {again}")
                 return
-            except BaseException as exc:  # noqa: BLE001 - raised once, by run_schedule
+            except BaseException as exc:
                 with cond:
                     for j, _ in held:
                         running[j.arch] -= 1
@@ -201,7 +202,7 @@ def run_schedule(
                 cond.notify_all()
                 try:
                     on_done(job, entry, slot)
-                except BaseException as exc:  # noqa: BLE001 - the result cannot be kept: the run stops
+                except BaseException as exc:
                     errors.append(exc)
                     for j, _ in held:
                         running[j.arch] -= 1

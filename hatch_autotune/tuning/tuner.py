@@ -14,9 +14,10 @@ import datetime
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from .. import __version__
 from ..compile.cache import CompileCache
@@ -148,7 +149,10 @@ def run_record(project: ProjectSpec) -> dict[str, Any]:
     return {"run": f"{started} pid {os.getpid()}", "code": code_version(), "settings": dataclasses.asdict(project.tuning)}
 
 
-def code_version(package_dir: Path = Path(__file__).resolve().parents[1]) -> str:
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # hatch_autotune/, in a checkout or installed
+
+
+def code_version(package_dir: Path = PACKAGE_DIR) -> str:
     """'0.1.0' for an installed hatch-autotune; '0.1.0 (git 75a17d9c…, dirty)' from a checkout,
     so a lock tuned by uncommitted code says so."""
     if not (package_dir.parent / ".git").exists():

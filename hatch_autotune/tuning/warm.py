@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..lock import Bucket, EntryId, LockEntry, LockFile, LockFormatError, Status
 from ..plan.planner import Point

@@ -47,7 +47,7 @@ class WorkerClient:
 
     def start(self) -> None:
         self.close()
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the client owns it until close())
         self._proc = subprocess.Popen(
             self.command,
             stdin=subprocess.PIPE,

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..lock import Status
 from ..runtime import Binaries, CudaApi, CudaCallError, Kernel, KernelTable, Variant, check_cuda, cuda_api

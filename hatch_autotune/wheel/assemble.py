@@ -7,8 +7,9 @@ hatch/plugin.py only adapts this to hatchling, so tests drive the whole build th
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..compile import nvrtc as compile_mod
 from ..compile.cache import CompileCache

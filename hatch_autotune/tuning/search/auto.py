@@ -4,7 +4,7 @@ the estimator taking turns once the process stalls."""
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from .base import Strategy
 from .gp import GaussianProcessSearch

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from .gp_math import cholesky, fit_log_params, log_improvement_per_sd, loo_errors
 from .model import ModelSearch

@@ -4,7 +4,8 @@ made safe, leave-one-out errors, and the log of the expected improvement."""
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def fit_log_params(dists: Any, y: Any, params: Any, steps: int, noise_floor: float) -> Any:

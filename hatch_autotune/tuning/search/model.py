@@ -3,7 +3,7 @@ as a mask and each config's ranks as an array, for scoring the whole space with 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .base import Strategy
 from .space import SearchSpace

@@ -4,7 +4,8 @@ with what is measured here chosen by rank correlation, their mix fitted as the p
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 MAX_PRIORS = 3  # related results a model uses as its prior mean, at most
 MAX_RELATED = 8  # related results a model chooses its priors from, at most

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ...declare.search import SEARCH_STRATEGIES as STRATEGIES  # the names a project may configure
 from .auto import Portfolio

@@ -4,7 +4,7 @@ the tuner and the replay benchmark."""
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ...declare.search import Budget  # what a search may spend: the kernel's SearchSpec.budget_for
 from .base import Strategy

@@ -3,8 +3,9 @@ config's ranks, the unit cube and one-step neighbours."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 
 @dataclass
@@ -46,7 +47,7 @@ class SearchSpace:
         for d, n in enumerate(self.sizes):
             for r in (here[d] - 1, here[d] + 1):
                 if 0 <= r < n:
-                    j = self._index.get(here[:d] + (r,) + here[d + 1 :])
+                    j = self._index.get((*here[:d], r, *here[d + 1 :]))
                     if j is not None:
                         out.append(j)
         return sorted(out)

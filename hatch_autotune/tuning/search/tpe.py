@@ -4,7 +4,8 @@ kernels per measured config; a seeded sample of the candidates on a big space.""
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from .model import ModelSearch
 from .space import SearchSpace

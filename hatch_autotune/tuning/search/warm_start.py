@@ -3,8 +3,9 @@ measure first, related results as a prior; plain data, so that it crosses Ray as
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -20,5 +21,5 @@ class WarmStart:
         return {"first": list(self.first), "prior": [list(p) for p in self.prior]}
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "WarmStart":
+    def from_json(cls, raw: Mapping[str, Any]) -> WarmStart:
         return cls(tuple(raw["first"]), tuple(tuple(p) for p in raw["prior"]))
