@@ -17,6 +17,12 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 if os.environ.get("PYTEST_XDIST_WORKER"):
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
+# pip (the tests' builds and venvs, and the build environments of isolated builds, which inherit
+# it) installs without compiling every module to bytecode: over half the CPU of installing the
+# 425 MB that a build environment of hatch-autotune holds, for files thrown away after one build.
+# pip reads a `no-` switch's variable as the value of the positive option: "0" turns compiling
+# off (pip's docs: --no-compile is enabled with a falsy value).
+os.environ.setdefault("PIP_NO_COMPILE", "0")
 
 import collections
 import contextlib
@@ -26,8 +32,9 @@ import math
 import shutil
 import sys
 import textwrap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pytest
 import tomllib
@@ -44,21 +51,22 @@ STENCIL_KIT = ROOT / "tests" / "consumers" / "stencil_kit"  # constants, shapes 
 
 # The files that run longest, in the order xdist hands them out first (pyproject.toml: --dist
 # loadfile --no-loadscope-reorder): a long file that started last would run alone at the end.
-# Seconds: `-n 0` on the 2-core VM, 2026-11-28. The others follow as xdist orders them by
+# Seconds: one file alone on the 2-core VM (2026-11-28). The others follow as xdist orders them by
 # default: most tests first.
 LONG_FILES = (
-    "test_cluster.py",  # 150 s, mostly waiting on Ray and the fake workers: beside the compiles
+    "test_cluster.py",  # 130-150 s, mostly waiting on Ray and the fake workers: beside the compiles
     "test_sgemm_template.py",  # 115 s: every config of the space, on all cores
     "test_softmax_template.py",  # 70 s: likewise
-    "test_wheel.py",  # 99 s
-    "test_search.py",  # 97 s
     "test_damage.py",  # 87 s
-    "test_stub.py",  # 69 s
-    "test_consumer.py",  # 50 s
-    "test_sass.py",  # 49 s: after the template tests, whose compiles fill the cache it reads
+    "test_wheel_check.py",  # 66 s (in a full run)
+    "test_wheel.py",  # 60 s
+    "test_stub.py",  # 56 s
+    "test_search.py",  # 53 s
+    "test_sass.py",  # 49 s, 22 s after the template tests, whose compiles fill the cache it reads
     "test_host_emulator.py",  # 43 s
-    "test_cli.py",  # 42 s
     "test_torch_ops.py",  # 42 s
+    "test_cli.py",  # 30 s
+    "test_consumer.py",  # 24 s
 )
 
 
@@ -503,8 +511,8 @@ def space_problems(spec, cache_dir: Path, archs: Sequence[str]) -> list[str]:
         why = prune_reason(
             config,
             res,
-            lambda c: threads_per_block(spec, types, c),
-            lambda c: max(int(spec.shared(env)) for env in geometry_envs(spec, types, c)),
+            lambda c, types=types: threads_per_block(spec, types, c),  # called before the loop moves on
+            lambda c, types=types: max(int(spec.shared(env)) for env in geometry_envs(spec, types, c)),
             limits,
             True,
         )

@@ -33,9 +33,10 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
@@ -153,7 +154,7 @@ class Launch:
     entry: str
     binary: str  # 'sm_90' (cubin) or 'compute_90' (PTX)
     device: int  # the device of the context current at launch
-    stream: "FakeStream"
+    stream: FakeStream
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shmem: int
@@ -253,17 +254,19 @@ class StandIn:
             launch=self.launch,
         )
 
-    _NO_VALUE = {
-        "cuInit",
-        "cuCtxPushCurrent",
-        "cuCtxSetCurrent",
-        "cuCtxSynchronize",
-        "cuMemFree",
-        "cuMemcpyHtoD",
-        "cuMemcpyDtoH",
-        "cuMemsetD8Async",
-        "cuLaunchKernel",
-    }
+    _NO_VALUE = frozenset(
+        {
+            "cuInit",
+            "cuCtxPushCurrent",
+            "cuCtxSetCurrent",
+            "cuCtxSynchronize",
+            "cuMemFree",
+            "cuMemcpyHtoD",
+            "cuMemcpyDtoH",
+            "cuMemsetD8Async",
+            "cuLaunchKernel",
+        }
+    )
 
     def _counted(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
@@ -525,7 +528,7 @@ class StandIn:
         values = [ctypes.string_at(addresses[i], size) for i, size in enumerate(sizes)]
         self._run(kernel, stream, tuple(config.grid), tuple(config.block), config.shmem_size, values)
 
-    def _run(self, kernel: "FakeKernel", stream: "FakeStream", grid: tuple, block: tuple, shmem: int, params: list[bytes]) -> None:
+    def _run(self, kernel: FakeKernel, stream: FakeStream, grid: tuple, block: tuple, shmem: int, params: list[bytes]) -> None:
         """What both launches check of the device, then the launch recorded and emulated."""
         device = self.current()
         if stream.ordinal is not None and stream.ordinal != device:
@@ -563,7 +566,7 @@ class Hang(Exception):
 
 # Emulated kernels, by entry name: fn(standin, kernel, launch) -> synthetic milliseconds. An
 # emulator reads and writes device memory through standin.view().
-EMULATORS: dict[str, Callable[[StandIn, "FakeKernel", Launch], float]] = {}
+EMULATORS: dict[str, Callable[[StandIn, FakeKernel, Launch], float]] = {}
 
 
 # ---- cuda.core's objects ---------------------------------------------------------------------
@@ -572,7 +575,7 @@ EMULATORS: dict[str, Callable[[StandIn, "FakeKernel", Launch], float]] = {}
 class FakeKernel:
     """A kernel of a loaded cubin or PTX: its entry and what its binary declares."""
 
-    def __init__(self, code: "FakeObjectCode", entry: str):
+    def __init__(self, code: FakeObjectCode, entry: str):
         self.code, self.entry = code, entry
         try:
             if code.kind == "ptx":
@@ -590,7 +593,7 @@ class FakeKernel:
         self.check_code_runs_on(self.code, standin, device)
 
     @staticmethod
-    def check_code_runs_on(code: "FakeObjectCode", standin: StandIn, device: int) -> None:
+    def check_code_runs_on(code: FakeObjectCode, standin: StandIn, device: int) -> None:
         cc = standin.devices[device].cc
         if code.kind == "ptx":
             text = code.data.decode()
@@ -611,7 +614,7 @@ _TAG = re.compile(rb"EMU:([A-Za-z0-9_=;.\-]+)")
 
 
 class FakeObjectCode:
-    STANDIN_ONLY = {"data", "kind", "tag"}
+    STANDIN_ONLY = frozenset({"data", "kind", "tag"})
 
     def __init__(self, data: bytes, kind: str):
         self.data, self.kind = bytes(data), kind
@@ -619,11 +622,11 @@ class FakeObjectCode:
         self.tag = dict(item.split("=", 1) for item in m.group(1).decode().split(";")) if m else {}
 
     @classmethod
-    def from_cubin(cls, data: bytes) -> "FakeObjectCode":
+    def from_cubin(cls, data: bytes) -> FakeObjectCode:
         return cls(data, "cubin")
 
     @classmethod
-    def from_ptx(cls, data: bytes) -> "FakeObjectCode":
+    def from_ptx(cls, data: bytes) -> FakeObjectCode:
         return cls(data, "ptx")
 
     def get_kernel(self, name: str) -> FakeKernel:
@@ -631,22 +634,22 @@ class FakeObjectCode:
 
 
 class FakeEvent:
-    STANDIN_ONLY = {"stream", "ms"}
+    STANDIN_ONLY = frozenset({"stream", "ms"})
 
-    def __init__(self, stream: "FakeStream"):
+    def __init__(self, stream: FakeStream):
         self.stream, self.ms = stream, stream.clock_ms
 
     def sync(self) -> None:
         self.stream.sync()
 
-    def __sub__(self, other: "FakeEvent") -> float:
+    def __sub__(self, other: FakeEvent) -> float:
         return self.ms - other.ms
 
 
 class FakeStream:
     """A stream of one device (None: a legacy/per-thread default handle, any current context)."""
 
-    STANDIN_ONLY = {"standin", "ordinal", "clock_ms", "hung"}  # not part of cuda.core's Stream
+    STANDIN_ONLY = frozenset({"standin", "ordinal", "clock_ms", "hung"})  # not part of cuda.core's Stream
 
     def __init__(self, standin: StandIn, handle: int, device: int | None):
         self.standin, self._handle, self.ordinal = standin, handle, device
@@ -661,7 +664,7 @@ class FakeStream:
         return 0, self._handle
 
     @classmethod
-    def from_handle(cls, handle: int) -> "FakeStream":
+    def from_handle(cls, handle: int) -> FakeStream:
         standin = _ACTIVE[0]
         found = standin.streams.get(int(handle))
         if found is None:
@@ -693,7 +696,7 @@ class _Properties:
 class FakeDevice:
     """cuda.core's Device: per-thread `set_current()` before most calls, as cuda.core requires."""
 
-    STANDIN_ONLY = {"standin"}
+    STANDIN_ONLY = frozenset({"standin"})
 
     def __init__(self, device_id: int | None = None):
         standin = _ACTIVE[0]
@@ -792,11 +795,11 @@ class DeviceArray:
         }
 
     @classmethod
-    def empty(cls, standin: StandIn, shape: tuple[int, ...], dtype: str = "float32", device: int = 0) -> "DeviceArray":
+    def empty(cls, standin: StandIn, shape: tuple[int, ...], dtype: str = "float32", device: int = 0) -> DeviceArray:
         """Unread memory (made lazily), for launches whose data nothing looks at."""
         return cls(standin, np.zeros((0,), dtype), device)._as(shape)
 
-    def _as(self, shape: tuple[int, ...]) -> "DeviceArray":
+    def _as(self, shape: tuple[int, ...]) -> DeviceArray:
         n = int(np.prod(shape))
         self.shape = tuple(shape)
         self.ptr = self.standin.alloc(self.device, n * self.dtype.itemsize) if n else 0

@@ -19,10 +19,10 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
-from typing import Iterable, Sequence
 
 # tool -> the PyPI distribution that ships it (bin/<tool> inside the package's files)
 TOOL_DISTRIBUTIONS = {"cuobjdump": "nvidia-cuda-cuobjdump", "nvdisasm": "nvidia-cuda-nvdisasm"}
@@ -244,7 +244,7 @@ class Loop:
         """FFMA / instructions of the body: how much of the loop is the math."""
         return self.ffma / self.size if self.size else 0.0
 
-    def contains(self, other: "Loop") -> bool:
+    def contains(self, other: Loop) -> bool:
         return other is not self and self.start <= other.start and other.end <= self.end
 
 

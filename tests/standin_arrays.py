@@ -36,7 +36,7 @@ def install_cupy(monkeypatch: Any, standin: Any) -> ModuleType:
         def __init__(self, ptr: int, device_id: int):
             self.ptr, self.device_id = ptr, device_id
 
-    class ndarray:  # noqa: N801 - CuPy's name
+    class ndarray:
         def __init__(self, shape: tuple[int, ...], dtype: str = "float32", device: int = 0, strides: tuple[int, ...] | None = None):
             self.dtype = np.dtype(dtype)
             self.shape = tuple(shape)

@@ -123,9 +123,9 @@ def circles(g: dict[str, set[str]]) -> list[str]:
         state[m] = 1
         for d in sorted(g.get(m, ())):
             if state.get(d) == 1:
-                found.append(" -> ".join(path[path.index(d) :] + [d]))
+                found.append(" -> ".join([*path[path.index(d) :], d]))
             elif d not in state:
-                visit(d, path + [d])
+                visit(d, [*path, d])
         state[m] = 2
 
     for m in sorted(g):
@@ -219,16 +219,19 @@ def test_no_module_or_class_is_too_big_to_read_whole():
 # of them too, and tuning/inputs.py the input recipe's own `intent`. (Not "kind", which the
 # worker's failures have too, nor "args" and "key", which other records have.)
 DECLARATION_KEYS = {"intent", "type_params", "launch", "axis", "mapping", "buckets", "variants", "select"}
-DECLARATION_OWNERS = ("hatch_autotune.runtime.declaration", "hatch_autotune.runtime.table", "hatch_autotune.declare", "hatch_autotune.tuning.inputs")
+DECLARATION_OWNERS = (
+    "hatch_autotune.runtime.declaration",
+    "hatch_autotune.runtime.table",
+    "hatch_autotune.declare",
+    "hatch_autotune.tuning.inputs",
+)
 
 
 def key_reads(path: Path, keys: set[str]) -> list[int]:
     """Lines where `path` reads one of `keys` by string: `x["kind"]`, `x.get("kind")`."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in keys:
-            found.append(node.lineno)
-        elif (
+        if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in keys) or (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and node.func.attr in ("get", "pop", "setdefault")

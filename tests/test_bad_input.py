@@ -280,7 +280,7 @@ def test_a_negative_scalar_key_is_refused_before_the_launch(example_kernels):
     x, y = _Interface(**GOOD_CAI), _Interface(**GOOD_CAI)
     with pytest.raises(ValueError, match=r"saxpy\(\): argument 'n'=-1 defines key dim n, a size: expected 0 to"):
         kernel.prepare(1.0, x, y, -1)
-    with pytest.raises(ValueError, match="argument 'n'=8 .*|argument 'x' has shape"):
+    with pytest.raises(ValueError, match=r"argument 'n'=8 .*|argument 'x' has shape"):
         kernel.prepare(1.0, x, y, 9)  # a right size goes on to the shape check
 
 

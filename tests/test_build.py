@@ -139,7 +139,7 @@ def test_an_offline_build_gives_the_same_table_as_compiling_the_whole_space(tmp_
     for arch in project.archs:
         for p in plan.instances[0].points[arch]:
             assert result.kernels[0].choices[("-", arch, p.key)] == plan.choose(plan.instances[0], p, usable_all)
-    table, files = build_table(project, result)
+    _table, files = build_table(project, result)
     assert len(files) == 2 + 1 + 1  # sm_80: winner, default (the point whose winner fails); sm_90: winner; its PTX
 
 
@@ -318,7 +318,7 @@ def test_generated_package_selects_and_checks_binaries(generated):
     assert (ptx.arch, ptx.binary) == ("sm_90", "compute_90")
     assert mod.scale.binary(ptx).startswith(b"//")
     assert cubin_sm(mod.scale.binary(mod.scale.select(arch="sm_80", n=1))) == 80
-    with pytest.raises(RuntimeError, match="compute capability 7.5"):
+    with pytest.raises(RuntimeError, match=r"compute capability 7.5"):
         mod.scale.select(arch="sm_75", n=1)
     with pytest.raises(TypeError, match="missing key dim"):
         mod.scale.select(arch="sm_90")
@@ -374,7 +374,7 @@ def test_configs_sharing_a_source_keep_their_own_launch_config(tmp_path):
     root = write_tiny_project(tmp_path / "p", template=template)
     first = build(root, tmp_path / "cache")
     lock = LockFile()
-    for (tkey, arch, point), (eid, checksum) in first.kernels[0].lock_ids.items():
+    for (_tkey, _arch, point), (eid, checksum) in first.kernels[0].lock_ids.items():
         block = 64 if point == (1024,) else 256
         lock.entries[eid] = LockEntry(checksum, {"BLOCK": block, "FACTOR": 2, "BAD": False}, tuned=True)
     lock.save(root / "autotune.lock.json")

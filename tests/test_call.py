@@ -93,7 +93,7 @@ def test_wrong_arguments_name_the_argument(kernels, make, exc, fragment):
 def test_misaligned_view_is_rejected_before_a_vector_load_faults(kernels):
     x, y = FakeGPUArray((8,)), FakeGPUArray((8,))
     x.__cuda_array_interface__["data"] = (x.ptr + 4, False)  # like x[1:] of a float32 array
-    with pytest.raises(ValueError, match="argument 'x' must start on a 16-byte boundary.*offset by 4 bytes"):
+    with pytest.raises(ValueError, match=r"argument 'x' must start on a 16-byte boundary.*offset by 4 bytes"):
         kernels.saxpy.prepare(1.0, x, y)
 
 
@@ -170,7 +170,7 @@ def test_stream_handles():
     assert stream_handle(OldCuPyStream()) == 0xDEF
     with pytest.raises(ValueError, match="non-negative"):
         stream_handle(-1)
-    with pytest.raises(TypeError, match="stream: expected None, a cuda.core Stream"):
+    with pytest.raises(TypeError, match=r"stream: expected None, a cuda.core Stream"):
         stream_handle("default")
     with pytest.raises(TypeError):
         stream_handle(True)

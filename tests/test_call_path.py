@@ -11,6 +11,7 @@ reads of them (tests/test_gpu.py runs the real ones on a GPU)."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import subprocess
 import sys
@@ -212,7 +213,7 @@ def test_a_parameter_buffer_lays_out_each_parameter_aligned_and_apart():
     addresses = list((ctypes.c_void_p * 5).from_address(buffer.address))
     assert all(addr % size == 0 for addr, size in zip(addresses, sizes))  # natural alignment
     spans = sorted((addr, addr + size) for addr, size in zip(addresses, sizes))
-    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))  # no overlap
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))  # no overlap
     read = [ctypes.string_at(addr, size) for addr, size in zip(addresses, sizes)]
     assert read == [
         (0x7F00_0000_0100).to_bytes(8, "little"),

@@ -85,7 +85,7 @@ def fixture_lock_entries(result) -> dict[str, dict]:
     configs = [v.config_dict for v in kb.variants["-"]]
     default = dict(kb.spec.default)
     entries = {}
-    for (tkey, arch, point), (eid, checksum) in sorted(kb.lock_ids.items()):
+    for (_tkey, arch, point), (eid, checksum) in sorted(kb.lock_ids.items()):
         ms = fixture_measurements(configs, arch, point[0])
         ok = [m for m in ms if m["status"] == "ok"]
         win = min(ok, key=lambda m: m["median_ms"])
@@ -341,7 +341,7 @@ def test_bad_input_errors_also_for_diff_merge_report(tmp_path, capsys, tiny_lock
     assert_one_line_error(*run_cli(capsys, "report", lock)[::2], "nothing to write")
     bad_config = write_tiny_project(tmp_path / "bad", extra='mode = "sometimes"')
     assert_one_line_error(*run_cli(capsys, "show", bad_config)[::2], "configuration error(s)", "mode")
-    code, out, err = run_cli(capsys, "frobnicate")
+    code, _out, err = run_cli(capsys, "frobnicate")
     assert_one_line_error(code, err, "invalid choice")
 
 
@@ -644,7 +644,7 @@ def test_tune_without_gpu_is_one_clear_line(tmp_path, monkeypatch, capsys):
     root = write_tiny_project(tmp_path / "p")
     monkeypatch.chdir(root)
     monkeypatch.delenv("HATCH_AUTOTUNE_MODE", raising=False)
-    code, out, err = run_cli(capsys, "tune")
+    code, _out, err = run_cli(capsys, "tune")
     assert_one_line_error(code, err, "GPU")
     assert not (root / "autotune.lock.json").exists()
 
@@ -689,9 +689,9 @@ def test_tune_on_a_ray_cluster_goes_to_the_ray_engine(tmp_path, monkeypatch, cap
     monkeypatch.setattr(tuning, "tune", lambda *a, **k: pytest.fail("the local engine ran"))
     monkeypatch.delenv("HATCH_AUTOTUNE_MODE", raising=False)
     monkeypatch.setenv("HATCH_AUTOTUNE_RAY", "10.0.0.9:6379")
-    code, out, err = run_cli(capsys, "tune", root)
+    code, _out, err = run_cli(capsys, "tune", root)
     assert code == 0, err
-    code, out, err = run_cli(capsys, "tune", root, "--ray", "127.0.0.1:6379", "-k", "scale")
+    code, _out, err = run_cli(capsys, "tune", root, "--ray", "127.0.0.1:6379", "-k", "scale")
     assert code == 0, err
     assert calls == [("10.0.0.9:6379", None, "tune"), ("127.0.0.1:6379", ["scale"], "tune")]
 
@@ -768,7 +768,7 @@ def test_report_pngs(report_files):
 def test_report_from_lock_alone_says_resources_are_missing(tiny_lock, tmp_path, capsys):
     root, entries = tiny_lock
     out = tmp_path / "r.html"
-    code, stdout, err = run_cli(capsys, "report", root / "autotune.lock.json", "-o", out)
+    code, _stdout, err = run_cli(capsys, "report", root / "autotune.lock.json", "-o", out)
     assert code == 0, err
     text = out.read_text()
     assert text.count('<svg class="chart"') == expected_charts(entries, with_resources=False)

@@ -204,8 +204,8 @@ def test_a_budgeted_search_tunes_in_waves_from_the_middle_bucket_and_any_number_
         logs.append([])
         locks.append(local_tune(root, tmp_path / "cache", devices, logs=logs[-1]))
     assert len(locks[0].entries) == 6 and comparable(locks[0]) == comparable(locks[1])
-    assert sum("tuning: wave 1 of 2, 2 bucket(s)" == m for m in logs[0]) == 1  # the middle bucket of each arch
-    assert sum("tuning: wave 2 of 2, 4 bucket(s), warm-started from the waves before" == m for m in logs[0]) == 1
+    assert sum(m == "tuning: wave 1 of 2, 2 bucket(s)" for m in logs[0]) == 1  # the middle bucket of each arch
+    assert sum(m == "tuning: wave 2 of 2, 4 bucket(s), warm-started from the waves before" for m in logs[0]) == 1
     default = {"BAD": False, "BLOCK": 128, "FACTOR": 2}
     middle = {arch: locks[0].entries[f"scale|-|{arch}|n=65536"].config for arch in ("sm_80", "sm_90")}
     assert middle["sm_80"] == {"BAD": False, "BLOCK": 64, "FACTOR": 2}  # the fastest (the fake's times), its 2nd try with seed 6
@@ -417,7 +417,7 @@ def test_when_no_gpu_of_an_arch_is_left_the_run_says_what_was_lost_and_a_rerun_r
 def test_clear_errors_for_a_cluster_that_cannot_tune(ray_env, tmp_path):
     root = project(tmp_path / "p")
     started = time.monotonic()
-    with pytest.raises(TuningError, match="cannot reach the Ray cluster at 127.0.0.1:9: .*ray start --head"):
+    with pytest.raises(TuningError, match=r"cannot reach the Ray cluster at 127.0.0.1:9: .*ray start --head"):
         tune_on_ray(load_project(root), "127.0.0.1:9", log=lambda m: None)
     with pytest.raises(TuningError, match="expected the Ray head node's HOST:PORT"):
         tune_on_ray(load_project(root), "not-an-address", log=lambda m: None)

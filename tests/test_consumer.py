@@ -34,7 +34,7 @@ def stencil_wheel(plugin_dist, session_cache, tmp_path_factory) -> tuple[Path, s
 
 
 def test_the_wheel_ships_each_instance_and_no_header(stencil_wheel):
-    wheel, log = stencil_wheel
+    wheel, _log = stencil_wheel
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         table = json.loads(zf.read("stencil_kit/kernels/table.json"))

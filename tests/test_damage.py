@@ -265,7 +265,7 @@ def metadata(draw, record: dict) -> tuple[bytes, dict | None]:
     if kind == "json":
         return dumps(draw(JSON)), None
     changed = dict(record)
-    for field in draw(st.lists(st.sampled_from(sorted(record) + ["extra"]), max_size=3)):
+    for field in draw(st.lists(st.sampled_from([*sorted(record), "extra"]), max_size=3)):
         if draw(st.booleans()):
             changed.pop(field, None)
         else:

@@ -44,13 +44,13 @@ def test_a_bucket_has_one_type_and_converts_to_each_form():
     assert Bucket.of({"n": 1, "m": 2}) != Bucket.of({"m": 2, "n": 1})  # the order is the kernel's key order: part of the bucket
     with pytest.raises(ValueError):
         Bucket.from_values(["m", "n"], [1])
-    with pytest.raises(LockFormatError, match="is not 'dim=value,...'"):
+    with pytest.raises(LockFormatError, match=r"is not 'dim=value,...'"):
         Bucket.parse("m=1,n")
 
 
 @pytest.mark.parametrize("bad", ["saxpy|-|sm_80", "saxpy|-|sm_80|n=x", "|-|sm_80|n=1", "saxpy|-|sm_80|n=1,", "a|b|c|d|e", 42, None])
 def test_a_malformed_entry_id_is_refused_by_name(bad):
-    with pytest.raises(LockFormatError, match="is not 'kernel|types|arch|dim=value,...'"):
+    with pytest.raises(LockFormatError, match=r"is not 'kernel|types|arch|dim=value,...'"):
         EntryId.parse(bad)
 
 
@@ -104,7 +104,7 @@ def test_the_strict_reader_refuses_what_the_build_reader_skips(tmp_path):
         "lock.json: entry 'not an id' is malformed (entry id 'not an id' is not 'kernel|types|arch|dim=value,...'); ignoring it",
         "lock.json: entry 'k|-|sm_90|n=2' is malformed (no tuned flag); ignoring it",
     ]
-    with pytest.raises(LockFormatError, match="lock.json: entry 'not an id' is malformed"):
+    with pytest.raises(LockFormatError, match=r"lock.json: entry 'not an id' is malformed"):
         LockFile.parse(data, "lock.json")
     for foreign, why in (
         ([1], "not a hatch-autotune lock file"),

@@ -42,7 +42,7 @@ def test_out_of_bounds_and_wrong_variants_are_rejected_and_the_rest_tuned(tmp_pa
     logs: list[str] = []
     summary = tune(load_project(root), log=logs.append, gpu_arch=GPU_ARCH, cache=CompileCache(tmp_path / "cache"))
     assert len(summary.tuned) == 3
-    for eid, entry in summary.tuned:
+    for _eid, entry in summary.tuned:
         assert entry.config["MODE"] == "ok"
         for m in entry.measurements:
             if m.config["MODE"] == "oob":

@@ -314,7 +314,7 @@ def test_any_constants_table_is_accepted_or_refused_naming_its_key(good, constan
             assert e.startswith(K) and "\n" not in e, e
             assert not re.search(rf"unknown name\(s\) .*\b({'|'.join(declared)})\b", e) or not declared, e
         return
-    for name, values in project.kernels["scale"].constants.items():
+    for _name, values in project.kernels["scale"].constants.items():
         assert len(set(values)) == len(values) and len({type(v) for v in values}) == 1
 
 
@@ -328,7 +328,7 @@ VARIABLES = [
     "HATCH_AUTOTUNE_CACHE_MAX_BYTES",
     "HATCH_AUTOTUNE_CACHE_TTL",
 ]
-PIECES = ["1", "0", "9" * 30, "²", "١", "٣", "nan", "inf", "-", "+", ".", "e", "1e308", " ", "\t", ":", "[", "]", "::1", "_", "sm_90",
+PIECES = ["1", "0", "9" * 30, "²", "١", "٣", "nan", "inf", "-", "+", ".", "e", "1e308", " ", "\t", ":", "[", "]", "::1", "_", "sm_90",  # noqa: RUF001 (digits int() takes)
           "redis://", "h", "6379", "65536", ",", "\u00a0", "%", "x" * 40]  # fmt: skip
 TEXT = st.one_of(st.lists(st.sampled_from(PIECES), max_size=8).map("".join), st.text(max_size=12))
 

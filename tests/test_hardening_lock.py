@@ -53,7 +53,7 @@ def within(fn, seconds: float = 10.0, fifo: Path | None = None):
     def run():
         try:
             box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             box["error"] = exc
 
     thread = threading.Thread(target=run, daemon=True)
@@ -297,7 +297,7 @@ def test_a_run_never_replaces_a_lock_damaged_meanwhile_with_its_own_entries_alon
     saver = LockSaver(LockFile.load(path), path)
     path.write_bytes(damage)
     saver.put("scale|-|sm_90|n=1", LockEntry.from_json(ENTRY))
-    with pytest.raises(TuningError, match="not overwriting it|lock file has no valid schema"):
+    with pytest.raises(TuningError, match=r"not overwriting it|lock file has no valid schema"):
         saver.close()
     assert path.read_bytes() == damage
 
@@ -356,7 +356,7 @@ def test_a_5000_digit_bucket_is_a_lock_format_error_for_the_command():
     with pytest.raises(LockFormatError, match="is malformed") as caught:
         LockFile.parse({"schema": 1, "entries": {HUGE_BUCKET: ENTRY}}, "a.json")
     assert len(str(caught.value)) < 600
-    with pytest.raises(LockFormatError, match="is not 'kernel|types|arch|dim=value,...'"):
+    with pytest.raises(LockFormatError, match=r"is not 'kernel|types|arch|dim=value,...'"):
         EntryId.parse(HUGE_BUCKET)
 
 
@@ -402,7 +402,7 @@ NUMBER = st.one_of(
     st.integers(4000, 5000).map(lambda n: "7" * n),  # past int()'s 4300-digit limit
     st.text("0123456789", min_size=1, max_size=40),
     st.text("²³١٢٣४५𝟙", min_size=1, max_size=5),  # unicode digits: int() takes some, the format not
-    st.sampled_from(["", "-", "+1", " 1", "1 ", "1.0", "1e3", "0x10", "1_000", "١"]),
+    st.sampled_from(["", "-", "+1", " 1", "1 ", "1.0", "1e3", "0x10", "1_000", "١"]),  # noqa: RUF001 (a digit int() takes)
 )
 BUCKET_TEXT = st.lists(st.tuples(st.one_of(IDENT, PART), st.sampled_from(["=", "==", ":", ""]), NUMBER), max_size=4).map(
     lambda items: ",".join(f"{k}{sep}{v}" for k, sep, v in items)

@@ -198,7 +198,7 @@ def test_a_json_input_larger_than_the_bound_is_refused_unread(tmp_path, monkeypa
     table.write_text(json.dumps(small_table()) + " " * 10_000)
     monkeypatch.setattr(readers, "MAX_JSON_BYTES", 4096, raising=False)
     for args in (("show", lock), ("diff", lock, lock), ("merge", lock, "-o", tmp_path / "o.json"), ("show", table)):
-        code, out, err = run_cli(*args)
+        code, _out, err = run_cli(*args)
         assert_one_line_error(code, err, f"{args[1]}: is {args[1].stat().st_size} bytes, more than the 4096 bytes")
 
 
@@ -245,7 +245,7 @@ def test_a_zip_bomb_member_is_refused_by_its_declared_size(tmp_path, monkeypatch
     for args in (("show", wheel), ("diff", wheel, wheel)):
         tracemalloc.start()
         try:
-            code, out, err = run_cli(*args)
+            code, _out, err = run_cli(*args)
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
@@ -313,7 +313,7 @@ def test_a_5000_digit_bucket_in_a_lock_entry_id_is_one_line_for_show_diff_merge(
     lock = write_lock(tmp_path / "a.json", {eid: entry()})
     good = write_lock(tmp_path / "b.json", {"k|-|sm_90|n=1024": entry()})
     for args in (("show", lock), ("diff", good, lock), ("diff", lock, good), ("merge", good, lock, "-o", tmp_path / "o.json")):
-        code, out, err = run_cli(*args)
+        code, _out, err = run_cli(*args)
         assert_one_line_error(code, err, f"{lock}: entry ")
         assert len(err) < 1000, err  # the id is cut, not printed whole
     assert not (tmp_path / "o.json").exists()
@@ -340,7 +340,7 @@ def test_a_time_no_float_holds_is_no_time_not_a_crash(tmp_path, ms):
     lock.write_text(text)
     good = write_lock(tmp_path / "b.json", {"k|-|sm_90|n=1024": entry()})
     for args in (("show", lock), ("diff", lock, good), ("diff", good, lock)):
-        code, out, err = run_cli(*args)
+        code, _out, err = run_cli(*args)
         assert code == 0 and err == "", err
 
 
@@ -461,7 +461,7 @@ def test_diff_of_a_lock_file_and_a_wheel_does_not_claim_to_know_the_code(edited)
 def test_the_diff_command_says_when_it_could_not_compare_code(edited):
     """What the command prints for a lock file against a wheel (needs the command's diff to print
     Diff.summary())."""
-    code, out, err = run_cli("diff", edited["old"][1], edited["new"][2])
+    code, out, _err = run_cli("diff", edited["old"][1], edited["new"][2])
     assert code == 0 and f"0 added, 0 removed, 6 changed, 0 unchanged ({NOT_COMPARED}); 0 regression(s)" in out, out
 
 

@@ -75,7 +75,7 @@ def test_configs_times_instances_is_refused_at_once_with_the_count(project):
     kernel["space"] = {"BLOCK": [64, 128, 256, 512], "FACTOR": list(range(2, 252)), "W": list(range(100))}
     kernel["default"] = {"BLOCK": 128, "FACTOR": 2, "W": 0}
     kernel["constants"] = {"R": list(range(1000))}
-    kind, errors, _ = checked(root, table)
+    _kind, errors, _ = checked(root, table)
     expected = (
         f"{K}.space: 100,000 configs (4 BLOCK x 250 FACTOR x 100 W) before constraints x 1,000 instances (1,000 R) "
         "= 100,000,000, more than the 1,000,000 a kernel may walk over its instances (`max-configs` or 1,000,000, the larger)"
@@ -254,7 +254,7 @@ def test_a_huge_provenance_in_the_lock_does_not_bloat_the_wheel(tmp_path, sessio
     winner = {"BLOCK": 256, "FACTOR": 3, "BAD": False}
     honest = {"gpu": "NVIDIA H200", "cc": "9.0", "nvrtc": first.compiler}
     lock = LockFile()
-    for key, (eid, checksum) in first.kernels[0].lock_ids.items():
+    for _key, (eid, checksum) in first.kernels[0].lock_ids.items():
         provenance = {**honest, "notes": "x" * 5_000_000, "driver": "d" * 100_000, "date": 7, "median_ms": "0.001"}
         measured = (Measurement.from_json({"config": winner, "median_ms": 0.01, "status": "ok"}),)
         lock.entries[eid] = LockEntry(checksum=checksum, config=winner, tuned=True, measurements=measured, provenance=provenance)

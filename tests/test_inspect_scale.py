@@ -19,7 +19,7 @@ from hatch_autotune.inspection.fmt import fmt_bucket
 from hatch_autotune.lock import EntryId
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from inspect_scale import big_lock, retuned, write_lock  # noqa: E402
+from inspect_scale import big_lock, retuned, write_lock
 
 N = 2000
 
@@ -84,7 +84,7 @@ def test_show_prints_a_limit_and_says_how_many_more(locks, capsys):
 
 
 def test_diff_of_two_big_locks_counts_every_change(locks, capsys):
-    a, b, entries, changes = locks
+    a, b, _entries, changes = locks
     listed = changes["added"] + changes["removed"] + changes["changed"]
     unchanged = N - changes["removed"] - changes["changed"]
     summary = (
@@ -130,7 +130,7 @@ def test_report_draws_one_chart_per_kernel_and_arch_with_every_bucket(locks, tmp
     assert len(instances) < N / 5  # far fewer charts than entries
     for title, buckets in instances.items():
         chart = charts[title]
-        for bucket, timed in buckets.items():
+        for bucket in buckets:
             assert f">{bucket}:" in chart, (title, bucket)  # its panel's title
         assert len(re.findall(r"<rect [^>]*><title>", chart)) == sum(buckets.values()), title  # a bar per timed config
     assert f"{out}: {len(charts)} chart(s), {N} entries" in stdout

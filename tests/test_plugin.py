@@ -266,7 +266,7 @@ def test_editable_refuses_to_overwrite_a_directory_it_did_not_generate(tmp_path,
     mine.mkdir()
     (mine / "handwritten.py").write_text("VALUE = 1\n")
     builder = WheelBuilder(str(root))
-    with pytest.raises(SystemExit, match="editable install would overwrite .*kernels, which hatch-autotune did not generate"):
+    with pytest.raises(SystemExit, match=r"editable install would overwrite .*kernels, which hatch-autotune did not generate"):
         hook_of(builder, tmp_path / "dist").initialize("editable", fresh_build_data(builder))
     assert sorted(p.name for p in mine.iterdir()) == ["handwritten.py"]  # untouched
 

@@ -188,7 +188,7 @@ def test_damaged_lock_bytes_are_a_warning_and_never_change_a_valid_entry(tmp_pat
     for eid, entry in lock.entries.items():  # read exactly as written, nothing changed
         assert _canonical(entry.to_json()) == _canonical(entries[eid])
     for eid in set(entries) - set(lock.entries):  # what is dropped is said, by name
-        assert any(repr(eid) in w or "ignoring it" in w and "entry" not in w for w in lock.warnings), (eid, lock.warnings)
+        assert any(repr(eid) in w or ("ignoring it" in w and "entry" not in w) for w in lock.warnings), (eid, lock.warnings)
     if not lock.warnings:
         assert LockFile.load(path).to_json() == lock.to_json()
 

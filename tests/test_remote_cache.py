@@ -482,7 +482,7 @@ def test_show_project_notes_a_shared_cache_that_failed_and_refuses_a_bad_setting
     (note,) = [n for n in project_source(src).notes if "shared compile cache" in n]
     assert "redis://:***@127.0.0.1:" in note
     monkeypatch.setenv("HATCH_AUTOTUNE_CACHE_URL", "http://cache.internal")
-    with pytest.raises(CliError, match="HATCH_AUTOTUNE_CACHE_URL=http://cache.internal: expected a URL of scheme"):
+    with pytest.raises(CliError, match=r"HATCH_AUTOTUNE_CACHE_URL=http://cache.internal: expected a URL of scheme"):
         project_source(src)
 
 

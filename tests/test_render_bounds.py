@@ -55,7 +55,7 @@ def render_in_child(root: Path) -> str:
 def with_body(body: str) -> str:
     """The tiny kernel's template with `body` on line 4 (inside the function)."""
     lines = SCALE_TEMPLATE.splitlines(keepends=True)
-    return "".join(lines[:3] + [body + "\n"] + lines[3:])
+    return "".join([*lines[:3], body + "\n", *lines[3:]])
 
 
 def test_a_huge_range_is_refused_at_once(tmp_path):

@@ -74,7 +74,7 @@ def test_choose_arch(device, cubins, ptx, expected):
 def test_arch_specific_cubin_runs_only_on_its_own_device():
     with pytest.raises(RuntimeError, match=r"compute capability 10.0 \(sm_100\).*cubins for sm_90a"):
         choose_arch((10, 0), ["sm_90a"], [])
-    with pytest.raises(RuntimeError, match="compute capability 7.5"):
+    with pytest.raises(RuntimeError, match=r"compute capability 7.5"):
         choose_arch((7, 5), ["sm_80"], ["compute_80"])  # PTX newer than the device cannot JIT
 
 
@@ -140,7 +140,7 @@ def test_foreign_trees_are_rejected(tree):
 def test_instance_env_gives_byte_sizes_and_constants():
     import numpy as np
 
-    assert DTYPE_SIZES == {name: np.dtype(name).itemsize for name in DTYPE_SIZES}
+    assert {name: np.dtype(name).itemsize for name in DTYPE_SIZES} == DTYPE_SIZES
     assert instance_env({"T": "float16", "U": "uint64"}) == {"T_size": 2, "U_size": 8}
     assert instance_env({}) == {}
     # constants are named as they are: the same names shapes, constraints and geometry use

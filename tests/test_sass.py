@@ -17,9 +17,10 @@ and density. The tests at the end prove each check can fail, so that none of the
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import pytest
 import sass

@@ -683,10 +683,10 @@ def test_replayed_measurements_draw_recorded_runtimes_and_eliminate_like_the_tim
 def test_replay_data_errors_are_named(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"tune_params": 3}')
-    with pytest.raises(ReplayDataError, match="bad.json: not a readable Kernel Tuner cache file"):
+    with pytest.raises(ReplayDataError, match=r"bad.json: not a readable Kernel Tuner cache file"):
         ReplayData.load(bad)
     data = ReplayData.load(DATA)
-    with pytest.raises(ReplayDataError, match="missing use_shmem.*not in the data: BLOCK"):
+    with pytest.raises(ReplayDataError, match=r"missing use_shmem.*not in the data: BLOCK"):
         data.matcher(["block_size_x", "block_size_y", "tile_size_x", "tile_size_y", "read_only", "use_padding", "BLOCK"])
     assert data.matcher(list(data.axes)).find(data.configs[7]) == 7
     assert (
@@ -796,7 +796,7 @@ def test_the_engine_tunes_on_replayed_data_within_its_budget_and_deterministical
 def test_near_ties_are_timed_again_interleaved_and_the_lock_records_the_runoff(tmp_path, conv_cache):
     """The data edited so that the two fastest configs' recorded runtimes overlap (one 1% slower,
     both spread over 10%): five timings each cannot tell them apart, so both are timed again."""
-    raw = json.loads(gzip.open(DATA).read())
+    raw = json.loads(gzip.decompress(Path(DATA).read_bytes()))
     ranked = sorted((e["time"], key) for key, e in raw["cache"].items() if isinstance(e.get("time"), float))
     (_, fast), (_, close) = ranked[0], ranked[1]
     base = ranked[0][0]
@@ -831,7 +831,7 @@ def test_near_ties_are_timed_again_interleaved_and_the_lock_records_the_runoff(t
 
 
 def test_failed_and_unknown_configs_are_recorded_as_failed(tmp_path, conv_cache):
-    raw = json.loads(gzip.open(DATA).read())
+    raw = json.loads(gzip.decompress(Path(DATA).read_bytes()))
     raw["cache"]["16,1,1,1,0,0,0,1,15,15"]["time"] = "RuntimeFailedConfig"  # as Kernel Tuner records a crash
     del raw["cache"]["16,1,1,1,0,0,1,1,15,15"]  # a config the data never measured
     data = tmp_path / "edited.json"
@@ -989,7 +989,7 @@ def test_methodology_adapter_drives_a_strategy_through_a_kernel_tuner_cost_funct
 
     class Space:  # what the adapter reads of Kernel Tuner's Searchspace
         tune_params = axes
-        list = [(x, y, z) for x in axes["x"] for y in axes["y"] for z in axes["z"] if x * (y + 1) <= 64]
+        list = [(x, y, z) for x in axes["x"] for y in axes["y"] for z in axes["z"] if x * (y + 1) <= 64]  # noqa: RUF012 (as Kernel Tuner has it)
 
     def cost_function(budget):
         calls = []

@@ -43,5 +43,5 @@ def test_search_cost_quick_on_tiny_spaces(tmp_path, monkeypatch):
             assert row["mean_ms"] <= row["mean_with_upcoming_ms"]
             assert row["goal_met"] == (row["mean_with_upcoming_ms"] <= written["goal_ms"])
             assert f"| {size} | {info['configs']:,} | {name} |" in written["table"]
-        for name, runs in written["runs"][size].items():
+        for runs in written["runs"][size].values():
             assert len(runs) == written["reps"]

@@ -50,7 +50,7 @@ def test_search_live_runs_every_search_and_compares_each_winner_with_exhaustives
     eids = set(written["runs"][1]["entries"])
     assert len(eids) == 6 and all(e.startswith("saxpy|") for e in eids)  # 2 types x 3 buckets
     assert summaries["exhaustive-cold (compiling)"]["worst"] == 1.0  # the same winners, timed the same
-    for name in searches + ["warm auto 5%", "warm auto 10%"]:
+    for name in [*searches, "warm auto 5%", "warm auto 10%"]:
         s = summaries[name]
         rows = written["rows"][name]
         assert set(rows) == eids, name  # the warm runs' two halves cover every bucket once

@@ -32,12 +32,12 @@ def expected_params(kernel, values: dict) -> list[bytes]:
     """What the kernel must receive: each argument in C order, as the bytes of its C type."""
     types = values.pop("_types")
     out = []
-    for a in kernel.args:
-        v = values[a["name"]]
-        if a["kind"] == "array":
+    for a in kernel.declaration.args:
+        v = values[a.name]
+        if a.is_array:
             out.append(int(v.ptr).to_bytes(8, "little"))
         else:
-            dtype = types.get(a["dtype"], a["dtype"])
+            dtype = types.get(a.dtype, a.dtype)
             out.append(np.array(v, dtype=dtype).tobytes())
     return out
 
@@ -218,8 +218,8 @@ def test_ptx_newer_than_the_driver_is_a_clear_error_before_the_driver_sees_it(fr
     standin = install(monkeypatch, rt, ccs=[(10, 0)], driver_version=13000)  # R580: JITs PTX up to ISA 9.0
     kernels = fresh()
     sel = kernels["saxpy"].select(arch="sm_100", n=4096, T="float32")
-    info = kernels["saxpy"].variants[sel.variant]["binaries"][sel.binary]
-    assert sel.binary == "compute_90" and info["ptx_isa"] == "9.5"
+    info = kernels["saxpy"].variants[sel.variant].binaries[sel.binary]
+    assert sel.binary == "compute_90" and info.ptx_isa == "9.5"
     x, y = DeviceArray.empty(standin, (4096,)), DeviceArray.empty(standin, (4096,))
     with pytest.raises(RuntimeError) as err:
         kernels["saxpy"](1.0, x, y)
@@ -243,7 +243,7 @@ def test_the_driver_stand_in_refuses_what_a_driver_would(monkeypatch, example_ke
         standin.launch(stream, LaunchConfig(grid=1, block=64), kernel, *good)
     cuda_standin.FakeDevice(0).set_current()
     standin.launch(stream, LaunchConfig(grid=1, block=64), kernel, *good)
-    with pytest.raises(CUDAError, match="packed as 8 bytes .float.; the kernel's parameter is 4 bytes"):
+    with pytest.raises(CUDAError, match=r"packed as 8 bytes .float.; the kernel's parameter is 4 bytes"):
         standin.launch(stream, LaunchConfig(grid=1, block=64), kernel, 1.0, 0x10, 0x20, np.int32(64))
     with pytest.raises(CUDAError, match="3 arguments for 4 parameters"):
         standin.launch(stream, LaunchConfig(grid=1, block=64), kernel, *good[:3])

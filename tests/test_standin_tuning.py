@@ -79,7 +79,7 @@ def test_every_variant_starts_from_the_bucket_inputs_even_after_one_overwrote_th
     text = text.replace("BAD = false }", 'MODE = "ok" }')
     (root / "pyproject.toml").write_text(text)
     summary = tune_over_standin(root, tmp_path / "cache")
-    ((eid, entry),) = summary.tuned
+    ((_eid, entry),) = summary.tuned
     order = [m.config["MODE"] for m in entry.measurements]
     assert "clobber" in order[: order.index("ok", order.index("clobber"))], order  # an ok variant runs after a clobbering one
     assert all(m.status in ("ok", "eliminated") for m in entry.measurements), entry.measurements

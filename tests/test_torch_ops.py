@@ -511,7 +511,7 @@ def test_operators_follow_the_intents_and_say_why_a_kernel_has_no_functional_for
 
 def test_a_functional_operator_passes_its_outputs_where_the_kernel_declares_them(stencil_kit, stencil_ops, standin_torch):
     """transpose declared with its output first: the operator's call puts it back in front."""
-    standin, made = standin_torch
+    standin, _made = standin_torch
     library = stencil_kit._LIBRARY
     runtime = stencil_kit._runtime
     kernels = dict(library.table["kernels"])

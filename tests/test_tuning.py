@@ -315,7 +315,7 @@ def test_tune_isolates_failures_and_writes_the_lock(tmp_path):
     assert not any(c.tuned for (t, arch, p), c in choices.items() if arch == "sm_80")
 
     # Tuning again re-tunes nothing; after a template change, everything again.
-    summary2, logs2 = _tune(root, tmp_path, plan)
+    summary2, _logs2 = _tune(root, tmp_path, plan)
     assert summary2.tuned == [] and summary2.skipped == 3
     (root / "scale.cu.j2").write_text((root / "scale.cu.j2").read_text() + "// v2\n")
     summary3, _ = _tune(root, tmp_path, plan)

@@ -120,7 +120,7 @@ def test_configs_that_all_disagree_stop_the_bucket_and_say_to_declare_a_referenc
 def test_a_single_config_is_recorded_as_not_cross_checked(tmp_path):
     root = emulated_project(tmp_path / "p", ["ok"], "ok", blocks=(256,))
     summary = tune_over_standin(root, tmp_path / "cache")
-    ((eid, entry),) = summary.tuned
+    ((eid, _entry),) = summary.tuned
     assert lock_entries(root)[eid]["provenance"]["reference"] == "the default config, not cross-checked: no other config runs"
 
 
@@ -163,7 +163,7 @@ def test_verification_falls_back_to_the_host_where_the_device_has_no_room_and_ag
         seen = tmp_path / f"counts{memory}.json"
         env = {"STANDIN_COUNT": str(seen), **({"STANDIN_MEMORY": str(memory)} if memory else {})}
         summary = tune_over_standin(root, tmp_path / f"cache{memory}", env=env)
-        ((eid, entry),) = summary.tuned
+        ((_eid, entry),) = summary.tuned
         verdicts.append({(m.config["BLOCK"], m.config["BUG"]): (m.status == "rejected", m.reason) for m in entry.measurements})
         counts.append(json.loads(seen.read_text()))
     assert verdicts[0] == verdicts[1], verdicts

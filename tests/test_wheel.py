@@ -110,7 +110,7 @@ def test_wheel_ships_exactly_the_referenced_binaries_each_valid(example_wheels):
         for kname, kernel in table["kernels"].items():
             used = {e["variant"] for per_arch in kernel["select"].values() for entries in per_arch.values() for e in entries}
             assert used == set(kernel["variants"]), kname  # no unreferenced variants either
-            for vid, variant in kernel["variants"].items():
+            for _vid, variant in kernel["variants"].items():
                 for arch, info in variant["binaries"].items():
                     data = zf.read(f"example_pkg/kernels/{info['file']}")
                     assert hashlib.sha256(data).hexdigest() == info["sha256"]

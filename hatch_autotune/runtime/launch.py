@@ -60,15 +60,16 @@ class Launcher:
         self._user_kinds: tuple[int, ...] = tuple(kinds[n] for n in user_args)
         c_slot = {a.name: c for c, a in enumerate(decl.args)}
         self._user_slots = tuple(c_slot[n] for n in user_args)  # each argument's C parameter
-        # The parameter layout of a plan: per C parameter its dtype (None: a type parameter's,
-        # found per call), the caller's argument it comes from, or None for a computed scalar.
+        # The parameter layout of a plan, per C parameter: whether it is an array (a pointer),
+        # its declared dtype (a type parameter's name is resolved per call), and the caller's
+        # argument it comes from (None for a scalar computed from the key).
         user_index = {name: i for i, name in enumerate(user_args)}
         self._layout = tuple((a.is_array, a.dtype, user_index.get(a.name)) for a in decl.args)
         self._kernels: dict[tuple[int, str, str], Any] = {}
         self._load_lock = allocate_lock()
 
     # The call path. A first call with a given signature (array types, dtypes, shapes, layouts
-    # and devices, scalar types, stream) goes through every check in _prepare, then starts the
+    # and devices, scalar types, stream) goes through every check (CallChecks.prepare), then starts the
     # driver, and records a _FastPlan per device; later calls with the same signature read each
     # array's pointer (CuPy's and PyTorch's through their own attributes: args.array_reader),
     # check its alignment, pack the pointers and scalars into the plan's parameter buffer and
