@@ -35,7 +35,6 @@ class Kernel(Launcher):
         self.type_params: Mapping[str, tuple[str, ...]] = table.decl.type_params
         self.constants: Mapping[str, tuple[Any, ...]] = table.decl.constants  # declared order: the keywords' order
         self.variants: Mapping[str, Variant] = table.variants
-        self.checks = checks
         self.__doc__ = table.decl.call_doc()
 
     # ---- introspection ----------------------------------------------------------------------

@@ -42,7 +42,7 @@ class Launcher:
         self.name = decl.name
         self.entry = decl.entry
         self._selector = selector
-        self._checks = checks
+        self.checks = checks
         self._grid = [compile_expr(t) for t in decl.launch.grid]
         self._block = [compile_expr(t) for t in decl.launch.block]
         self._shared = compile_expr(decl.launch.shared)
@@ -80,14 +80,14 @@ class Launcher:
         sig: list[Any] = [stream if stream is None or type(stream) is int else id(stream)]
         constants: Mapping[str, Any] = _NO_CONSTANTS
         if kwargs:
-            constants = self._checks.take_constants(kwargs)
+            constants = self.checks.take_constants(kwargs)
             if kwargs:
-                return self._call_checked(self._checks.bind(args, kwargs), stream, None, constants)
+                return self._call_checked(self.checks.bind(args, kwargs), stream, None, constants)
             if any(type(v) not in (int, bool) for v in constants.values()):
                 return self._call_checked(list(args), stream, None, constants)  # names what is wrong, or converts
             sig.append(tuple((c, type(v), v) for c, v in constants.items()))  # the type too: True == 1, not for a constant
         if len(args) != self._n_user:
-            return self._call_checked(self._checks.bind(args, kwargs), stream, None, constants)
+            return self._call_checked(self.checks.bind(args, kwargs), stream, None, constants)
         values: list[Any] = []  # the caller's values as the kernel takes them: pointers for arrays
         device = library = None  # the arrays' own device, and their type, where they say (CuPy, PyTorch)
         codes = _CODES
@@ -191,7 +191,7 @@ class Launcher:
         handle = stream_handle(stream)
         gpu = cuda_seam.current
         ordering = gpu.default_stream if handle is None else handle or CU_STREAM_LEGACY  # DLPack forbids stream 0
-        call = self._checks.prepare(bound, ordering, constants)
+        call = self.checks.prepare(bound, ordering, constants)
         gpu.start()  # NoDriverError only now, after every check that needs no driver
         gpu.planners.add(self)  # so that use_gpu() drops the plans made below
         device = self._device_of(gpu, call)
