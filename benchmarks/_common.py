@@ -95,8 +95,8 @@ def _dist_version(*names: str) -> str | None:
 
 
 def commit() -> str:
-    """The checkout's commit (`+dirty` when tracked files differ from it), or 'unknown': a device
-    machine's copy of the working tree may have no .git."""
+    """The checkout's commit (`+dirty.<sha256 of the diff, 12 digits>` when tracked files differ
+    from it), or 'unknown': a device machine's copy of the working tree may have no .git."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=20)
         if head.returncode != 0 or not head.stdout.strip():
@@ -106,7 +106,15 @@ def commit() -> str:
         )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+    if dirty.returncode != 0 or not dirty.stdout.strip():
+        return head.stdout.strip()
+    try:  # a dirty tree is named by a hash of its diff, so two results of one tree can be told apart
+        diff = subprocess.run(["git", "diff", "HEAD"], cwd=ROOT, capture_output=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        diff = b""
+    import hashlib
+
+    return f"{head.stdout.strip()}+dirty.{hashlib.sha256(diff).hexdigest()[:12]}"
 
 
 def machine() -> dict[str, Any]:

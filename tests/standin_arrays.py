@@ -102,3 +102,50 @@ def install_torch(monkeypatch: Any, standin: Any) -> ModuleType:
     torch.current_streams = streams
     monkeypatch.setitem(sys.modules, "torch", torch)
     return torch
+
+
+class DLPackArray:
+    """An array that a caller hands over through DLPack alone (as JAX's are), made from a PyTorch
+    CPU tensor: `__dlpack__` gives that tensor's own capsule, whose DLDataType PyTorch writes
+    (bfloat16, FP8, complex, bool), and `__dlpack_device__` says CUDA device `device`, so that
+    the runtime reads it as a GPU array. cuda.core's StridedMemoryView takes the device from
+    `__dlpack_device__`; the pointer is host memory, so only checks (`prepare`) may use it,
+    never a launch. `typestr` adds a __cuda_array_interface__ that says only that (e.g. '<V2',
+    as PyTorch's says for bfloat16), for an array that offers both."""
+
+    def __init__(self, tensor: Any, device: int = 0, typestr: str | None = None):
+        self.tensor, self.device = tensor, device
+        self.streams: list[Any] = []  # the `stream` of each __dlpack__ call
+        if typestr is not None:
+            self.__cuda_array_interface__ = {
+                "shape": tuple(tensor.shape),
+                "typestr": typestr,
+                "data": (tensor.data_ptr(), False),
+                "strides": None,
+                "version": 3,
+            }
+
+    def __dlpack__(self, stream: Any = None, max_version: Any = None, **kwargs: Any) -> Any:
+        self.streams.append(stream)
+        return self.tensor.__dlpack__()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, self.device)  # kDLCUDA
+
+
+class RefusingCai:
+    """An array whose __cuda_array_interface__ property raises, as JAX's does for bfloat16,
+    beside a DLPack export (a DLPackArray's)."""
+
+    def __init__(self, inner: DLPackArray):
+        self.inner = inner
+
+    @property
+    def __cuda_array_interface__(self) -> Any:
+        raise ValueError("__cuda_array_interface__ is not supported for bfloat16 buffers")
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.inner.__dlpack_device__()

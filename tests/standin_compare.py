@@ -19,6 +19,7 @@ import cuda_standin
 import numpy as np
 
 from hatch_autotune.tuning.device_verify import PAIRS, RECORD_FIELDS, entry_name
+from hatch_autotune.tuning.dtypes import numpy_dtype
 from hatch_autotune.tuning.verify import compare_host
 
 ENTRIES = {entry_name(got, expected): (got, expected) for got, expected in PAIRS}
@@ -34,8 +35,8 @@ def compare_emulator(standin: cuda_standin.StandIn, kernel: cuda_standin.FakeKer
     record_ptr = int.from_bytes(launch.params[5], "little")
     if launch.block[0] % 32 or launch.block[1:] != (1, 1):
         raise AssertionError(f"the compare kernel's reduction needs whole warps in x, got block {launch.block}")
-    got = standin.view(got_ptr, np.dtype(got_dtype).str, n)
-    expected = standin.view(expected_ptr, np.dtype(expected_dtype).str, n)
+    got = standin.view(got_ptr, numpy_dtype(got_dtype), n)  # a dtype, not a typestr: '<V2' is no bfloat16
+    expected = standin.view(expected_ptr, numpy_dtype(expected_dtype), n)
     found = compare_host("emulated", got, expected, rtol, atol)
     record = standin.view(record_ptr, "<u8", len(RECORD_FIELDS))
     if found.unwritten:

@@ -177,7 +177,7 @@ def test_stream_handles():
 
 
 def test_scalar_range_and_kind_checks():
-    from hatch_autotune.runtime.args import c_scalar
+    from hatch_autotune.runtime.scalars import c_scalar
 
     assert type(c_scalar(3, "int32", "k", "n")) is np.int32
     assert c_scalar(2.0, "float16", "k", "h") == np.float16(2.0).view(np.uint16)  # raw half bits

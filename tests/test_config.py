@@ -68,7 +68,7 @@ BAD_INPUTS = [
     ("module", "kernels", f"{P}.module: expected a dotted module path inside your package"),
     ("strict", "yes", f"{P}.strict: expected a boolean"),
     ("archs", ["sm_70"], f"{P}.archs[0]: expected an arch NVRTC 13 can target"),
-    ("archs", ["hopper"], f"{P}.archs[0]: expected a CUDA arch such as 'sm_80'"),
+    ("archs", ["hopper"], f"{P}.archs[0]: expected a CUDA arch 'sm_XY', 'sm_XYa' (arch-specific) or 'sm_XYf' (family)"),
     ("mode", "fast", f"{P}.mode: expected one of 'auto', 'offline', 'tune', 'retune'"),
     ("colour", "blue", f"{P}.colour: unknown key"),
     ("kernels.scale.flavour", 1, f"{K}.flavour: unknown key"),

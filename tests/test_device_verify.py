@@ -30,11 +30,12 @@ import cuda_standin
 import numpy as np
 import pytest
 import standin_compare
-from compare_cases import CASES, FUSED_TOL, Case
+from compare_cases import BF16, CASES, E4M3, E5M2, E8M0, FUSED_TOL, Case
 
 import hatch_autotune.runtime as runtime
 from hatch_autotune.compile.cache import CompileCache
 from hatch_autotune.compile.nvrtc import compile_all
+from hatch_autotune.declare.args import DTYPES
 from hatch_autotune.plan.devices import detect_gpu_arch
 from hatch_autotune.runtime import check_cuda, cuda_api
 from hatch_autotune.tuning.device_verify import (
@@ -51,6 +52,7 @@ from hatch_autotune.tuning.device_verify import (
     host_entry_name,
     source,
 )
+from hatch_autotune.tuning.dtypes import kind
 from hatch_autotune.tuning.verify import Mismatch, compare, compare_host
 
 IDS = [c.name for c in CASES]
@@ -79,15 +81,35 @@ def test_the_cases_cover_every_pair_and_the_grid():
 # ---- a. the host rule ---------------------------------------------------------------------------
 
 
+NARROW = {BF16, E4M3, E5M2, E8M0}  # ml_dtypes' floats: each value is exactly a float32
+
+
 def oracle(case: Case) -> tuple[tuple[int, int, int, int], float]:
     """The rule over whole arrays: ((unwritten, first, differ, first), worst error)."""
     g, e = case.got.ravel(), case.expected.ravel()
     first = lambda mask: int(np.flatnonzero(mask)[0]) if mask.any() else -1  # noqa: E731
-    if g.dtype.kind == "f":
-        w = np.result_type(g.dtype, e.dtype, np.float32).type
+    if g.dtype == e.dtype == np.bool_:
+        g, e = g.view(np.uint8), e.view(np.uint8)  # bytes: the poison 0x5A is no bool
+    exact = np.zeros(g.shape, bool)
+    if g.dtype == e.dtype:
+        words = min(g.itemsize, 8)
+        per = g.itemsize // words
+        exact = (g.view(f"u{words}").reshape(g.size, per) == e.view(f"u{words}").reshape(e.size, per)).all(axis=1)
+    if np.iscomplexobj(g):  # float64 magnitudes, each step rounded
+        with np.errstate(invalid="ignore", over="ignore"):
+            gw, ew = g.astype(np.complex128), e.astype(np.complex128)
+            gr, gi, er, ei = gw.real, gw.imag, ew.real, ew.imag
+            nan_e = np.isnan(er) | np.isnan(ei)
+            unwritten = (np.isnan(gr) | np.isnan(gi)) & ~nan_e & ~exact
+            err = np.sqrt(np.square(gr - er) + np.square(gi - ei))
+            tolerance = np.float64(case.atol) + np.float64(case.rtol) * np.sqrt(np.square(er) + np.square(ei))
+            infinite = (np.isinf(er) | np.isinf(ei)) & ~nan_e
+            differ = ((err > tolerance) | (infinite & (gw != ew))) & ~exact
+        errors = np.where(np.isnan(err), np.inf, err)[differ]
+    elif g.dtype.kind == "f" or g.dtype in NARROW:
+        w = np.result_type(*(np.float32 if d in NARROW else d for d in (g.dtype, e.dtype)), np.float32).type
         with np.errstate(invalid="ignore", over="ignore"):
             gw, ew, rtol, atol = g.astype(w), e.astype(w), w(case.rtol), w(case.atol)
-            exact = np.zeros(g.shape, bool) if g.dtype != e.dtype else g.view(f"u{g.itemsize}") == e.view(f"u{e.itemsize}")
             unwritten = np.isnan(gw) & ~np.isnan(ew) & ~exact
             err = np.abs(gw - ew)
             tolerance = atol + rtol * np.abs(ew)
@@ -122,10 +144,46 @@ def test_the_messages_are_the_ones_verification_always_gave():
     assert (floats.got_dtype, floats.expected_dtype, floats.shape) == ("float32", "float64", (2,))
 
 
+def test_every_dtype_has_its_compare_kernels():
+    """Each output dtype against itself, bfloat16 and FP8 against float32 and float64 references
+    (a user's reference computed wider), complex64 against complex128."""
+    assert {(d, d) for d in DTYPES} <= set(PAIRS)
+    narrow = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu")
+    assert {(d, w) for d in narrow for w in ("float32", "float64")} <= set(PAIRS)
+    assert ("complex64", "complex128") in PAIRS
+    assert len(set(PAIRS)) == len(PAIRS)
+    assert not {p for p in PAIRS if kind(p[0]) != kind(p[1]) or (p[0] != p[1] and kind(p[0]) not in ("float", "complex"))}
+
+
+def test_the_messages_of_the_new_dtypes():
+    """bfloat16 and FP8 values show as float64 scalars, complex as complex128, a bool's byte as
+    a bool or, for the poison, as its byte."""
+    bf16 = compare_host("y", np.array([1.0, 3.0], np.float32).astype(BF16), np.array([1.0, 2.0], np.float32), 2.0**-6, 2.0**-8)
+    assert bf16.message() == (
+        "y: 1 element(s) differ (first at (1,): got np.float64(3.0), expected np.float64(2.0); "
+        "rtol=0.015625, atol=0.00390625; worst |error| 1)"
+    )
+    assert (bf16.got_dtype, bf16.expected_dtype) == ("bfloat16", "float32")
+    z = compare_host("z", np.array([1 + 2j], np.complex64), np.array([1 + 1j]), 1e-4, 1e-5)
+    assert "got np.complex128(1+2j), expected np.complex128(1+1j)" in z.message()
+    poisoned = np.array([True, True])
+    poisoned[1:].view(np.uint8)[...] = 0x5A
+    b = compare_host("b", poisoned, np.array([True, False]), 0.0, 0.0)
+    assert "first at (1,): got 0x5a (not a bool), expected np.False_" in b.message()
+    assert "got np.False_, expected np.True_" in compare("b", np.array([False]), np.array([True]), 0.0, 0.0)
+
+
+def test_a_complex_reference_for_a_real_output_is_refused():
+    with pytest.raises(ValueError, match="y: a complex128 reference cannot verify a float32 output"):
+        compare_host("y", np.zeros(3, np.float32), np.zeros(3, np.complex128), 0.0, 0.0)
+    real_reference = compare_host("z", np.array([1 + 0j, 2 + 1j], np.complex64), np.array([1.0, 2.0]), 1e-4, 1e-5)
+    assert (real_reference.differ, real_reference.first_differ, real_reference.worst_error) == (1, 1, 1.0)
+
+
 def test_the_fused_case_tells_two_roundings_from_one():
     """A fused multiply-add rounds atol + rtol * |e| once: it would accept every output of this
     case that the rule rejects (the product of two float32 is exact in float64)."""
-    case = next(c for c in CASES if "fused" in c.name)
+    case = next(c for c in CASES if "fused" in c.name and c.pair == ("float32", "float32"))
     rtol, atol = np.float32(FUSED_TOL[0]), np.float32(FUSED_TOL[1])
     fused = (np.float64(rtol) * np.abs(case.expected.astype(np.float64)) + np.float64(atol)).astype(np.float32)
     assert not (np.abs(case.got - case.expected) > fused).any()
@@ -179,8 +237,10 @@ def test_a_fused_multiply_add_in_the_source_would_be_caught(tmp_path):
         if not re.search(r"^flags\s*:.*\bfma\b", f.read(), re.M):
             pytest.skip("this CPU has no FMA instruction")
     fused = build_host_library(tmp_path, "-O2", "-mfma", "-ffp-contract=fast")  # -O2: g++ forms FMAs from there
-    case = next(c for c in CASES if "fused" in c.name)
-    assert run_host(fused, case).differ == 0  # the rule says 256
+    cases = [c for c in CASES if "fused" in c.name]
+    assert {c.pair for c in cases} == {("float32", "float32"), ("complex128", "complex128")}
+    for case in cases:
+        assert run_host(fused, case).differ == 0, case.name  # the rule says 256
 
 
 # ---- c. NVRTC ------------------------------------------------------------------------------------
@@ -191,6 +251,7 @@ def test_nvrtc_compiles_the_kernel_for_every_pair(tmp_path, arch):
     cubins = compare_binaries(arch, PAIRS, CompileCache(tmp_path))
     assert set(cubins) == set(PAIRS)
     for pair, cubin in cubins.items():
+        assert len(cubin) > 0, pair  # an empty cubin is what NVRTC returns for a virtual arch, without an error
         assert cuda_standin.cubin_sm(cubin) == int(arch[3:])
         # got, expected, n (uint64), rtol, atol (double), record: what DeviceComparer packs
         assert cuda_standin.cubin_params(cubin, entry_name(*pair)) == [8] * 6, pair
@@ -200,7 +261,7 @@ def test_nvrtc_compiles_the_kernel_for_every_pair(tmp_path, arch):
 def test_the_comparison_has_no_fused_multiply_add():
     """--fmad=false: the PTX multiplies and adds with explicit rounding (mul.rn, add.rn), which
     ptxas does not contract, so the SASS has no FMA either."""
-    floats = [p for p in PAIRS if p[0].startswith("float")]
+    floats = [p for p in PAIRS if kind(p[0]) in ("float", "complex")]
     for pair, result in zip(floats, compile_all([compile_job("compute_90", *p) for p in floats], None)):
         assert result.ok, result.log
         ptx = result.binary.decode()

@@ -119,6 +119,12 @@ def cmd_render(args: argparse.Namespace, ui: UI) -> int:
             out += _numbered(text)
     if not variant.headers:
         out.append('// no headers (#include "...")')
+    for header_set in variant.header_sets:
+        out.append(
+            f"// header set {header_set.name}: {header_set.label}; sha256 {header_set.identity[:16]}; {' '.join(header_set.folders)}"
+        )
+    if not variant.header_sets:
+        out.append('// no header sets (#include <...>): `headers = ["cuda"]` adds the toolkit\'s')
     sys.stdout.write("\n".join(out) + "\n")
     return EXIT_OK
 

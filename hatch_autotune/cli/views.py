@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import CliError
 from ..inspection.diff import diff_sources
 from ..inspection.fmt import fmt_bucket, fmt_config, fmt_delta, fmt_ms, fmt_speedup
-from ..inspection.model import Source, combine, provenance_lines
+from ..inspection.model import Source, binaries_lines, combine, provenance_lines
 from ..inspection.readers import load_source
 from ..wheel.outcome import EntryStatus
 from .common import EXIT_OK, EXIT_REGRESSION, row_limit, write_output
@@ -73,7 +73,7 @@ def cmd_show(args: argparse.Namespace, ui: UI) -> int:
         if src.outcome.shipped is not None and not args.kernel:
             summary += f"; {src.outcome.shipped} binaries shipped"
     ui.print(summary)
-    for line in provenance_lines(shown) + src.notes:
+    for line in binaries_lines(shown, src.ptx) + provenance_lines(shown) + src.notes:
         ui.print(f"  {line}")
     return EXIT_OK
 

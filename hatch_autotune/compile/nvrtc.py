@@ -13,6 +13,7 @@ branch of a template must not stop the build.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import hashlib
@@ -27,15 +28,18 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from ..declare.settings import read_jobs
+from ..declare.settings import read_jobs, read_pch
 from ..errors import BuildError
 from ..runtime import check_cuda, parse_arch
+from . import pch
 from .cache import CompileCache
 from .entry import CacheEntry, Resources
+from .header_set import ResolvedHeaderSet
 
 BASE_OPTIONS = ("--std=c++17",)
-# What makes two jobs one binary: source, arch, entry, options, headers (CompileJob.binary_key).
-BinaryKey = tuple[str, str, str, tuple[str, ...], tuple[tuple[str, str], ...]]
+# What makes two jobs one binary: source, arch, entry, options, headers, header sets' identities
+# (CompileJob.binary_key).
+BinaryKey = tuple[str, str, str, tuple[str, ...], tuple[tuple[str, str], ...], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -48,28 +52,44 @@ class CompileJob:
     # (name, source) of each header a `#include "name"` of the source (or of a header) reaches:
     # NVRTC gets them by name, so they are part of the cache key like the source itself
     headers: tuple[tuple[str, str], ...] = ()
+    # The header sets its `#include <...>` may reach (compile/headers.py), in search order: their
+    # identities enter the keys, their include options (paths) only NVRTC's command line.
+    header_sets: tuple[ResolvedHeaderSet, ...] = ()
 
     @property
     def is_ptx(self) -> bool:
         return self.arch.startswith("compute_")
 
     def full_options(self) -> list[str]:
+        """The options that decide the binary: what the cache key and the lock checksum hash."""
         opts = [f"--gpu-architecture={self.arch}", *BASE_OPTIONS, *self.options]
         if not self.is_ptx:
             opts.append("--ptxas-options=-v")
         return opts
 
+    def command_line(self, precompiled: bool = False) -> list[str]:
+        """What NVRTC is given: full_options() and the header sets' include options (the same
+        headers found in another folder make the same binary, so paths stay out of the keys),
+        and `-pch` (automatic precompiled headers: the same binary, made faster)."""
+        include = [o for s in self.header_sets for o in s.options]
+        return [*self.full_options(), *include, *(["-pch", pch.PCH_DIAGNOSTICS] if precompiled and self.header_sets else [])]
+
+    @property
+    def header_set_ids(self) -> tuple[str, ...]:
+        return tuple(s.identity for s in self.header_sets)
+
     @property
     def binary_key(self) -> BinaryKey:
         """What makes two jobs one binary (configs that render the same source share it): the
         cache key's fields but the compiler, which one build does not vary."""
-        return (self.source, self.arch, self.entry, self.options, self.headers)
+        return (self.source, self.arch, self.entry, self.options, self.headers, self.header_set_ids)
 
     def cache_key(self, compiler: str) -> str:
         blob = json.dumps(
             # entry: the cached resource usage is parsed for this entry's ptxas section
             {"source": self.source, "options": self.full_options(), "compiler": compiler, "arch": self.arch, "entry": self.entry}
-            | ({"headers": [list(h) for h in self.headers]} if self.headers else {}),  # the keys of header-less jobs stay as they were
+            | ({"headers": [list(h) for h in self.headers]} if self.headers else {})  # the keys of header-less jobs stay as they were
+            | ({"header_sets": list(self.header_set_ids)} if self.header_sets else {}),
             sort_keys=True,
         )
         return hashlib.sha256(blob.encode()).hexdigest()
@@ -198,8 +218,15 @@ def parse_ptxas_log(log: str, entry: str) -> Resources:
     return Resources(**values)
 
 
-def compile_one(job: CompileJob) -> tuple[bool, bytes | None, str]:
-    """Run NVRTC once: (ok, binary, log). Never raises for a compile error."""
+def _pch_group(job: CompileJob) -> tuple[tuple[str, ...], str, tuple[str, ...], str]:
+    """What jobs share a PCH by: their header sets, arch and options, and the kernel (whose
+    variants begin with the same #includes)."""
+    return (job.header_set_ids, job.arch, job.options, job.entry)
+
+
+def compile_one(job: CompileJob, pch_root: str | None = None) -> tuple[bool, bytes | None, str]:
+    """Run NVRTC once: (ok, binary, log). Never raises for a compile error. `pch_root`: a folder
+    for this process's precompiled headers (compile_all's), None to compile without."""
     ensure_nvrtc()
     from cuda.bindings import nvrtc
 
@@ -209,14 +236,24 @@ def compile_one(job: CompileJob) -> tuple[bool, bytes | None, str]:
         nvrtc.nvrtcCreateProgram(job.source.encode(), f"{job.entry}.cu".encode(), len(names), sources, names), "nvrtcCreateProgram"
     )
     try:
-        opts = [o.encode() for o in job.full_options()]
+        pch_dir = pch.process_pch_dir(pch_root) if pch_root is not None and job.header_sets and pch.pch_allowed() else None
+        if pch_dir is not None:
+            pch.size_pch_heap(nvrtc)
+        opts = [o.encode() for o in job.command_line(pch_dir is not None)]
+        if pch_dir is not None:
+            opts.append(f"--pch-dir={pch_dir}".encode())
         # Not check_cuda: a compile error is a result (with its log), not an exception.
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if pch_dir is not None:
+            pch.grow_pch_heap(nvrtc, prog)
+            pch.prune_pch(pch_dir)
         # Output buffers are bytearrays: NVRTC writes into them, and `b" " * 1` (an empty log) is
         # Python's shared one-byte object, which would then read b"\x00" in the whole process.
         log_buf = bytearray(check_cuda(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize"))
         check_cuda(nvrtc.nvrtcGetProgramLog(prog, log_buf), "nvrtcGetProgramLog")
         log = log_buf.rstrip(b"\x00").decode(errors="replace").strip()
+        if pch_dir is not None:
+            log = pch.without_pch_notes(log)
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             return False, None, log or str(result)
         if job.is_ptx:
@@ -262,22 +299,31 @@ def compile_all(
             todo.append((key, job))
 
     n = min(workers or default_workers(), len(todo))
-    todo_jobs = [job for _, job in todo]
-    if n > 1 and len(todo) >= PARALLEL_THRESHOLD and threading.current_thread() is threading.main_thread():
-        method = start_method()
-        with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(method)) as pool:
-            # The workers start inside map(), as it submits the chunks.
-            with contextlib.nullcontext() if method == "fork" else _main_left_alone():
-                outputs = pool.map(compile_one, todo_jobs, chunksize=max(1, min(8, len(todo) // (4 * n))))
-            _collect(todo, outputs, cache, done, on_result)
-    elif n > 1:
-        # Forking while other threads hold locks can deadlock the children (seen here when the
-        # tuner compiles in its producer thread): off the main thread, use threads, which cost
-        # little to start, so even a few jobs (the tuner's next guesses) compile side by side.
-        with ThreadPoolExecutor(max_workers=n) as pool:
-            _collect(todo, pool.map(compile_one, todo_jobs), cache, done, on_result)
-    else:
-        _collect(todo, map(compile_one, todo_jobs), cache, done, on_result)
+    on_main = threading.current_thread() is threading.main_thread()
+    # Precompiled headers for the jobs that have a sibling to reuse one (a kernel's variants for
+    # one arch), in a folder removed when the batch is done; siblings side by side, so that a
+    # worker's chunk of jobs shares its PCH.
+    groups = collections.Counter(_pch_group(job) for _, job in todo if job.header_sets)
+    with pch.pch_folder(on_main and read_pch() and any(c > 1 for c in groups.values())) as pch_root:
+        if pch_root is not None:
+            todo.sort(key=lambda item: (bool(item[1].header_sets), _pch_group(item[1])))
+        todo_jobs = [job for _, job in todo]
+        pch_roots = [pch_root if job.header_sets and groups[_pch_group(job)] > 1 else None for job in todo_jobs]
+        if n > 1 and len(todo) >= PARALLEL_THRESHOLD and on_main:
+            method = start_method()
+            with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(method)) as pool:
+                # The workers start inside map(), as it submits the chunks.
+                with contextlib.nullcontext() if method == "fork" else _main_left_alone():
+                    outputs = pool.map(compile_one, todo_jobs, pch_roots, chunksize=max(1, min(8, len(todo) // (4 * n))))
+                _collect(todo, outputs, cache, done, on_result)
+        elif n > 1:
+            # Forking while other threads hold locks can deadlock the children (seen here when the
+            # tuner compiles in its producer thread): off the main thread, use threads, which cost
+            # little to start, so even a few jobs (the tuner's next guesses) compile side by side.
+            with ThreadPoolExecutor(max_workers=n) as pool:
+                _collect(todo, pool.map(compile_one, todo_jobs), cache, done, on_result)
+        else:
+            _collect(todo, map(compile_one, todo_jobs, pch_roots), cache, done, on_result)
     return [done[k] for k in keys]
 
 

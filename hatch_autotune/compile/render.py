@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..declare.args import c_type
 from ..declare.config import DTYPES, KernelSpec, builtin_templates_dir
 from ..errors import BuildError
 from ..files import read_regular
@@ -29,6 +30,7 @@ from ..runtime import types_key, value_text
 from ..text import shown
 
 if TYPE_CHECKING:
+    from .header_set import ResolvedHeaderSet
     from .nvrtc import CompileJob
 
 
@@ -81,8 +83,9 @@ class Variant:
     config: tuple[tuple[str, Any], ...]
     index: int  # position in the type instance's canonical config list
     source: str
-    source_hash: str  # of the source and its headers: what the binary is compiled from
+    source_hash: str  # of the source, its headers and its header sets: what the binary is compiled from
     headers: tuple[tuple[str, str], ...] = ()  # (name as #included, text) of each header it reaches
+    header_sets: tuple[ResolvedHeaderSet, ...] = ()  # the sets its `#include <...>` may reach
 
     @property
     def types_dict(self) -> dict[str, str]:
@@ -103,7 +106,7 @@ class Variant:
         """The NVRTC job for this variant on `arch` (a `compute_` arch gives PTX)."""
         from .nvrtc import CompileJob
 
-        return CompileJob(self.source, arch, entry, options, self.label, self.headers)
+        return CompileJob(self.source, arch, entry, options, self.label, self.headers, self.header_sets)
 
     @property
     def label(self) -> str:
@@ -154,8 +157,7 @@ def render_context(spec: KernelSpec, types: Mapping[str, Any], config: Mapping[s
     ctx: dict[str, Any] = {"entry": spec.entry}
     for name, value in types.items():
         if name in spec.types:
-            ctype, size = DTYPES[value]
-            ctx.update({name: ctype, f"{name}_dtype": value, f"{name}_size": size})
+            ctx.update({name: c_type(value, spec.toolkit_headers), f"{name}_dtype": value, f"{name}_size": DTYPES[value][1]})
         else:  # a caller-chosen constant
             ctx[name] = value
     ctx.update(config)
@@ -321,10 +323,14 @@ def _includes(code: str) -> list[tuple[str, int]]:
     return found
 
 
-def source_hash(source: str, headers: tuple[tuple[str, str], ...]) -> str:
-    """What a binary is compiled from: the source, and the headers it includes by name (a
-    variant without headers hashes as its source alone, as before headers existed)."""
+def source_hash(source: str, headers: tuple[tuple[str, str], ...], header_set_ids: tuple[str, ...] = ()) -> str:
+    """What a binary is compiled from: the source, the headers it includes by name, and the
+    identities of its header sets (a variant without headers hashes as its source alone, as
+    before headers existed). The lock checksum hashes it, so a header set's change makes
+    exactly the entries of the kernels that declare the set stale."""
     blob = source if not headers else source + "\0" + json.dumps(headers)
+    if header_set_ids:
+        blob += "\0header sets\0" + json.dumps(header_set_ids)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -388,6 +394,9 @@ class _Renderer:
         except jinja2.TemplateError as exc:
             raise TemplateError(f"{_template_location(exc, self.dirs)}: {exc} (kernel {spec.name})") from None
         self.headers = _Headers(spec)
+        from .headers import resolve_header_sets
+
+        self.header_sets = resolve_header_sets(spec.header_sets)
 
     def variant(self, types: Mapping[str, Any], config: Mapping[str, Any], index: int) -> Variant:
         import jinja2
@@ -417,8 +426,9 @@ class _Renderer:
             config=tuple(config.items()),
             index=index,
             source=source,
-            source_hash=source_hash(source, included),
+            source_hash=source_hash(source, included, tuple(h.identity for h in self.header_sets)),
             headers=included,
+            header_sets=self.header_sets,
         )
 
 

@@ -10,23 +10,48 @@ from ..runtime import DTYPE_SIZES
 from .expr import Expr
 from .validate import BAD, Table, problems_since, v_choice, v_expr, v_ident, v_int, v_list
 
-# dtype name -> C type used in templates. float16 maps to `at_half`, a two-byte struct defined
-# in templates/_dtypes.cuh (NVRTC ships no cuda_fp16.h).
-_CTYPES = {
-    "float16": "at_half",
-    "float32": "float",
-    "float64": "double",
-    "int8": "signed char",
-    "int16": "short",
-    "int32": "int",
-    "int64": "long long",
-    "uint8": "unsigned char",
-    "uint16": "unsigned short",
-    "uint32": "unsigned int",
-    "uint64": "unsigned long long",
+# dtype name -> (C type in a template without the toolkit's headers, C type with them: a kernel
+# that declares the `cuda` header set). Without the toolkit's headers float16 is `at_half`, a
+# two-byte struct of templates/_dtypes.cuh, and the dtypes that only the toolkit's headers define
+# (bfloat16, FP8, complex) are not available (None): the template must #include <cuda_bf16.h>,
+# <cuda_fp8.h> or <cuda/std/complex> for them, as it includes what it uses.
+_CTYPES: dict[str, tuple[str | None, str]] = {
+    "float16": ("at_half", "__half"),
+    "float32": ("float", "float"),
+    "float64": ("double", "double"),
+    "int8": ("signed char", "signed char"),
+    "int16": ("short", "short"),
+    "int32": ("int", "int"),
+    "int64": ("long long", "long long"),
+    "uint8": ("unsigned char", "unsigned char"),
+    "uint16": ("unsigned short", "unsigned short"),
+    "uint32": ("unsigned int", "unsigned int"),
+    "uint64": ("unsigned long long", "unsigned long long"),
+    "bool": ("bool", "bool"),
+    "bfloat16": (None, "__nv_bfloat16"),
+    "float8_e4m3fn": (None, "__nv_fp8_e4m3"),
+    "float8_e5m2": (None, "__nv_fp8_e5m2"),
+    "float8_e8m0fnu": (None, "__nv_fp8_e8m0"),
+    "complex64": (None, "cuda::std::complex<float>"),
+    "complex128": (None, "cuda::std::complex<double>"),
 }
-# dtype name -> (C type, size in bytes); the sizes are the runtime's, which the wheel uses too.
-DTYPES: dict[str, tuple[str, int]] = {name: (ctype, DTYPE_SIZES[name]) for name, ctype in _CTYPES.items()}
+# dtype name -> (C type without the toolkit's headers, size in bytes); the sizes are the runtime's,
+# which the wheel uses too. TOOLKIT_CTYPES: the C type with them.
+DTYPES: dict[str, tuple[str | None, int]] = {name: (bare, DTYPE_SIZES[name]) for name, (bare, _) in _CTYPES.items()}
+TOOLKIT_CTYPES: dict[str, str] = {name: toolkit for name, (_, toolkit) in _CTYPES.items()}
+TOOLKIT_ONLY = tuple(name for name, (bare, _) in _CTYPES.items() if bare is None)  # need the `cuda` header set
+
+
+def c_type(dtype: str, toolkit_headers: bool) -> str:
+    """The C type a template sees for a dtype; `toolkit_headers`: the kernel declares the `cuda`
+    header set (its checks refuse a toolkit-only dtype without it)."""
+    bare = DTYPES[dtype][0]
+    if toolkit_headers:
+        return TOOLKIT_CTYPES[dtype]
+    assert bare is not None, f"{dtype} needs the `cuda` header set"
+    return bare
+
+
 INTENTS = ("in", "out", "inout")
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..runtime import INT_RANGES, MAX_SIZE, ExpressionError, short_repr, value_text
 from . import space as space_mod
+from .args import TOOLKIT_CTYPES, TOOLKIT_ONLY
 from .expr import Expr
 from .kernel import KernelSpec
 from .space import MAX_VARIANTS, ConstraintError, SpaceTooLarge, bucket_points, corner_points, count_points, enumerate_configs, size_problem
@@ -39,12 +40,32 @@ def check_kernel(spec: KernelSpec, t: Table) -> bool:
     return _check_instances(spec, t)
 
 
+def toolkit_dtype_use(spec: KernelSpec) -> str | None:
+    """Why the kernel needs the toolkit's headers and does not declare them: a dtype whose C type
+    only they define (bfloat16, FP8, complex) in an argument or a type parameter's values."""
+    if spec.toolkit_headers:
+        return None
+    used = [(f"argument {a.name!r}", a.dtype) for a in spec.args] + [
+        (f"type parameter {n!r}", d) for n, ds in spec.types.items() for d in ds
+    ]
+    for where, dtype in used:
+        if dtype in TOOLKIT_ONLY:
+            return (
+                f"{where} is {dtype}, whose C type ({TOOLKIT_CTYPES[dtype]}) the toolkit's headers define: add "
+                f'`headers = ["cuda"]` to the kernel (or the hook table) and #include the header that defines it in the template'
+            )
+    return None
+
+
 def _declaration_problem(spec: KernelSpec, t: Table) -> str | None:
     """The first problem of the kernel as declared, before any instance is enumerated (both
     spaces are counted before anything walks them)."""
     clash = name_clashes(spec)
     if clash:
         return f"{t.path}: {clash}"
+    needs_toolkit = toolkit_dtype_use(spec)
+    if needs_toolkit:
+        return f"{t.path}: {needs_toolkit}"
     too_big = size_problem(spec.space, {**spec.types, **spec.constants}, spec.max_configs)
     if too_big:
         return f"{t.sub('space')}: {too_big}"

@@ -11,6 +11,7 @@ from typing import Any
 from ..runtime import instance_env
 from .args import ArgSpec
 from .expr import Expr
+from .headers import HeaderSetSpec
 from .keys import KeyDim
 from .search import SearchSpec
 from .space import enumerate_configs
@@ -45,6 +46,14 @@ class KernelSpec:
     # selected exactly, never tuned over.
     constants: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     root: Path | None = None  # the project folder: `#include "..."` may reach headers inside it
+    # The header sets its `#include <...>` may reach, in search order (declare/headers.py).
+    header_sets: tuple[HeaderSetSpec, ...] = ()
+
+    @property
+    def toolkit_headers(self) -> bool:
+        """Whether it declares the toolkit's headers: its dtypes are then the toolkit's C types
+        (`__half`, `__nv_bfloat16`, ...), and the toolkit-only dtypes are allowed."""
+        return any(s.is_toolkit for s in self.header_sets)
 
     def type_instances(self) -> list[dict[str, Any]]:
         """Every assignment of the type parameters (dtype names) and the constants (their

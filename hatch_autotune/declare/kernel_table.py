@@ -12,6 +12,7 @@ from ..runtime import INT_RANGES, short_repr
 from . import expr as expr_mod
 from .args import DTYPES, ArgSpec, parse_args
 from .checks import check_kernel
+from .headers import TOOLKIT_SET, HeaderSetSpec, v_header_names
 from .kernel import DEFAULT_MAX_CONFIGS, KernelSpec
 from .keys import KeyDim, parse_keys
 from .search import SearchSpec, parse_search
@@ -71,7 +72,9 @@ def v_space_value(value: Any, path: str, errors: list[str]) -> Any:
     return fail(errors, path, "an integer, boolean or string", value)
 
 
-def parse_kernel(name: str, t: Table, root: Path) -> KernelSpec | None:
+def parse_kernel(
+    name: str, t: Table, root: Path, header_sets: Mapping[str, HeaderSetSpec] | None = None, default_headers: tuple[str, ...] = ()
+) -> KernelSpec | None:
     """The kernel, or None when its table has a problem (each one added to t.errors)."""
     if not t.ok:  # not a table: reported when the Table was made
         return None
@@ -82,6 +85,8 @@ def parse_kernel(name: str, t: Table, root: Path) -> KernelSpec | None:
     entry = t.get("entry", v_ident, default=name)
     doc = t.get("doc", v_str, default="")
     nvrtc_options = t.get("nvrtc-options", v_nvrtc_options, default=())
+    declared_sets = dict(header_sets or {})
+    header_names = t.get("headers", v_header_names(set(declared_sets)), default=default_headers)
     max_configs = t.get("max-configs", v_int(1), default=DEFAULT_MAX_CONFIGS)
     reference = t.get("reference", v_entry_point, default=None)
     inputs = t.get("inputs", v_entry_point, default=None)
@@ -113,6 +118,7 @@ def parse_kernel(name: str, t: Table, root: Path) -> KernelSpec | None:
         block=tuple(block),
         shared=shared,
         nvrtc_options=tuple(nvrtc_options),
+        header_sets=tuple(TOOLKIT_SET if n == TOOLKIT_SET.name else declared_sets[n] for n in header_names),
         reference=reference,
         inputs=inputs,
         tolerance=tolerance,

@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import CliError
 from ..files import read_regular
 from ..runtime.torch_ops import OUT_SUFFIX
+from .headers import HeaderSetSpec, parse_header_sets, v_header_names
 from .kernel import KernelSpec
 from .kernel_table import parse_kernel
 from .search import TuningSpec, parse_tuning
@@ -72,6 +73,11 @@ def parse_project(
     torch_namespace = t.get("torch-namespace", v_torch_namespace, default="")
     tuning_t = t.table("tuning")
     tuning = parse_tuning(tuning_t) if tuning_t is not None else TuningSpec()
+    sets_t = t.table("header-sets")
+    header_sets = parse_header_sets(sets_t) if sets_t is not None and sets_t.ok else {}
+    if sets_t is not None:
+        sets_t.finish()
+    headers = t.get("headers", v_header_names(set(header_sets)), default=())
     kernels_t = t.table("kernels", required=True)
     t.finish(HATCHLING_HOOK_KEYS)
 
@@ -82,7 +88,8 @@ def parse_project(
     lock_path = _lock_path(lock, root, lock_outside, f"{path}.lock-file", errors) if lock is not BAD and lock_outside is not BAD else BAD
     if archs not in (None, BAD) and len(set(archs)) != len(archs):
         errors.append(f"{path}.archs: expected distinct archs, got {list(archs)!r}")
-    kernels = _parse_kernels(kernels_t, root) if kernels_t is not None and kernels_t.ok else {}
+    header_defaults = HeaderDefaults(header_sets, headers if headers is not BAD else ())
+    kernels = _parse_kernels(kernels_t, root, header_defaults) if kernels_t is not None and kernels_t.ok else {}
     if errors:
         raise ConfigError(errors)
     return ProjectSpec(
@@ -103,7 +110,16 @@ def parse_project(
     )
 
 
-def _parse_kernels(kernels_t: Table, root: Path) -> dict[str, KernelSpec]:
+@dataclass(frozen=True)
+class HeaderDefaults:
+    """What a kernel table's `headers` may name (the declared `header-sets`) and what a kernel
+    without its own `headers` uses (the hook table's)."""
+
+    sets: Mapping[str, HeaderSetSpec]
+    default: tuple[str, ...] = ()
+
+
+def _parse_kernels(kernels_t: Table, root: Path, headers: HeaderDefaults) -> dict[str, KernelSpec]:
     """The `kernels` table: one KernelSpec per valid kernel table, each named by an identifier."""
     errors = kernels_t.errors
     kernels: dict[str, KernelSpec] = {}
@@ -118,7 +134,7 @@ def _parse_kernels(kernels_t: Table, root: Path) -> dict[str, KernelSpec]:
                 f"{kernels_t.sub(name)}: a kernel may not be named 'provenance' or start with '_' (the generated module uses those names)"
             )
             continue
-        spec = parse_kernel(name, Table(kernels_t.data[name], kernels_t.sub(name), errors), root)
+        spec = parse_kernel(name, Table(kernels_t.data[name], kernels_t.sub(name), errors), root, headers.sets, headers.default)
         if spec is not None:
             kernels[name] = spec
     for name, spec in kernels.items():  # the PyTorch operators' names (runtime/torch_ops.py) stay distinct

@@ -115,6 +115,13 @@ def _flag(text: str, var: str, problems: list[str]) -> Any:
     return True  # set to anything
 
 
+def _on_off(text: str, var: str, problems: list[str]) -> Any:
+    if text in ("0", "1"):
+        return text == "1"
+    problems.append(f"environment variable {var}: expected 1 (on) or 0 (off), got {text!r}")
+    return _UNSET
+
+
 def _path(text: str, var: str, problems: list[str]) -> Any:
     return Path(text)
 
@@ -228,6 +235,8 @@ class Settings:
         _number("a whole number of compiles at once >= 1", 1, MAX_JOBS, "one per core", whole=True),
         factory=_cores,
     )
+    # NVRTC's automatic precompiled headers for kernels with header sets (compile/nvrtc.py)
+    pch: bool = _setting("HATCH_AUTOTUNE_PCH", _on_off, True)
     cache: CacheSettings = field(default_factory=CacheSettings, metadata={"section": CacheSettings})
     ray_address: str | None = _setting(RAY_VAR, _ray_address)  # tune on this Ray cluster (`tune --ray` overrides)
     debug: bool = _setting("HATCH_AUTOTUNE_DEBUG", _flag, False, strip=False)  # the command shows an internal error's traceback
@@ -249,6 +258,14 @@ def read_jobs(env: Mapping[str, str] | None = None) -> int:
     (jobs,) = [f for f in fields(Settings) if f.name == "jobs"]
     value = _collect(lambda found: _value(jobs, os.environ if env is None else env, found), None)
     return _cores() if value is _UNSET else value
+
+
+def read_pch(env: Mapping[str, str] | None = None) -> bool:
+    """HATCH_AUTOTUNE_PCH alone: whether a compiling process (a pool's worker, which is handed
+    no Settings) uses NVRTC's precompiled headers."""
+    (pch,) = [f for f in fields(Settings) if f.name == "pch"]
+    value = _collect(lambda found: _value(pch, os.environ if env is None else env, found), None)
+    return True if value is _UNSET else bool(value)
 
 
 def _collect(read: Callable[[list[str]], _T], problems: list[str] | None) -> _T:

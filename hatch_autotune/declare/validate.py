@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..runtime import MIN_SM, parse_arch, short_repr
+from ..runtime.selection import SUFFIX_FLOOR
 from . import expr as expr_mod
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # always fullmatch: `$` would accept a trailing newline
@@ -158,14 +159,31 @@ def v_entry_point(value: Any, path: str, errors: list[str]) -> Any:
 
 
 def v_arch(value: Any, path: str, errors: list[str]) -> Any:
+    """A cubin target: plain 'sm_XY', arch-specific 'sm_XYa' or family 'sm_XYf', each from the
+    oldest arch NVRTC takes it for (MIN_SM, SUFFIX_FLOOR); whether the installed NVRTC knows the
+    arch is the compiler's check (compile/nvrtc.py check_archs)."""
     try:
-        kind, major, minor, _ = parse_arch(value) if isinstance(value, str) else ("", 0, 0, "")
+        kind, major, minor, suffix = parse_arch(value) if isinstance(value, str) else ("", 0, 0, "")
     except ValueError:
         kind = ""
     if kind != "sm":
-        return fail(errors, path, "a CUDA arch such as 'sm_80', 'sm_90' or 'sm_90a'", value)
-    if major * 10 + minor < MIN_SM:
+        return fail(
+            errors, path, "a CUDA arch 'sm_XY', 'sm_XYa' (arch-specific) or 'sm_XYf' (family), e.g. 'sm_80', 'sm_90a' or 'sm_100f'", value
+        )
+    number = major * 10 + minor
+    if number < MIN_SM:
         return fail(errors, path, f"an arch NVRTC 13 can target (sm_{MIN_SM} or newer)", value)
+    floor = SUFFIX_FLOOR.get(suffix, 0)
+    if number < floor:
+        what = "an arch-specific" if suffix == "a" else "a family"
+        instead = " or ".join(f"'sm_{number}{s}'" for s in ("", *SUFFIX_FLOOR) if number >= SUFFIX_FLOOR.get(s, 0))
+        return fail(
+            errors,
+            path,
+            f"{what} '{suffix}' target of sm_{floor} or newer (NVRTC takes '{suffix}' from sm_{floor}{suffix} up); "
+            f"for compute capability {major}.{minor} use {instead}",
+            value,
+        )
     return value
 
 

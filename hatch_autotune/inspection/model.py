@@ -99,6 +99,7 @@ class Source:
     kernels: list[str]  # in the input's order
     notes: list[str] = field(default_factory=list)
     outcome: Outcome | None = None  # what the build decided and what failed (wheels, packages, projects)
+    ptx: dict[str, str] = field(default_factory=dict)  # table arch -> its PTX arch (wheels, packages, projects)
 
     @property
     def has_resources(self) -> bool:
@@ -144,7 +145,8 @@ def combine(sources: Sequence[Source]) -> Source:
                         setattr(have, f, getattr(r, f))
                 have.measurements = have.measurements or list(r.measurements)
     outcome = next((s.outcome for s in sources if s.outcome is not None), None)
-    merged = Source(" + ".join(s.label for s in sources), "+".join(s.kind for s in sources), rows, kernels, outcome=outcome)
+    ptx = next((s.ptx for s in sources if s.ptx), {})
+    merged = Source(" + ".join(s.label for s in sources), "+".join(s.kind for s in sources), rows, kernels, outcome=outcome, ptx=ptx)
     timed = any(r.measurements for r in rows.values())
     for src in sources:  # drop "X is missing" notes that another input made up for
         for n in src.notes:
@@ -153,6 +155,28 @@ def combine(sources: Sequence[Source]) -> Source:
                 notes.append(n)
     merged.notes = notes
     return merged
+
+
+def binaries_lines(rows: Sequence[Row], ptx: dict[str, str]) -> list[str]:
+    """Where each arch's binary runs, and which one a device takes (runtime `runs_where`, the
+    rule `choose_arch` applies), for `show`; none without rows. An arch the rule cannot read (a
+    damaged input) is left out, not an error."""
+    from ..runtime.selection import runs_where
+
+    archs = sorted({r.arch for r in rows} | set(ptx.values()), key=lambda a: (_arch_key(a)[1:], _arch_key(a)[0] != "sm"))
+    where = []
+    for arch in archs:
+        try:
+            where.append(runs_where(arch))
+        except ValueError:
+            continue
+    if not where:
+        return []
+    return [
+        f"where the binaries run: {'; '.join(where)}",
+        "a device runs, of the binaries that run on it, the one of the newest minor not above its own (its own first), "
+        "at that minor arch-specific, else family, else plain; else PTX (select() names the one and why)",
+    ]
 
 
 def provenance_lines(rows: Sequence[Row]) -> list[str]:

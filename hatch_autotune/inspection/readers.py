@@ -175,9 +175,10 @@ def table_source(table: Any, label: str, kind: str) -> Source:
                     provenance=dict(e.provenance),
                 )
                 rows[r.eid] = r
+        ptx = {str(t): str(a) for t, a in dict(table.get("ptx", {})).items()}
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise CliError(f"{label}: malformed selection table ({type(exc).__name__}: {exc})") from None
-    return Source(label, kind, rows, list(table["kernels"]), [TABLE_NO_TIMES])
+    return Source(label, kind, rows, list(table["kernels"]), [TABLE_NO_TIMES], ptx=ptx)
 
 
 def _resources(value: Any) -> dict[str, int] | None:
@@ -404,7 +405,7 @@ def project_source(root: Path) -> Source:
         )
     notes += cache.warnings()
     notes.append(PROJECT_NO_RESOURCES)
-    return Source(str(root), "project", rows, list(project.kernels), notes, outcome=record_outcome(plan, shipping))
+    return Source(str(root), "project", rows, list(project.kernels), notes, outcome=record_outcome(plan, shipping), ptx=dict(plan.ptx))
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ def entry_checksum(
     another one must not lose every winner; NvrtcPolicy decides what a version change does."""
     from ..compile.nvrtc import CompileJob
 
+    # The header sets enter through the source hashes (compile/render.py source_hash).
     blob = {
         "kernel": spec.name,
         "entry": spec.entry,

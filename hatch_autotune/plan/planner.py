@@ -84,7 +84,9 @@ def resolve_archs(project: ProjectSpec, gpus: Sequence[Gpu]) -> tuple[str, ...]:
 
 
 def ptx_archs(archs: tuple[str, ...]) -> dict[str, str]:
-    """PTX for forward compatibility: compiled from the newest portable (non-'a') arch's winners."""
+    """PTX for forward compatibility: compiled from the newest portable arch's winners. Not an
+    'a' or 'f' arch's: such PTX runs only where its cubin already does (runs_on), so it would
+    serve no other GPU."""
     portable = [a for a in archs if not parse_arch(a)[3]]
     if not portable:
         return {}

@@ -9,35 +9,81 @@ import operator
 
 from .errors import ArrayInterfaceError, short_repr
 from .record import Record
-from .values import DTYPE_SIZES, FLOAT_RANGES, INT_RANGES, MAX_SIZE, TYPESTRS
+from .values import DLPACK_CODES, DTYPE_SIZES, MAX_SIZE, TYPESTRS
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
     from collections.abc import Callable, Sequence
     from typing import Any
 
-    import numpy
 
 _DTYPE_OF_TYPESTR = {v: k for k, v in TYPESTRS.items()}
+_DTYPE_OF_DLPACK = {v: k for k, v in DLPACK_CODES.items()}  # (DLPack code, bits) -> dtype name
+# How an ArrayView was read (its `via`): the array library's own dtype object names the dtype
+# (CuPy's NumPy dtype, PyTorch's), DLPack's type code does, or a CUDA Array Interface typestr,
+# which names no bfloat16 or FP8 type.
+VIA_CUPY, VIA_TORCH, VIA_DLPACK, VIA_CAI = "cupy", "torch", "dlpack", "cai"
+# What a message tells the caller whose array said only an ambiguous CAI typestr.
+CAI_AMBIGUITY = (
+    "the CUDA Array Interface cannot name bfloat16 or FP8 (its typestr is the same for several types); "
+    "pass the array through DLPack instead (a JAX array, or a PyTorch tensor: `torch.from_dlpack(x)`), "
+    "or a CuPy array whose dtype is ml_dtypes' own (e.g. ml_dtypes.bfloat16)"
+)
+
+
+def typestr_dtype(typestr: str) -> str | None:
+    """The dtype a CUDA Array Interface typestr names on its own: None for big-endian, for a
+    typestr of no dtype, and for the void and one-byte float typestrs ('<V2', '|V1', '<f1'),
+    which bfloat16, FP8 and other types share."""
+    return _DTYPE_OF_TYPESTR.get(typestr[1:]) if typestr[:1] in ("<", "|", "=") else None
+
+
+def _ambiguous_typestr(typestr: str) -> bool:
+    """A typestr that bfloat16 or an FP8 type may hide behind: PyTorch's '<V2' for bfloat16,
+    ml_dtypes' '<V1' (three FP8 types) and '<f1' (float8_e5m2)."""
+    return typestr[:1] in ("<", "|", "=") and typestr[1:] in ("V1", "V2", "f1")
+
+
+def numpy_dtype_name(dtype: Any) -> str | None:
+    """Our name of a NumPy dtype (ml_dtypes' included: its `name` is ours, 'bfloat16',
+    'float8_e5m2'), or None. By name, not kind and size: ml_dtypes' float8_e5m2 says kind 'f'
+    and size 1, like no NumPy float, and its other types all say 'V'."""
+    name = getattr(dtype, "name", None)
+    if name in DTYPE_SIZES and dtype.itemsize == DTYPE_SIZES[name] and dtype.byteorder in ("<", "|", "="):
+        return str(name)
+    return None
+
+
+def _own_dtype(obj: Any, typestr: str) -> str | None:
+    """Our name of an array's own `dtype` attribute when it is a NumPy (or ml_dtypes) dtype of
+    the typestr's size; None otherwise (no attribute, a property that raises, another size)."""
+    try:
+        name = numpy_dtype_name(getattr(obj, "dtype", None))
+    except Exception:
+        return None
+    return name if name is not None and str(DTYPE_SIZES[name]) == typestr[2:] else None
 
 
 class ArrayView(Record):
     """What a call needs of an array: pointer, shape, dtype, layout, and where it lives."""
 
-    __slots__ = ("ptr", "shape", "dtype", "contiguous", "readonly", "device", "given_dtype")
+    __slots__ = ("ptr", "shape", "dtype", "contiguous", "readonly", "device", "given_dtype", "via")
     ptr: int
     shape: tuple[int, ...]
-    dtype: str | None  # None: a dtype hatch-autotune cannot pass (e.g. bfloat16, big-endian)
+    dtype: str | None  # None: a dtype hatch-autotune cannot pass or cannot tell (big-endian, '<V2' by CAI)
     contiguous: bool
     readonly: bool
     device: int | None  # None: unknown until asked (CAI); -1: host memory
     given_dtype: str  # the dtype as the array states it (a CAI typestr such as '>f4'), for messages
+    via: str  # how it was read: VIA_CUPY, VIA_TORCH, VIA_DLPACK or VIA_CAI
 
     def dtype_text(self) -> str:
         """The dtype for a message: its name, or what was passed when it cannot be passed on."""
         if self.dtype is not None:
             return self.dtype
         given = short_repr(self.given_dtype, 40)
+        if self.via == VIA_CAI and _ambiguous_typestr(self.given_dtype):
+            return f"{given} by its __cuda_array_interface__, which hatch-autotune cannot identify: {CAI_AMBIGUITY}"
         return f"{given}{' (big-endian)' if given[1:2] == '>' else ''}, which hatch-autotune cannot pass"
 
 
@@ -128,31 +174,34 @@ def _cupy_stream(cupy: Any) -> Callable[[int], int]:
 
 
 def _cupy_view(obj: Any) -> ArrayView:
-    dtype = obj.dtype
-    name = _DTYPE_OF_TYPESTR.get(f"{dtype.kind}{dtype.itemsize}") if dtype.byteorder in ("<", "|", "=") else None
+    dtype = obj.dtype  # a NumPy dtype: ml_dtypes' own for bfloat16 and FP8
     shape = tuple(obj.shape)
     memory = obj.data
     contiguous = _c_contiguous(shape, tuple(obj.strides), dtype.itemsize)
-    return ArrayView(int(memory.ptr), shape, name, contiguous, False, int(memory.device_id), str(dtype))
+    return ArrayView(int(memory.ptr), shape, numpy_dtype_name(dtype), contiguous, False, int(memory.device_id), str(dtype), VIA_CUPY)
 
 
 def torch_view(obj: Any, memory: bool = True) -> ArrayView:
     """A PyTorch tensor as a call reads it. `memory=False` for a tensor without memory, a fake
     or meta one, whose metadata a PyTorch operator checks while it is traced (torch_ops.py): its
     pointer is 0 and a meta tensor's device unknown (None), not host memory."""
-    given = str(obj.dtype)  # 'torch.float32'
+    given = str(obj.dtype)  # 'torch.float32', 'torch.bfloat16', 'torch.float8_e4m3fn': our names after the dot
     name = given.rpartition(".")[2]
     shape = tuple(obj.shape)
     contiguous = _c_contiguous(shape, tuple(obj.stride()), 1)  # PyTorch's strides count elements
     kind = obj.device.type
     device = obj.get_device() if kind == "cuda" else None if kind == "meta" and not memory else -1  # CPU: not device memory
-    return ArrayView(int(obj.data_ptr()) if memory else 0, shape, name if name in TYPESTRS else None, contiguous, False, device, given)
+    dtype = name if name in DTYPE_SIZES else None  # e.g. torch.float8_e4m3fnuz: no dtype of ours
+    return ArrayView(int(obj.data_ptr()) if memory else 0, shape, dtype, contiguous, False, device, given, VIA_TORCH)
 
 
 def array_view(obj: Any, stream_ptr: int = -1) -> ArrayView | None:
     """Read an array (CuPy's and PyTorch's through their attributes, others through
     __cuda_array_interface__ or DLPack); None if it is none of these.
 
+    An array whose __cuda_array_interface__ typestr may be bfloat16 or FP8 ('<V2', '<V1',
+    '<f1') is named by its own NumPy/ml_dtypes `dtype`, else read through DLPack when it has
+    that too, whose type code names the dtype.
     For DLPack, `stream_ptr` is the stream the array will be used on, so that its producer can
     order its pending work before it (-1: no ordering, for checks that launch nothing)."""
     code = array_reader(type(obj)).code
@@ -160,30 +209,96 @@ def array_view(obj: Any, stream_ptr: int = -1) -> ArrayView | None:
         return _cupy_view(obj)
     if code is TORCH:
         return torch_view(obj)
-    cai = getattr(obj, "__cuda_array_interface__", None)
+    try:
+        cai = getattr(obj, "__cuda_array_interface__", None)
+    except Exception:  # a property that refuses (JAX's for bfloat16): DLPack may still serve
+        cai = None
+    has_dlpack = hasattr(obj, "__dlpack__")
     if cai is not None:
         typestr, shape, ptr, readonly, strides = _cai_fields(cai)
-        dtype = _DTYPE_OF_TYPESTR.get(typestr[1:]) if typestr[:1] in ("<", "|", "=") else None
+        dtype = typestr_dtype(typestr)
+        if dtype is None and _ambiguous_typestr(typestr):
+            # the array's own dtype object names it (Numba's, a NumPy-like one of ml_dtypes), if
+            # it says the same size; else its DLPack type code
+            dtype = _own_dtype(obj, typestr)
+            if dtype is None and has_dlpack:
+                return _dlpack_view(obj, stream_ptr)
         itemsize = DTYPE_SIZES[dtype] if dtype is not None else 0  # no layout check without a dtype
-        return ArrayView(ptr, shape, dtype, _c_contiguous(shape, strides, itemsize), readonly, None, typestr)
-    if hasattr(obj, "__dlpack__"):
-        where = getattr(obj, "__dlpack_device__", None)
-        if where is not None and where()[0] == _DLPACK_CPU:  # NumPy: host memory, and no stream allowed
-            return ArrayView(0, (), None, True, False, -1, "")
-        from cuda.core.utils import StridedMemoryView  # lazy: only DLPack-only arrays need it
-
-        view = StridedMemoryView.from_dlpack(obj, stream_ptr=stream_ptr)
-        np_dtype = view.dtype
-        dtype = None
-        if np_dtype is not None and np_dtype.byteorder in ("<", "|", "="):
-            dtype = _DTYPE_OF_TYPESTR.get(f"{np_dtype.kind}{np_dtype.itemsize}")
-        shape = tuple(view.shape)
-        strides = view.strides
-        contiguous = _c_contiguous(shape, strides, 1)  # DLPack strides count elements, not bytes
-        device = view.device_id if view.is_device_accessible else -1
-        given = str(np_dtype) if np_dtype is not None else "unknown"  # e.g. bfloat16 without ml_dtypes
-        return ArrayView(view.ptr, shape, dtype, contiguous, bool(view.readonly), device, given)
+        return ArrayView(ptr, shape, dtype, _c_contiguous(shape, strides, itemsize), readonly, None, typestr, VIA_CAI)
+    if has_dlpack:
+        return _dlpack_view(obj, stream_ptr)
     return None
+
+
+def _dlpack_view(obj: Any, stream_ptr: int) -> ArrayView:
+    """An array read through DLPack (cuda.core's StridedMemoryView), its dtype by type code."""
+    where = getattr(obj, "__dlpack_device__", None)
+    if where is not None and where()[0] == _DLPACK_CPU:  # NumPy: host memory, and no stream allowed
+        return ArrayView(0, (), None, True, False, -1, "", VIA_DLPACK)
+    from cuda.core.utils import StridedMemoryView  # lazy: only DLPack arrays need it
+
+    view = StridedMemoryView.from_dlpack(obj, stream_ptr=stream_ptr)
+    dtype, given = _dlpack_dtype(obj, view)
+    shape = tuple(view.shape)
+    contiguous = _c_contiguous(shape, view.strides, 1)  # DLPack strides count elements, not bytes
+    device = view.device_id if view.is_device_accessible else -1
+    return ArrayView(view.ptr, shape, dtype, contiguous, bool(view.readonly), device, given, VIA_DLPACK)
+
+
+def _dlpack_dtype(obj: Any, view: Any) -> tuple[str | None, str]:
+    """(our dtype name or None, the dtype as given) of a DLPack array. cuda.core names NumPy's
+    dtypes and, with ml_dtypes installed, bfloat16, but no FP8 type (TypeError 'Unsupported
+    dtype'); then the type code is read from a capsule of the array's own."""
+    try:
+        np_dtype = view.dtype
+    except (TypeError, NotImplementedError):  # FP8; bfloat16 without ml_dtypes
+        np_dtype = None
+    if np_dtype is not None:
+        name = numpy_dtype_name(np_dtype)
+        if name is not None:
+            return name, str(np_dtype)
+    found = _capsule_dtype(obj)
+    if found is None:
+        return None, str(np_dtype) if np_dtype is not None else "a DLPack dtype that cannot be read"
+    code, bits, lanes = found
+    name = _DTYPE_OF_DLPACK.get((code, bits)) if lanes == 1 else None
+    return name, f"DLPack type code {code}, {bits} bits" + (f", {lanes} lanes" if lanes != 1 else "")
+
+
+def dlpack_capsule_dtype(capsule: Any) -> tuple[int, int, int] | None:
+    """(type code, bits, lanes) of the DLDataType in a DLPack capsule ('dltensor' or
+    'dltensor_versioned'), or None for another object. Reads 4 bytes and leaves the capsule as
+    it was (not renamed 'used_'), so its producer's destructor still frees the tensor."""
+    import ctypes
+    import struct
+
+    get_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", ctypes.pythonapi))
+    get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_GetPointer", ctypes.pythonapi))
+    if type(capsule).__name__ != "PyCapsule":
+        return None
+    name = get_name(capsule)
+    # DLTensor: data (8 bytes), device (2 x int32), ndim (int32), then dtype {uint8 code, uint8
+    # bits, uint16 lanes}: offset 20; DLManagedTensorVersioned puts its version, manager_ctx,
+    # deleter and flags (32 bytes) before its DLTensor
+    offset = {b"dltensor": 20, b"dltensor_versioned": 52}.get(name or b"")
+    pointer = get_pointer(capsule, name) if offset is not None else None
+    if not pointer:
+        return None
+    code, bits, lanes = struct.unpack("=BBH", ctypes.string_at(pointer + offset, 4))
+    return code, bits, lanes
+
+
+def _capsule_dtype(obj: Any) -> tuple[int, int, int] | None:
+    """The DLDataType of a fresh capsule of `obj` (stream -1: the view already ordered the
+    producer's work), or None when it makes none that can be read."""
+    try:
+        try:
+            capsule = obj.__dlpack__(stream=-1)
+        except TypeError:  # a producer that takes no stream
+            capsule = obj.__dlpack__()
+    except Exception:  # the caller says the dtype is unknown, naming the argument
+        return None
+    return dlpack_capsule_dtype(capsule)
 
 
 def _is_int(value: Any) -> bool:
@@ -264,53 +379,3 @@ class PreparedCall(Record):
     key: dict[str, int]
     c_args: tuple[Any, ...]  # in the kernel's C order: ints for pointers, numpy scalars
     arrays: dict[str, ArrayView]
-
-
-def integral_types() -> tuple[type[int | numpy.integer[Any]], ...]:
-    """What an integer argument may be: a Python int, or a numpy integer when numpy is there."""
-    try:
-        import numpy
-
-        return (int, numpy.integer)
-    except ImportError:  # pragma: no cover - numpy is a dependency of every generated wheel
-        return (int,)
-
-
-def c_scalar(value: Any, dtype: str, kernel: str, arg: str) -> Any:
-    """A Python or numpy number as the exact C type (float32 stays float32), range-checked."""
-    import numpy
-
-    if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, (int, float, numpy.number)):
-        raise TypeError(f"{kernel}(): argument {arg!r} must be a number ({dtype}), got {type(value).__name__}")
-    np_type = numpy.dtype(dtype).type
-    if dtype in INT_RANGES:
-        if not isinstance(value, (int, numpy.integer)):
-            raise TypeError(f"{kernel}(): argument {arg!r} must be an integer ({dtype}), got {value!r}")
-        lo, hi = INT_RANGES[dtype]
-        if not lo <= int(value) <= hi:
-            raise ValueError(f"{kernel}(): argument {arg!r}={value} does not fit in {dtype} [{lo}, {hi}]")
-        return np_type(int(value))
-    largest, limit = FLOAT_RANGES[dtype]
-    try:
-        number = float(value)  # exact for numpy floats
-        overflows = not -limit < number < limit and number - number == 0  # finite, yet it would become inf
-    except OverflowError:  # an int beyond any float
-        overflows = True
-    if overflows:
-        raise ValueError(
-            f"{kernel}(): argument {arg!r}={short_repr(value)} does not fit in {dtype} "
-            f"[{-largest:.8g}, {largest:.8g}]: it would become inf (pass inf itself if that is meant)"
-        )
-    if dtype == "float16":
-        return numpy.float16(number).view(numpy.uint16)  # the kernel sees at_half: 16 raw bits
-    return np_type(number)
-
-
-def as_constant(value: Any, kind: type) -> Any:
-    """`value` as an exact int or bool of `kind` (numpy's too), else None: True is not 1."""
-    import numpy
-
-    is_bool = isinstance(value, (bool, numpy.bool_))
-    if kind is bool:
-        return bool(value) if is_bool else None
-    return int(value) if not is_bool and isinstance(value, integral_types()) else None

@@ -6,9 +6,10 @@ key, the shapes the key implies, and the C values of the scalars (`CallChecks.pr
 
 from __future__ import annotations
 
-from .args import PreparedCall, array_view, c_scalar, integral_types
+from .args import PreparedCall, array_view
 from .errors import ArrayInterfaceError, ExpressionError
 from .expr import compile_expr, tree_text
+from .scalars import c_scalar, integral_types
 from .selection import map_to_bucket
 from .values import MAX_SIZE
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from .expr import tree_text
 from .record import Record
+from .values import COMPLEX_DTYPES, ML_DTYPES
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
@@ -32,6 +33,11 @@ STREAM_DOC = (
     "default stream), a cuda.core/CuPy/PyTorch stream, or a raw handle (int)"
 )
 ARCH_DOC = "arch: 'sm_86', '8.6', 86 or (8, 6); None asks the current CUDA device."
+# How a caller passes arrays of bfloat16 and FP8, which a __cuda_array_interface__ cannot name.
+NARROW_ARRAYS_DOC = (
+    "bfloat16 and FP8 arrays: a PyTorch tensor, a JAX or other DLPack array, or a CuPy array of ml_dtypes' dtype "
+    "(a __cuda_array_interface__ typestr cannot name them)"
+)
 
 
 class ArgDecl(Record):
@@ -204,10 +210,12 @@ class KernelDecl(Record):
                 align = f", {a.align}-byte aligned" if a.align else ""
                 lines.append(f"  {a.name}: GPU array, {dtype}, shape ({shape}), C-contiguous{align}, intent {a.intent}")
             else:
-                lines.append(f"  {a.name}: scalar, {dtype}")
+                lines.append(f"  {a.name}: scalar, {dtype}{_scalar_note(self.type_params.get(a.dtype, (a.dtype,)))}")
         for c, values in self.constants.items():
             lines.append(f"  {c}: constant, keyword only, one of {list(values)!r}" + (" (the only value)" if len(values) == 1 else ""))
         lines.append(f"  {STREAM_DOC}")
+        if any(d in ML_DTYPES for a in user if a.is_array for d in self.type_params.get(a.dtype, (a.dtype,))):
+            lines.append(NARROW_ARRAYS_DOC)
         computed = [(a.name, tree_text(a.value)) for a in self.args if a.value is not None]
         if computed:
             lines.append("Not passed (computed from the key): " + ", ".join(n if n == e else f"{n} = {e}" for n, e in computed))
@@ -242,3 +250,17 @@ class KernelDecl(Record):
             for c, values in self.constants.items():
                 lines.append(f"  {c}: one of {list(values)!r}" + (" (the default)" if len(values) == 1 else ""))
         return "\n".join(lines)
+
+
+def _scalar_note(dtypes: tuple[str, ...]) -> str:
+    """What a caller passes for a scalar of these dtypes, where a plain number does not say it:
+    bfloat16 and FP8 from a real number, complex, bool."""
+    if all(d == "bool" for d in dtypes):
+        return " (True or False)"
+    if any(d in COMPLEX_DTYPES for d in dtypes):
+        return " (a complex or real number)"
+    if any(d in ML_DTYPES for d in dtypes):
+        return " (a real number, rounded to nearest even" + (
+            ", FP8 through ml_dtypes)" if any(d.startswith("float8") for d in dtypes) else ")"
+        )
+    return ""

@@ -9,10 +9,11 @@ from __future__ import annotations
 from _thread import allocate_lock  # threading.Lock itself, without importing threading
 
 from . import cuda_seam
-from .args import _CODES, CUPY, TORCH, array_reader, stream_handle
+from .args import _CODES, CUPY, TORCH, VIA_DLPACK, array_reader, stream_handle
 from .cuda_seam import CACHE_LIMIT, CU_STREAM_LEGACY, check_cuda
 from .expr import compile_expr
-from .params import PACK_ERRORS, POINTER, ParamBuffer
+from .params import BYTES16, CONVERT, PACK_ERRORS, POINTER, ParamBuffer
+from .scalars import c_scalar
 from .selection import ptx_driver_needed
 from .values import MAX_SIZE, instance_env
 
@@ -31,6 +32,13 @@ _NO_CONSTANTS: Mapping[str, Any] = {}
 # How the fast path takes each argument: an array is its alignment in bytes (1 or more), so that
 # one `ptr % kind` checks it; a scalar is 0, a key scalar (its value picks the bucket) -1.
 _SCALAR, _KEY_SCALAR = 0, -1
+# The scalar dtypes that the parameter buffer has no struct code for, by the unsigned integer of
+# their size: scalars.c_scalar gives their C value (bfloat16 and FP8 as their bits, bool, complex64),
+# and _bits its bytes as that integer; complex128 (16 bytes, 16-aligned) as its 16 bytes.
+_PACKED_AS = {
+    "bfloat16": "uint16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8", "float8_e8m0fnu": "uint8",
+    "bool": "uint8", "complex64": "uint64", "complex128": BYTES16,
+}  # fmt: skip
 
 
 class Launcher:
@@ -113,8 +121,8 @@ class Launcher:
                         cai = obj.__cuda_array_interface__
                         data = cai["data"]
                         sig += (t, cai["typestr"], cai["shape"], data[1], cai.get("strides"))
-                    except (LookupError, TypeError, AttributeError):  # DLPack only, not an array, or not a real
-                        return self._call_checked(list(args), stream, None, constants)  # interface: checked
+                    except Exception:  # DLPack only, not an array, not a real interface, or
+                        return self._call_checked(list(args), stream, None, constants)  # one that refuses: checked
                     ptr = data[0]
                 # an int pointer that fits the parameter (below 2**63), aligned, not null: a null or
                 # odd one (an empty array's, or a mistake) takes the checked path, which says which
@@ -154,7 +162,7 @@ class Launcher:
         try:
             params = plan.take()  # the plan's buffer, unless another thread is launching from it
         except IndexError:
-            params = plan.params.fresh()
+            params = plan.fresh()
         try:
             params.pack(params.storage, 0, *values)
         except PACK_ERRORS:  # a scalar its C type cannot hold: the checked path says which
@@ -203,7 +211,9 @@ class Launcher:
                 self._memo.clear()
             self._memo[memo_key] = head
         plan = _FastPlan(self, call, head, handle, stream, gpu.primary_handle(device))
-        if fast_sig is not None and not plan.empty:  # an empty problem's calls stay on this path: they launch nothing
+        # an empty problem's calls stay on this path: they launch nothing; so do those of an array
+        # read through DLPack, whose dtype its __cuda_array_interface__ typestr does not tell
+        if fast_sig is not None and not plan.empty and all(view.via != VIA_DLPACK for view in call.arrays.values()):
             if len(self._fast) >= CACHE_LIMIT:
                 self._fast.clear()
             try:
@@ -218,8 +228,11 @@ class Launcher:
         try:
             params = plan.take()  # published above: a fast call of another thread may hold it
         except IndexError:
-            params = plan.params.fresh()
-        params.exact.pack_into(params.storage, 0, *[call.c_args[c] for c in self._user_slots])
+            params = plan.fresh()
+        c_values = [call.c_args[c] for c in self._user_slots]
+        for i, _, _ in plan.converts:
+            c_values[i] = _bits(c_values[i])
+        params.exact.pack_into(params.storage, 0, *c_values)
         gpu.launch(device, plan.head, handle, params.address, self.name)
         plan.give(params)
 
@@ -323,18 +336,36 @@ class Launcher:
 class _FastPlan:
     """What a call with a known signature needs: the launch's head (function, grid, block,
     shared bytes), the parameter buffers that its pointers and scalars are packed into
-    (`take()` one, `give()` it back), and its stream (None: asked at each call, see
-    Kernel.__call__)."""
+    (`take()` one, `give()` it back, `fresh()` another), and its stream (None: asked at each
+    call, see Kernel.__call__). `converts` lists the caller's scalars whose dtype struct cannot
+    convert (bfloat16, FP8, bool, complex64: see _PACKED_AS), as (position among the caller's
+    values, dtype, argument); a buffer's `pack` converts those through scalars.c_scalar."""
 
-    __slots__ = ("params", "take", "give", "head", "empty", "stream", "stream_ref", "context")
+    __slots__ = ("params", "take", "give", "head", "empty", "stream", "stream_ref", "context", "converts", "kernel")
 
     def __init__(
         self, launcher: Launcher, call: PreparedCall, head: tuple[Any, ...] | None, stream: int | None, stream_ref: Any, context: int
     ):
         layout = []
-        for (is_array, dtype, user), value in zip(launcher._layout, call.c_args):
-            layout.append((POINTER if is_array else call.types.get(dtype, dtype), user, None if user is not None else value))
-        self.params = ParamBuffer(layout)
+        converts = []
+        for (is_array, dtype, user), value, arg in zip(launcher._layout, call.c_args, launcher.checks.decl.args):
+            kind = POINTER if is_array else call.types.get(dtype, dtype)
+            if kind not in CONVERT:
+                packed = _PACKED_AS.get(kind)
+                if packed is None:
+                    raise TypeError(
+                        f"{launcher.name}(): argument {arg.name!r} is a {kind} scalar, which this runtime cannot pack into a "
+                        "kernel parameter; pass it in a one-element array"
+                    )
+                if user is not None:
+                    converts.append((user, kind, arg.name))
+                else:
+                    value = _bits(value)
+                kind = packed
+            layout.append((kind, user, None if user is not None else value))
+        self.converts = tuple(converts)
+        self.kernel = launcher.name
+        self.params = self.fresh(ParamBuffer(layout))
         # Buffers not in use: cuLaunchKernel reads a buffer while it runs (without the GIL), so a
         # call takes one (list.pop is atomic) and gives it back after its launch; a call that
         # finds none (another thread launches this plan) packs into a fresh one.
@@ -344,3 +375,33 @@ class _FastPlan:
         self.stream = stream
         self.stream_ref = stream_ref  # the user's stream object, so a new object is not mistaken for it
         self.context = context  # the device's primary context (an int): where the launch must happen
+
+    def fresh(self, params: ParamBuffer | None = None) -> ParamBuffer:
+        """A buffer of this plan's layout (`params`, else a new one), whose `pack` converts the
+        scalars that struct cannot (a plan without such scalars packs with struct alone)."""
+        params = params if params is not None else self.params.fresh()
+        if self.converts:
+            params.pack = _converting_pack(params.pack, self.converts, self.kernel)
+        return params
+
+
+def _converting_pack(pack: Callable[..., None], converts: Sequence[tuple[int, str, str]], kernel: str) -> Callable[..., None]:
+    """`pack` (a struct's pack_into) after the caller's values at `converts` are made C values
+    (scalars.c_scalar, whose TypeError or ValueError sends the call to the checked path)."""
+
+    def converting(storage: bytearray, offset: int, *values: Any) -> None:
+        given = list(values)
+        for i, dtype, arg in converts:
+            given[i] = _bits(c_scalar(given[i], dtype, kernel, arg))
+        pack(storage, offset, *given)
+
+    return converting
+
+
+def _bits(value: Any) -> int | bytes:
+    """A NumPy scalar's bytes as the unsigned integer that _PACKED_AS packs them as (a
+    complex128's 16 bytes as they are)."""
+    import sys
+
+    data = value.tobytes()
+    return data if len(data) == 16 else int.from_bytes(data, sys.byteorder)

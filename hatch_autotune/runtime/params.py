@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
     from typing import Any
 
 POINTER = "pointer"
+BYTES16 = "bytes16"  # a 16-byte C value given as its bytes (complex128), at a 16-byte aligned offset
 # dtype -> struct code of a caller's value: struct converts it as numpy does (round to nearest,
 # float16 included), and refuses what numpy would turn into inf or wrap around
 CONVERT = {
@@ -22,8 +23,9 @@ CONVERT = {
     "int8": "b", "int16": "h", "int32": "i", "int64": "q",
     "uint8": "B", "uint16": "H", "uint32": "I", "uint64": "Q",
     POINTER: "q",  # signed: a pointer from 2**63 on (none is; a mistake) is refused, as the checked path does
+    BYTES16: "16s",
 }  # fmt: skip
-# dtype -> struct code of a value that is already a C value (args.c_scalar: float16 as its raw bits)
+# dtype -> struct code of a value that is already a C value (scalars.c_scalar: float16 as its raw bits)
 EXACT = {**CONVERT, "float16": "H"}
 # what struct raises for a value it cannot pack as the code asks
 PACK_ERRORS = (struct.error, OverflowError, TypeError, ValueError)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 
-from .args import as_constant
 from .cuda_seam import current_device_cc
 from .errors import short_repr
 from .record import Record
+from .scalars import as_constant
 from .values import MAX_SIZE, types_key
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
@@ -59,14 +59,70 @@ _ARCH_PATTERN = r"(sm|compute)_([0-9]+)([0-9])([af]?)"
 
 
 MIN_SM = 75  # the oldest arch NVRTC 13 targets (sm_75): no build can serve an older GPU
+# The oldest arch NVRTC takes each suffix for (NVRTC 13.5 compiles sm_90a but not sm_80a, and
+# sm_100f but not sm_90f): 'a' is arch-specific (exactly that compute capability), 'f' the family
+# (the same major, that minor or a newer one).
+SUFFIX_FLOOR = {"a": 90, "f": 100}
+
+# Why a binary serves a device, most specific first (`binary_reason`; `Selection.reason`)
+REASONS = ("exact", "arch-specific", "family", "same-major older minor", "PTX JIT")
 
 
 def parse_arch(arch: str) -> tuple[str, int, int, str]:
     """'sm_90a' -> ('sm', 9, 0, 'a'); 'compute_80' -> ('compute', 8, 0, '')."""
     m = re.fullmatch(_ARCH_PATTERN, arch) if isinstance(arch, str) else None
     if not m:
-        raise ValueError(f"not a CUDA arch: {arch!r} (expected e.g. 'sm_90' or 'compute_90')")
+        raise ValueError(f"not a CUDA arch: {arch!r} (expected e.g. 'sm_90', 'sm_90a', 'sm_100f' or 'compute_90')")
     return m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
+
+
+def runs_on(arch: str, device_cc: tuple[int, int]) -> bool:
+    """Whether a binary of `arch` runs on a device, by NVIDIA's rules: 'a' only on exactly its
+    compute capability; 'f' and a plain cubin on the same major with a minor not above the
+    device's; plain PTX on any device not older than it (JIT). The one copy of the rule: the
+    run-time choice and the build's choice of tuning devices both ask it."""
+    kind, major, minor, suffix = parse_arch(arch)
+    if suffix == "a":
+        return (major, minor) == tuple(device_cc)
+    if suffix == "f" or kind == "sm":
+        return major == device_cc[0] and minor <= device_cc[1]
+    return (major, minor) <= tuple(device_cc)
+
+
+def runs_where(arch: str) -> str:
+    """Where a binary of `arch` runs (`runs_on`), in words for `show`: 'sm_90a: 9.0 only
+    (arch-specific)', 'sm_100f: 10.0 and later 10.x (family)', 'compute_90: 9.0 and later (PTX JIT)'."""
+    kind, major, minor, suffix = parse_arch(arch)
+    if suffix == "a":
+        where = f"{major}.{minor} only"
+    elif suffix == "f" or kind == "sm":
+        where = f"{major}.{minor} and later {major}.x"
+    else:
+        where = f"{major}.{minor} and later"
+    tags = [{"a": "arch-specific", "f": "family"}.get(suffix, ""), "PTX JIT" if kind == "compute" else ""]
+    return f"{arch}: {where}" + (f" ({', '.join(t for t in tags if t)})" if any(tags) else "")
+
+
+def binary_reason(binary: str, device_cc: tuple[int, int]) -> str:
+    """Why `binary` (one that runs there) serves the device, one of REASONS: 'exact' (a plain
+    cubin of its compute capability), 'arch-specific' (sm_90a on 9.0), 'family' (sm_100f on 10.3),
+    'same-major older minor' (sm_80 on 8.6) or 'PTX JIT'."""
+    kind, major, minor, suffix = parse_arch(binary)
+    if kind == "compute":
+        return "PTX JIT"
+    if suffix == "a":
+        return "arch-specific"
+    if suffix == "f":
+        return "family"
+    return "exact" if (major, minor) == tuple(device_cc) else "same-major older minor"
+
+
+def _rank(arch: str) -> tuple[int, int, int]:
+    """Preference among the binaries that run on a device: the newest minor first (a binary made
+    for exactly the device's compute capability before one for an older minor, as DESIGN.md's
+    fallback order says), and at the same minor arch-specific > family > plain."""
+    _, major, minor, suffix = parse_arch(arch)
+    return (major, minor, {"a": 2, "f": 1}.get(suffix, 0))
 
 
 def as_compute_capability(arch: Any) -> tuple[int, int]:
@@ -93,31 +149,26 @@ def as_compute_capability(arch: Any) -> tuple[int, int]:
 def choose_arch(device_cc: tuple[int, int], cubin_archs: Sequence[str], ptx_archs: Sequence[str]) -> tuple[str, str]:
     """Pick the binary for a device: (arch of the binary, 'cubin' or 'ptx').
 
-    Exact cubin (an 'a' arch only on exactly its own device, preferred there) -> a cubin of
-    the same major with a lower minor -> PTX of an arch not above the device (JIT) -> error.
+    Of the cubins that run on it (`runs_on`), the one of the newest minor (its own compute
+    capability's first), and of that minor the most specific (arch-specific, then family, then
+    plain): on 10.3, sm_103a > sm_103f > sm_103 > sm_100f > sm_100; else the PTX that runs (JIT),
+    in the same order; else an error naming the device's arch, the wheel's archs and the fix.
     """
     major, minor = device_cc
-    best: tuple[int, int, str] | None = None
-    for arch in cubin_archs:
-        _, a_major, a_minor, suffix = parse_arch(arch)
-        if a_major != major or a_minor > minor:
-            continue
-        if suffix and a_minor != minor:
-            continue  # arch-specific cubins run only on their own compute capability
-        rank = (a_minor, 1 if suffix else 0)
-        if best is None or rank > best[:2]:
-            best = (rank[0], rank[1], arch)
-    if best is not None:
-        return best[2], "cubin"
-    usable = [a for a in ptx_archs if parse_arch(a)[1:3] <= (major, minor)]
+    cubins = [a for a in cubin_archs if runs_on(a, device_cc)]
+    if cubins:
+        return max(cubins, key=_rank), "cubin"
+    usable = [a for a in ptx_archs if runs_on(a, device_cc)]
     if usable:
-        return max(usable, key=lambda a: parse_arch(a)[1:3]), "ptx"
+        return max(usable, key=_rank), "ptx"
     fix = (
         f"rebuild the wheel with sm_{major}{minor} in `archs`"
         if major * 10 + minor >= MIN_SM
         else f"no wheel can: NVRTC 13, which hatch-autotune builds with, targets sm_{MIN_SM} and newer, so kernels "
         f"of such a wheel need a GPU of compute capability {MIN_SM // 10}.{MIN_SM % 10} or newer"
     )
+    if any(parse_arch(a)[1] == major and parse_arch(a)[3] for a in [*cubin_archs, *ptx_archs]):  # why its own major's did not run
+        fix += " (an 'a' binary runs only on its own compute capability, an 'f' one on its major with a minor not below its own)"
     raise RuntimeError(
         f"no binary in this wheel runs on a device of compute capability {major}.{minor} "
         f"(sm_{major}{minor}): it has cubins for {', '.join(cubin_archs) or 'no arch'} and PTX for "
@@ -146,7 +197,7 @@ def ptx_driver_needed(isa: str, nvrtc: str | None = None) -> tuple[int, int]:
 class Selection(Record):
     """What `Kernel.select` answers: which variant runs, with which config, and why."""
 
-    __slots__ = ("kernel", "variant", "config", "types", "constants", "bucket", "tuned", "arch", "binary")
+    __slots__ = ("kernel", "variant", "config", "types", "constants", "bucket", "tuned", "arch", "binary", "reason")
     kernel: str
     variant: str
     config: Mapping[str, Any]
@@ -156,6 +207,7 @@ class Selection(Record):
     tuned: bool
     arch: str  # the table arch whose choice this is (e.g. 'sm_80' on an sm_86 device)
     binary: str  # the binary that runs: 'sm_80' (cubin) or 'compute_90' (PTX, JIT-compiled)
+    reason: str  # why that binary serves the device, one of REASONS (binary_reason): 'family', ...
 
 
 class Binaries:
@@ -287,6 +339,7 @@ class KernelSelector:
             tuned=entry.tuned,
             arch=table_arch,
             binary=binary,
+            reason=binary_reason(binary, cc),
         )
 
     def binary(self, selection: Selection) -> bytes:

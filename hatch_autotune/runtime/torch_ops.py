@@ -12,8 +12,10 @@ Per kernel K, under a namespace ns (the hook's `torch-namespace`, by default the
              passes.
 
 `operators` derives both from the declaration (a `KernelDecl`) alone, so the build's stub (wheel/stub.py) and the
-registration agree. A schema takes the kernel's arguments in declared order (tensors; scalars as
-`int` or `float` by dtype), then its constants, keyword-only; `(a0!)` marks what it writes.
+registration agree. A schema takes the kernel's arguments in declared order (tensors, of any
+dtype: the kernel's checks name a wrong one; scalars as `int`, `float` (bfloat16 and FP8
+included), `complex` or `bool` by dtype), then its constants, keyword-only; `(a0!)` marks what
+it writes.
 
 Each operator has three implementations: the call (the kernel's own checks, then the launch on
 PyTorch's current stream, where the kernel launches for PyTorch tensors anyway), a fake one for
@@ -26,10 +28,11 @@ whose Python layers cost about 8x as much per call.
 
 from __future__ import annotations
 
-from .args import c_scalar, torch_view
+from .args import torch_view
 from .cuda_seam import CACHE_LIMIT
 from .record import Record
-from .values import INT_RANGES
+from .scalars import c_scalar
+from .values import COMPLEX_DTYPES, INT_RANGES
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
@@ -99,10 +102,15 @@ def functional_blocker(decl: KernelDecl) -> str | None:
 
 
 def scalar_type(dtype: str, type_params: Mapping[str, Sequence[str]]) -> str:
-    """A scalar argument's type in a schema: int, float, or Scalar for a type parameter of both."""
-    dtypes = type_params.get(dtype, (dtype,))
-    integer = [d in INT_RANGES for d in dtypes]
-    return "int" if all(integer) else "float" if not any(integer) else "Scalar"
+    """A scalar argument's type in a schema: int, float (every real float dtype: bfloat16 and FP8
+    scalars are passed as Python floats), complex or bool, or Scalar for a type parameter of
+    several of these."""
+    kinds = {_scalar_kind(d) for d in type_params.get(dtype, (dtype,))}
+    return kinds.pop() if len(kinds) == 1 else "Scalar"
+
+
+def _scalar_kind(dtype: str) -> str:
+    return "bool" if dtype == "bool" else "int" if dtype in INT_RANGES else "complex" if dtype in COMPLEX_DTYPES else "float"
 
 
 def _schema(user: Sequence[ArgDecl], written: Sequence[str], type_params: Mapping[str, Sequence[str]], keywords: str, returns: str) -> str:
@@ -271,9 +279,20 @@ class _Implementation:
             views[self.op.params[i]] = torch_view(args[i], memory=False)
         types, key, env = kernel.checks.check_views(values, views, constants, pointers=False)
         for i, name, dtype in self.scalars:
-            if type(args[i]) in (int, float):  # a symbolic one (torch.compile's) is checked at the call
+            if type(args[i]) in (int, float, complex, bool):  # a symbolic one (torch.compile's) is checked at the call
                 c_scalar(args[i], types.get(dtype, dtype), kernel.name, name)
         return [
-            (kernel.checks.expected_shape(name, env, key), getattr(self.torch, types.get(dtype, dtype)))
+            (kernel.checks.expected_shape(name, env, key), self._torch_dtype(types.get(dtype, dtype), name))
             for name, dtype in zip(self.op.returns, self.out_dtypes)
         ]
+
+    def _torch_dtype(self, dtype: str, arg: str) -> Any:
+        """PyTorch's dtype of ours (the same name: torch.bfloat16, torch.float8_e5m2), or an
+        error saying that this PyTorch has none (float8_e8m0fnu came in PyTorch 2.7)."""
+        found = getattr(self.torch, dtype, None)
+        if found is None:
+            raise TypeError(
+                f"{self.kernel_name}(): output {arg!r} is {dtype}, which PyTorch {self.torch.__version__} has no dtype for; "
+                "a newer PyTorch has"
+            )
+        return found

@@ -6,7 +6,9 @@
 // tally are __host__ __device__, and HATCH_AUTOTUNE_COMPARE then defines a serial host loop
 // instead of the kernel. tests/test_device_verify.py runs that loop against verify.compare_host,
 // which is how the rule is proven on a machine without a GPU. Nothing here includes a header
-// (NVRTC ships no cuda_fp16.h and no libc): float16 is read as its bits and converted here.
+// (NVRTC is not given the toolkit's headers for this program, and there is no libc): float16,
+// bfloat16 and the FP8 formats are read as their bits and decoded here, complex as two floats
+// or doubles, bool as its byte.
 //
 // device_verify.py appends one `HATCH_AUTOTUNE_COMPARE(got, expected)` line per dtype pair.
 // Compile with --fmad=false (host: -ffp-contract=off): NumPy rounds `rtol * |e|` before adding
@@ -86,6 +88,48 @@ HD inline float half_bits_to_float(unsigned short h) {
     return float_from_bits(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
 }
 
+// bfloat16 bits -> float: the upper half of a float32 (NaN payloads kept).
+HD inline float bfloat16_bits_to_float(unsigned short b) { return float_from_bits((unsigned int)b << 16); }
+
+// float8_e4m3fn (sign, 4 exponent bits biased by 7, 3 mantissa bits; no infinities, S.1111.111
+// is NaN, the largest value 448) -> float: every value is exactly a float, subnormals included.
+HD inline float e4m3fn_bits_to_float(unsigned char b) {
+    unsigned int sign = (unsigned int)(b >> 7) << 31;
+    unsigned int exponent = (b >> 3) & 0xf;
+    unsigned int mantissa = b & 0x7;
+    if (exponent == 0xf && mantissa == 0x7) return float_from_bits(sign | 0x7fc00000u);
+    if (exponent == 0) {
+        if (mantissa == 0) return float_from_bits(sign);
+        unsigned int biased = 127 - 7 + 1;  // a subnormal is mantissa * 2^-9
+        while (!(mantissa & 0x8)) {
+            mantissa <<= 1;
+            biased -= 1;
+        }
+        return float_from_bits(sign | (biased << 23) | ((mantissa & 0x7) << 20));
+    }
+    return float_from_bits(sign | ((exponent + 127 - 7) << 23) | (mantissa << 20));
+}
+
+// float8_e5m2 is the upper byte of an IEEE binary16 (same exponent, 2 of its 10 mantissa bits):
+// infinities, NaNs and subnormals as float16 has them.
+HD inline float e5m2_bits_to_float(unsigned char b) { return half_bits_to_float((unsigned short)(b << 8)); }
+
+// float8_e8m0fnu: 2^(b - 127), no sign, no zero; 0xff is NaN. 2^-127 (b = 0) is a float32 subnormal.
+HD inline float e8m0fnu_bits_to_float(unsigned char b) {
+    if (b == 0xff) return float_from_bits(0x7fc00000u);
+    return float_from_bits(b == 0 ? 0x00400000u : (unsigned int)b << 23);
+}
+
+// A correctly rounded square root: IEEE on both sides (not hypot, whose last bit libm and CUDA
+// compute differently), so that complex magnitudes are the same numbers on the host and the device.
+HD inline double sqrt_rn(double x) {
+#ifdef __CUDA_ARCH__
+    return __dsqrt_rn(x);
+#else
+    return __builtin_sqrt(x);
+#endif
+}
+
 // |x| as np.abs gives it (+0 for -0, so that a worst error is never a negative zero's bits).
 template <typename W> HD inline W magnitude(W x) { return x < W(0) ? -x : (x == W(0) ? W(0) : x); }
 template <typename W> HD inline bool is_nan(W x) { return x != x; }
@@ -96,24 +140,54 @@ template <typename W> HD inline bool is_infinite(W x) { return x > largest<W>::v
 
 // ---- dtypes: how an element is stored and what number it is ----------------------------------
 
-struct dt_float16 {
-    typedef unsigned short bits;
-    static constexpr bool floating = true, wide = false;
-    HD static float value(bits b) { return half_bits_to_float(b); }
-};
-struct dt_float32 {
-    typedef unsigned int bits;
-    static constexpr bool floating = true, wide = false;
-    HD static float value(bits b) { return float_from_bits(b); }
-};
+// What a dtype's values are, which picks the rule: integers (and bool) exact, real floats within
+// a tolerance in a work type, complex on magnitudes in double.
+enum { KIND_INTEGER = 0, KIND_FLOAT = 1, KIND_COMPLEX = 2 };
+
+// The real floats up to 32 bits: every value decodes to a float exactly.
+#define HATCH_AUTOTUNE_NARROW_FLOAT(NAME, BITS, DECODE)     \
+    struct dt_##NAME {                                      \
+        typedef BITS bits;                                  \
+        static constexpr int kind = KIND_FLOAT;             \
+        static constexpr bool wide = false;                 \
+        HD static float value(bits b) { return DECODE(b); } \
+    };
+HATCH_AUTOTUNE_NARROW_FLOAT(float16, unsigned short, half_bits_to_float)
+HATCH_AUTOTUNE_NARROW_FLOAT(float32, unsigned int, float_from_bits)
+HATCH_AUTOTUNE_NARROW_FLOAT(bfloat16, unsigned short, bfloat16_bits_to_float)
+HATCH_AUTOTUNE_NARROW_FLOAT(float8_e4m3fn, unsigned char, e4m3fn_bits_to_float)
+HATCH_AUTOTUNE_NARROW_FLOAT(float8_e5m2, unsigned char, e5m2_bits_to_float)
+HATCH_AUTOTUNE_NARROW_FLOAT(float8_e8m0fnu, unsigned char, e8m0fnu_bits_to_float)
 struct dt_float64 {
     typedef u64 bits;
-    static constexpr bool floating = true, wide = true;
+    static constexpr int kind = KIND_FLOAT;
+    static constexpr bool wide = true;
     HD static double value(bits b) { return double_from_bits(b); }
 };
+
+// complex64: one 8-byte word, the real part's float in its low half (little-endian, as NumPy and
+// the GPU store it); complex128: two doubles' words. Parts are read as doubles (exactly).
+struct dt_complex64 {
+    typedef u64 bits;
+    static constexpr int kind = KIND_COMPLEX;
+    HD static double re(bits b) { return (double)float_from_bits((unsigned int)(b & 0xffffffffu)); }
+    HD static double im(bits b) { return (double)float_from_bits((unsigned int)(b >> 32)); }
+};
+struct c128_bits {
+    u64 re, im;
+};
+HD inline bool operator==(const c128_bits& a, const c128_bits& b) { return a.re == b.re && a.im == b.im; }
+struct dt_complex128 {
+    typedef c128_bits bits;
+    static constexpr int kind = KIND_COMPLEX;
+    HD static double re(bits b) { return double_from_bits(b.re); }
+    HD static double im(bits b) { return double_from_bits(b.im); }
+};
+
 template <typename T> struct dt_integer {
     typedef T bits;
-    static constexpr bool floating = false, wide = false;
+    static constexpr int kind = KIND_INTEGER;
+    static constexpr bool wide = false;
     HD static T value(bits b) { return b; }
 };
 struct dt_int8 : dt_integer<signed char> {};
@@ -124,11 +198,16 @@ struct dt_uint8 : dt_integer<unsigned char> {};
 struct dt_uint16 : dt_integer<unsigned short> {};
 struct dt_uint32 : dt_integer<unsigned int> {};
 struct dt_uint64 : dt_integer<unsigned long long> {};
+struct dt_bool : dt_integer<unsigned char> {};  // its byte: the poison 0x5A is neither false nor true
+
+// Bitwise equality where both sides store the same dtype; never where they do not.
+template <typename A, typename B> HD inline bool same_bits(const A&, const B&) { return false; }
+template <typename A> HD inline bool same_bits(const A& a, const A& b) { return a == b; }
 
 template <typename A, typename B> struct same_layout { static constexpr bool value = false; };
 template <typename A> struct same_layout<A, A> { static constexpr bool value = true; };
 
-// NumPy's result_type(got, expected, float32): float32 for float16/32, float64 when either is.
+// verify.work_dtype: float32 for float16/32, bfloat16 and FP8, float64 when either is.
 template <bool Wide> struct work_type { typedef float type; };
 template <> struct work_type<true> { typedef double type; };
 
@@ -140,9 +219,9 @@ struct Verdict {
     double error;    // |got - expected| when it differs (NaN, i.e. NaN against an infinity, as inf)
 };
 
-template <typename G, typename E, bool Floating = G::floating> struct Rule;
+template <typename G, typename E, int Kind = G::kind> struct Rule;
 
-template <typename G, typename E> struct Rule<G, E, true> {
+template <typename G, typename E> struct Rule<G, E, KIND_FLOAT> {
     typedef typename work_type<G::wide || E::wide>::type W;
     HD static Verdict judge(typename G::bits got, typename E::bits expected, W rtol, W atol) {
         W g = (W)G::value(got), e = (W)E::value(expected);
@@ -159,7 +238,29 @@ template <typename G, typename E> struct Rule<G, E, true> {
     }
 };
 
-template <typename G, typename E> struct Rule<G, E, false> {
+// Complex: magnitudes in double, each step rounded (compare.cu and verify._judge_complex agree
+// bit for bit). NaN when a part is; infinite when a part is and none is NaN.
+template <typename G, typename E> struct Rule<G, E, KIND_COMPLEX> {
+    typedef double W;
+    HD static Verdict judge(typename G::bits got, typename E::bits expected, W rtol, W atol) {
+        W gr = G::re(got), gi = G::im(got), er = E::re(expected), ei = E::im(expected);
+        bool nan_e = is_nan(er) || is_nan(ei);
+        Verdict v;
+        v.unwritten = (is_nan(gr) || is_nan(gi)) && !nan_e;
+        W dr = gr - er, di = gi - ei;
+        W dr2 = dr * dr, di2 = di * di;  // each product rounded on its own: no fused multiply-add
+        W err = sqrt_rn(dr2 + di2);
+        W er2 = er * er, ei2 = ei * ei;
+        W scaled = rtol * sqrt_rn(er2 + ei2);
+        W tol = atol + scaled;
+        bool infinite = (is_infinite(er) || is_infinite(ei)) && !nan_e;
+        v.differ = err > tol || (infinite && (gr != er || gi != ei));
+        v.error = is_nan(err) ? double_from_bits(0x7ff0000000000000ULL) : err;  // +inf
+        return v;
+    }
+};
+
+template <typename G, typename E> struct Rule<G, E, KIND_INTEGER> {
     typedef double W;  // integers compare exactly; the tolerances are not used
     HD static Verdict judge(typename G::bits got, typename E::bits expected, W, W) {
         Verdict v;
@@ -203,7 +304,7 @@ template <typename G, typename E> HD inline void add_element(Tally& t, u64 i, co
                                                              typename Rule<G, E>::W rtol, typename Rule<G, E>::W atol) {
     typename G::bits g = ((const typename G::bits*)got)[i];
     typename E::bits e = ((const typename E::bits*)expected)[i];
-    if (same_layout<G, E>::value && g == e) return;  // bitwise the reference: NaN bits included
+    if (same_layout<G, E>::value && same_bits(g, e)) return;  // bitwise the reference: NaN bits included
     add(t, i, Rule<G, E>::judge(g, e, rtol, atol));
 }
 

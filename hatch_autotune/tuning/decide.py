@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..declare.config import Mode, ProjectSpec
-from ..plan.devices import Gpu
+from ..plan.devices import Gpu, tunable_targets
 from ..plan.planner import Instance, Plan, Point, resolve_archs
 from ..text import Log
 from .errors import TuningError
@@ -18,8 +18,8 @@ Todo = list[tuple[str, Instance, list[Point]]]  # per arch and type instance, th
 
 @dataclass(frozen=True)
 class TuningPlan:
-    """The target archs this machine tunes (each has a device here), all the target archs, and
-    what it warns about."""
+    """The target archs this machine tunes (a device here tunes each: `Gpu.can_tune`), all the
+    target archs, and what it warns about."""
 
     archs: tuple[str, ...]
     targets: tuple[str, ...] = ()
@@ -32,10 +32,11 @@ def _device(g: Gpu) -> str:
 
 
 def plan_tuning(project: ProjectSpec, gpus: Sequence[Gpu], mode: Mode) -> TuningPlan:
-    """Every target arch that has a device here is tuned, on those devices only. `offline`
-    tunes nothing; `tune` and `retune` need a device of a target arch (TuningError otherwise);
-    `auto` without one builds from the lock, and says so in a note. One warning for target archs
-    without a device, one for devices of other archs."""
+    """Every target arch that a device here tunes (`Gpu.can_tune`: a 9.0 GPU tunes sm_90 and
+    sm_90a, an 8.6 one not sm_80) is tuned, on those devices only. `offline` tunes nothing;
+    `tune` and `retune` need a device that tunes a target arch (TuningError otherwise); `auto`
+    without one builds from the lock, and says so in a note. One warning for target archs no
+    device here tunes, one for devices that tune none."""
     if mode == Mode.OFFLINE:
         return TuningPlan(())
     if not gpus:
@@ -49,19 +50,18 @@ def plan_tuning(project: ProjectSpec, gpus: Sequence[Gpu], mode: Mode) -> Tuning
             )
         raise TuningError(f"tuning (mode '{mode}') needs a CUDA GPU on this machine and none was found")
     targets = resolve_archs(project, gpus)
-    here = {g.arch for g in gpus}
-    archs = tuple(a for a in targets if a in here)
+    archs = tunable_targets(targets, gpus)
     if not archs:
         why = f"no GPU here is of a target arch ({', '.join(targets)}); devices: {', '.join(map(_device, gpus))}"
         if mode == Mode.AUTO:
             return TuningPlan((), targets, (f"{why}; not tuning",))
         raise TuningError(f"{why}; add their arch to `archs` or tune on a builder with such a GPU")
     warnings = []
-    missing = [a for a in targets if a not in here]
+    missing = [a for a in targets if a not in archs]
     if missing:
         their = "its" if len(missing) == 1 else "their"
         warnings.append(f"no GPU here is {', '.join(missing)}: {their} entries are not tuned on this machine")
-    others = [g for g in gpus if g.arch not in targets]
+    others = [g for g in gpus if not any(g.can_tune(t) for t in targets)]
     if others:
         one = len(others) == 1
         warnings.append(

@@ -23,14 +23,22 @@ from ..compile.nvrtc import CompileJob, compile_all
 from ..declare.args import DTYPES
 from ..errors import BuildError
 from ..runtime import check_cuda
+from .dtypes import dtype_name, kind, numpy_dtype
 from .verify import Mismatch
 
 Pair = tuple[str, str]  # (dtype of the variant's output, dtype of the reference)
 
 # Every dtype against itself, and a reference wider than the output (a user's float64 reference
-# for a float32 kernel, say). Not the other way round: a narrower reference has lost the digits
-# that the tolerance is about.
-PAIRS: tuple[Pair, ...] = (*tuple((d, d) for d in DTYPES), ("float16", "float32"), ("float16", "float64"), ("float32", "float64"))
+# for a float32 kernel, a float32 one for a bfloat16 or FP8 kernel, say). Not the other way round:
+# a narrower reference has lost the digits that the tolerance is about. Any other pair is
+# compared on the host (verify.compare_host), which takes every pair it can judge.
+_NARROW = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu")
+PAIRS: tuple[Pair, ...] = (
+    *tuple((d, d) for d in DTYPES),
+    *tuple((d, wide) for d in _NARROW for wide in ("float32", "float64")),
+    ("float32", "float64"),
+    ("complex64", "complex128"),
+)
 
 # The record a launch leaves (compare.cu's CompareRecord): five little-endian uint64, in order.
 # Before each launch the firsts are set to all-ones bytes (no index) and the rest to zero bytes.
@@ -159,8 +167,7 @@ class DeviceComparer:
         comparison after the variant's launch. Waits for the stream."""
         import numpy as np
 
-        g_dtype, e_dtype = np.dtype(got_dtype), np.dtype(expected_dtype)
-        pair = (g_dtype.name, e_dtype.name)
+        pair = (dtype_name(got_dtype), dtype_name(expected_dtype))
         if not supports(*pair):
             raise ValueError(f"no compare kernel for {pair[0]} outputs against {pair[1]} references")
         shape = tuple(int(s) for s in shape)
@@ -181,8 +188,8 @@ class DeviceComparer:
             found = decode_record(self._host.tobytes())
         got_at = expected_at = None
         if found.differ:
-            got_at = self._element(got_ptr, g_dtype, found.first_differ)
-            expected_at = self._element(expected_ptr, e_dtype, found.first_differ)
+            got_at = self._element(got_ptr, pair[0], found.first_differ)
+            expected_at = self._element(expected_ptr, pair[1], found.first_differ)
         return Mismatch(
             name,
             shape,
@@ -220,10 +227,13 @@ class DeviceComparer:
             config = self._configs[blocks] = self._cuda.LaunchConfig(grid=blocks, block=BLOCK)
         return config
 
-    def _element(self, ptr: int, dtype: Any, index: int) -> float | int:
-        """One element from the device, as compare_host reports it (a float for floats)."""
+    def _element(self, ptr: int, name: str, index: int) -> float | complex | int:
+        """One element from the device, as compare_host reports it: a float for real floats, a
+        complex for complex, an int for integers and for a bool's byte."""
         import numpy as np
 
+        what = kind(name)
+        dtype = np.dtype(np.uint8) if what == "bool" else numpy_dtype(name)
         one = np.empty(1, dtype)
         check_cuda(self._cuda.driver.cuMemcpyDtoH(one.ctypes.data, int(ptr) + index * dtype.itemsize, dtype.itemsize), "cuMemcpyDtoH")
-        return float(one[0]) if np.issubdtype(dtype, np.floating) else int(one[0])
+        return float(one[0]) if what == "float" else complex(one[0]) if what == "complex" else int(one[0])

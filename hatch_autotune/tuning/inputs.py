@@ -6,8 +6,12 @@ A user generator is named in the config as `inputs = "module:function"` and call
 arguments (every argument without `value`, outputs included). A reference is
 `reference = "module:function"`, called with those inputs as keyword arguments (copies) and
 returning {output name: array} (or one array when the kernel has one output); each array has its
-output's shape and a real numeric dtype (a float64 reference for a float32 output is fine: the
-comparison runs in float64).
+output's shape and a numeric dtype of ours (a float64 reference for a float32 output, a float32
+one for a bfloat16 or FP8 output, are fine: the comparison runs in the wider dtype), complex only
+for a complex output.
+
+Every dtype is a NumPy dtype through `dtypes.numpy_dtype` (ml_dtypes' for bfloat16 and FP8): a
+hook's arrays of those dtypes are ml_dtypes arrays (`x.astype(ml_dtypes.bfloat16)`).
 
 Whatever a hook does wrong (its module or function missing, an exception, a result of the wrong
 names, shapes or dtypes) is an InputError, a BuildError: one message that names the kernel, the
@@ -29,6 +33,8 @@ from typing import Any
 
 from ..declare.config import KernelSpec
 from ..errors import BuildError
+from ..runtime.values import DTYPE_SIZES
+from .dtypes import dtype_name, kind, numpy_dtype, part_dtype
 
 
 class InputError(BuildError, ValueError):
@@ -100,24 +106,41 @@ def input_bytes(spec: KernelSpec, key: Mapping[str, int], types: Mapping[str, An
 
 
 RANDOM_BLOCK = 1 << 22  # elements drawn from one seed: blocks are drawn in parallel, the same data whatever the threads
+E8M0_EXPONENTS = (-4, 4)  # float8_e8m0fnu inputs (scales): 2^-4 ... 2^4, whose products stay far from overflow
 
 
 def _random_array(shape: tuple[int, ...], dtype: str, seed: Sequence[int]) -> Any:
-    """~ N(0, 1) (never 0) for floats, integers in [1, 100) otherwise; drawn in blocks of
-    RANDOM_BLOCK elements, each from its own child of `seed`, on as many threads as there are
+    """Never all zeros, so that a kernel that writes nothing or reads the wrong element shows:
+    ~ N(0, 1) (never 0) for real floats, bfloat16 and FP8 drawn as float32 and rounded; positive
+    powers of two for float8_e8m0fnu (its only values); real and imaginary parts ~ N(0, 1) for
+    complex; random booleans (at least one true); integers in [1, 100) otherwise. Drawn in blocks
+    of RANDOM_BLOCK elements, each from its own child of `seed`, on as many threads as there are
     CPUs (NumPy draws without the GIL): a 512 MB array takes a fraction of a second, not seconds."""
     import numpy as np
 
-    out = np.empty(math.prod(shape), dtype)
+    out = np.empty(math.prod(shape), numpy_dtype(dtype))
     children = np.random.SeedSequence(list(seed)).spawn(max(1, -(-out.size // RANDOM_BLOCK)))
-    draw_as = np.float64 if dtype == "float64" else np.float32
+    what = kind(dtype)
+
+    def normal(rng: Any, n: int, as_dtype: str) -> Any:
+        drawn = rng.standard_normal(n, dtype=np.float64 if as_dtype == "float64" else np.float32)
+        drawn[drawn == 0] = 1
+        return drawn
 
     def fill(i: int) -> None:
         block = out[i * RANDOM_BLOCK : (i + 1) * RANDOM_BLOCK]
         rng = np.random.default_rng(children[i])
-        if dtype.startswith("float"):
-            block[:] = rng.standard_normal(block.size, dtype=draw_as)
-            block[block == 0] = 1  # never zeros
+        if dtype == "float8_e8m0fnu":  # the biased exponent is the byte
+            low, high = E8M0_EXPONENTS
+            block.view(np.uint8)[:] = 127 + rng.integers(low, high, size=block.size, endpoint=True)
+        elif what == "float":
+            block[:] = normal(rng, block.size, dtype)
+            block[block == 0] = 1  # never zeros, where rounding to a narrow dtype made one
+        elif what == "complex":
+            part = part_dtype(dtype)
+            block.view(numpy_dtype(part))[:] = normal(rng, 2 * block.size, part)  # real, imaginary interleaved
+        elif what == "bool":
+            block[:] = rng.integers(0, 2, size=block.size).astype(bool)
         else:
             block[:] = rng.integers(1, 100, size=block.size)
 
@@ -128,7 +151,52 @@ def _random_array(shape: tuple[int, ...], dtype: str, seed: Sequence[int]) -> An
 
         with ThreadPoolExecutor(min(len(children), os.cpu_count() or 1)) as pool:
             list(pool.map(fill, range(len(children))))
+    if what == "bool" and out.size and not out.any():
+        out[0] = True
     return out.reshape(shape)
+
+
+def _random_scalar(dtype: str, rng: Any) -> Any:
+    """A scalar != 0 of `dtype`: a float in [0.5, 2] rounded to the dtype (so that a reference
+    computes with the value the kernel gets), a power of two for float8_e8m0fnu, a complex with
+    both parts so, a random bool, an integer in [1, 8)."""
+    what = kind(dtype)
+    if dtype == "float8_e8m0fnu":
+        low, high = E8M0_EXPONENTS
+        return 2.0 ** int(rng.integers(low, high, endpoint=True))
+    if what == "float":
+        return float(numpy_dtype(dtype).type(rng.uniform(0.5, 2.0)))
+    if what == "complex":
+        part = numpy_dtype(part_dtype(dtype)).type
+        return complex(float(part(rng.uniform(0.5, 2.0))), float(part(rng.uniform(0.5, 2.0))))
+    if what == "bool":
+        return bool(rng.integers(0, 2))
+    return int(rng.integers(1, 8))
+
+
+def _scalar_problem(dtype: str, value: Any) -> str | None:
+    """What a user's scalar of `dtype` should have been, or None when it is fine: a number for
+    real floats (NumPy's and ml_dtypes' scalars included), a number for complex, a bool for bool,
+    an integer for integers; never a bool where a number is meant."""
+    import numpy as np
+
+    what = kind(dtype)
+    if what == "bool":
+        return None if isinstance(value, (bool, np.bool_)) else "a bool"
+    if isinstance(value, (bool, np.bool_)):
+        return "an integer" if what == "int" else "a number"
+    if what == "int":
+        return None if isinstance(value, numbers.Integral) else "an integer"
+    accepted = numbers.Real if what == "float" else numbers.Complex
+    if isinstance(value, accepted) or (isinstance(value, np.generic) and _ours(value.dtype) in ("float", what)):
+        return None
+    return "a number"
+
+
+def _ours(dtype: Any) -> str | None:
+    """The kind of a NumPy dtype when it is one of ours, else None."""
+    name = dtype_name(dtype)
+    return kind(name) if name in DTYPE_SIZES else None
 
 
 @dataclass(frozen=True)
@@ -203,9 +271,7 @@ class InputRecipe:
 
     def nbytes(self) -> int:
         """What the arrays hold, in bytes (the scheduler's cost estimate; nothing is made)."""
-        import numpy as np
-
-        return sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in self.args if a.shape is not None)
+        return sum(math.prod(a.shape) * DTYPE_SIZES[a.dtype] for a in self.args if a.shape is not None)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -239,22 +305,24 @@ class InputRecipe:
         return self._generated()
 
     def _random(self) -> dict[str, Any]:
-        """Arrays ~ N(0, 1) (ints in [1, 100)), scalars != 0. Output-only arrays are zeros (not
-        touched: the worker allocates and poisons them on the device, only their shape and dtype
-        matter)."""
+        """Arrays as _random_array draws them, scalars as _random_scalar. Output-only arrays are
+        zeros (not touched: the worker allocates and poisons them on the device, only their shape
+        and dtype matter)."""
         import numpy as np
 
         rng = np.random.default_rng(self.seed)
         out: dict[str, Any] = {}
         for a in self.args:
             if a.shape is not None:
-                out[a.name] = np.zeros(a.shape, a.dtype) if a.intent == "out" else _random_array(a.shape, a.dtype, (self.seed, a.position))
+                out[a.name] = (
+                    np.zeros(a.shape, numpy_dtype(a.dtype))
+                    if a.intent == "out"
+                    else _random_array(a.shape, a.dtype, (self.seed, a.position))
+                )
             elif a.key_dim is not None:
                 out[a.name] = self.key[a.key_dim]
-            elif a.dtype.startswith("float"):
-                out[a.name] = float(rng.uniform(0.5, 2.0))
             else:
-                out[a.name] = int(rng.integers(1, 8))
+                out[a.name] = _random_scalar(a.dtype, rng)
         return out
 
     def _generated(self) -> dict[str, Any]:
@@ -276,19 +344,16 @@ class InputRecipe:
         for a in self.args:
             value = got[a.name]
             if a.shape is not None:
-                if not isinstance(value, np.ndarray) or value.dtype != np.dtype(a.dtype) or value.shape != a.shape:
+                if not isinstance(value, np.ndarray) or value.dtype != numpy_dtype(a.dtype) or value.shape != a.shape:
                     found = (
                         f"a {value.dtype} array of shape {value.shape}" if isinstance(value, np.ndarray) else f"a {type(value).__name__}"
                     )
                     raise InputError(f"{where}: argument {a.name!r} must be a {a.dtype} array of shape {a.shape}, got {found}")
                 out[a.name] = np.ascontiguousarray(value)  # uploaded as raw bytes in C order
                 continue
-            integral = not a.dtype.startswith("float")
-            kind = numbers.Integral if integral else numbers.Real
-            if isinstance(value, bool) or not isinstance(value, kind):
-                raise InputError(
-                    f"{where}: argument {a.name!r} must be {'an integer' if integral else 'a number'} ({a.dtype}), got {value!r}"
-                )
+            wanted = _scalar_problem(a.dtype, value)
+            if wanted is not None:
+                raise InputError(f"{where}: argument {a.name!r} must be {wanted} ({a.dtype}), got {value!r}")
             if a.key_dim is not None and value != self.key[a.key_dim]:
                 dim = a.key_dim
                 raise InputError(
@@ -327,12 +392,20 @@ class InputRecipe:
             except Exception:
                 array = None
             shape = np.shape(inputs[a.name]) if a.name in inputs else None
-            if array is None or array.dtype.kind not in "biuf" or (shape is not None and array.shape != shape):
+            if array is None or not _reference_fits(a.dtype, array.dtype) or (shape is not None and array.shape != shape):
                 found = f"{array.dtype} array of shape {array.shape}" if array is not None else type(value).__name__
                 want = f"shape {shape}" if shape is not None else "the output's shape"
-                raise InputError(f"{where}: output {a.name!r} must be a real numeric array of {want}, got {found}")
+                numeric = "numeric" if kind(a.dtype) == "complex" else "real numeric"
+                raise InputError(f"{where}: output {a.name!r} must be a {numeric} array of {want}, got {found}")
             out[a.name] = np.ascontiguousarray(array)
         return out
+
+
+def _reference_fits(output: str, reference: Any) -> bool:
+    """Whether a reference array's dtype can verify an output of dtype `output`: one of ours, and
+    complex only for a complex output (verify.comparison)."""
+    found = _ours(reference)
+    return found is not None and (found != "complex" or kind(output) == "complex")
 
 
 def random_inputs(spec: KernelSpec, types: Mapping[str, str], key: Mapping[str, int], seed: int) -> dict[str, Any]:

@@ -3,8 +3,10 @@
 Each node advertises how many GPUs of each arch it has as a custom resource
 (`hatch-autotune ray-resources` prints them for `ray start --resources`), so one cluster of H100s
 and A100s tunes sm_90 and sm_80 in one run (Kernel Tuner's Ray runner refuses a cluster whose GPUs
-differ). An actor holds one GPU (`num_gpus=1` and one unit of its arch's resource), renders the
-project once, and tunes the buckets it is sent with the code a local GPU runs (`BucketTuning`:
+differ). An actor holds one GPU (`num_gpus=1` and one unit of its arch's resource) and tunes every
+target arch that GPU tunes (`tuning_gpus`: an sm_90a target runs on the sm_90 actors, beside
+sm_90's buckets, never two buckets at once on one GPU); it renders the project once, and tunes the
+buckets it is sent with the code a local GPU runs (`BucketTuning`:
 compiling on its node's CPUs while it measures, crashes isolated in its worker process). The
 driver keeps the lock: `run_tuning` merges each entry as it arrives and saves it. Only plain data
 crosses Ray: the project directory (shipped as the job's working_dir), entry ids, warm starts,
@@ -32,7 +34,7 @@ from ..compile.tiers import open_compile_cache
 from ..declare.config import Mode, ProjectSpec
 from ..declare.settings import RAY_VAR, ray_host_port
 from ..lock import LockEntry
-from ..plan.devices import Gpu
+from ..plan.devices import Gpu, tunable_targets, tuning_gpus
 from ..plan.planner import make_plan, target_archs
 from ..runtime import short_repr
 from ..text import Log
@@ -80,20 +82,22 @@ def _ray(address: str | None = None) -> Any:
 
 
 class TuneActor:
-    """One GPU of the cluster (Ray sets CUDA_VISIBLE_DEVICES, so its worker opens device 0).
+    """One GPU of the cluster (Ray sets CUDA_VISIBLE_DEVICES, so its worker opens device 0), for
+    the target archs `targets` (those its GPU tunes: sm_90 and sm_90a on a 9.0 GPU).
     `worker`: {"command": [...], "env": {...}} instead of the GPU worker (tests, benchmarks)."""
 
-    def __init__(self, arch: str, worker: Mapping[str, Any] | None = None, root: str | None = None):
+    def __init__(self, targets: Sequence[str], worker: Mapping[str, Any] | None = None, root: str | None = None):
         from ..declare.project import load_project
 
-        self.arch = arch
+        self.targets = tuple(targets)
         self.root = Path(root or os.getcwd())  # the shipped working_dir
         self.project = load_project(self.root)
-        self.plan = make_plan(self.project, [arch], log=lambda _: None)
-        self.jobs = {p.eid: BucketJob(inst, p) for inst in self.plan.instances for p in inst.points[arch]}
+        self.plan = make_plan(self.project, list(self.targets), log=lambda _: None)
+        self.jobs = {p.eid: BucketJob(inst, p) for inst in self.plan.instances for arch in self.targets for p in inst.points[arch]}
         self.cache = open_compile_cache(self.project.settings.cache)  # the node's disk, and the shared Redis if its settings name one
-        self.binaries: dict[int, VariantBinaries] = {}
-        self.compare = CompareBinaries(arch, self.cache, output_dtypes(self.plan.instances), log=None)
+        self.binaries: dict[tuple[int, str], VariantBinaries] = {}
+        dtypes = output_dtypes(self.plan.instances)
+        self.compare = {arch: CompareBinaries(arch, self.cache, dtypes, log=None) for arch in self.targets}
         worker = worker or {}
         env = {**os.environ, **worker["env"]} if worker.get("env") else None
         self.session = WorkerSession(WorkerClient(worker.get("command"), env=env), 0, self.project.tuning)
@@ -127,9 +131,10 @@ class TuneActor:
                 raise TuningError(
                     f"{eid}: not a point of the project this node received (is it the same project and hatch-autotune version?)"
                 )
-            key = id(job.inst)
+            arch = job.point.id.arch
+            key = (id(job.inst), arch)
             if key not in self.binaries:
-                self.binaries[key] = VariantBinaries(job.inst, self.arch, self.cache)
+                self.binaries[key] = VariantBinaries(job.inst, arch, self.cache)
             lines: list[str] = []
             entry = BucketTuning(
                 self.session,
@@ -140,7 +145,7 @@ class TuneActor:
                 self.tmp,
                 lines.append,
                 self.plan.compiler,
-                self.compare,
+                self.compare[arch],
             ).run()
             return {"entry": entry.to_json(), "log": lines, "span": [began, time.monotonic()]}
 
@@ -150,13 +155,14 @@ class TuneActor:
 
 
 class RaySlot:
-    """The scheduler's view of one actor; a dead actor or node is SlotLost. Its next bucket is
-    queued on the actor while it runs one (`depth`), so the GPU does not wait for the round trip."""
+    """The scheduler's view of one actor: a GPU of arch `arch` that tunes `targets`; a dead actor
+    or node is SlotLost. Its next bucket is queued on the actor while it runs one (`depth`), so
+    the GPU does not wait for the round trip."""
 
     depth = 2
 
-    def __init__(self, actor: Any, arch: str, hello: Mapping[str, Any], log: Log):
-        self.actor, self.arch, self.log = actor, arch, log
+    def __init__(self, actor: Any, arch: str, targets: Sequence[str], hello: Mapping[str, Any], log: Log):
+        self.actor, self.arch, self.targets, self.log = actor, arch, tuple(targets), log
         gpus = ",".join(hello["gpus"]) or "?"
         self.name = f"{hello['host']}:{hello['node'][:6]}/gpu{gpus}"
         self.spans: list[tuple[float, float]] = []  # each bucket's begin and end, on the actor's clock
@@ -210,9 +216,10 @@ def tune_on_ray(
     ready_timeout_s: float = READY_TIMEOUT_S,
 ) -> TuneSummary:
     """Tune the stale (or, in `retune`, all) entries of `project` on the GPUs of the Ray cluster
-    at `address`, every target arch that the cluster has, in one run; the lock is written here
-    as each bucket arrives. Mode `auto` is `tune`: naming a cluster asks for its GPUs.
-    `workers`: per arch, the worker to run instead of the GPU worker.
+    at `address`, every target arch that a GPU of the cluster tunes (`tuning_gpus`: an sm_90a
+    target on its sm_90 GPUs), in one run; the lock is written here as each bucket arrives. Mode
+    `auto` is `tune`: naming a cluster asks for its GPUs.
+    `workers`: per GPU arch, the worker to run instead of the GPU worker.
     The summary's schedule has each actor's idle time between its buckets (`idle_s`)."""
     mode = Mode(mode)
     if mode == Mode.OFFLINE:
@@ -239,8 +246,9 @@ def tune_on_ray(
                 f'`ray start --address=... --resources="$(hatch-autotune ray-resources)"`'
             )
         targets = target_archs(project, have)
-        archs = [a for a in targets if a in have]
-        missing = [a for a in targets if a not in have]
+        kinds = [Gpu(n, arch, None) for n, arch in enumerate(have)]  # one of each arch: what tunes what
+        archs = tunable_targets(targets, kinds)
+        missing = [a for a in targets if a not in archs]
         if missing:
             log(f"warning: the Ray cluster has no GPU of {', '.join(missing)}: those entries are not tuned")
         summary = TuneSummary()
@@ -250,32 +258,35 @@ def tune_on_ray(
         todo = plan_run(plan, archs, mode, kernels, summary, log)
         if not todo:  # every entry is valid: no actor, no GPU time
             return summary
-        wanted: dict[str, int] = {}
+        wanted: dict[str, int] = {}  # per GPU arch, its actors: no more than its GPUs, nor than its buckets
+        served: dict[str, tuple[str, ...]] = {}  # per GPU arch, the target archs its actors tune
         for arch, _, points in todo:
-            wanted[arch] = min(have[arch], wanted.get(arch, 0) + len(points))
+            gpu = tuning_gpus(arch, kinds)[0].arch  # the nearest compute capability: one GPU arch
+            wanted[gpu] = min(have[gpu], wanted.get(gpu, 0) + len(points))
+            served[gpu] = tuple(dict.fromkeys((*served.get(gpu, ()), arch)))
         log(
             f"tuning on the Ray cluster at {address}: "
-            + ", ".join(f"{n} x {a}" for a, n in wanted.items())
+            + ", ".join(f"{n} x {a}" + (f" ({', '.join(served[a])})" if served[a] != (a,) else "") for a, n in wanted.items())
             + f" (NVRTC {plan.compiler}), mode {mode}"
         )
         remote = ray.remote(TuneActor)
-        for arch, n in wanted.items():
+        for gpu, n in wanted.items():
             for _ in range(n):
                 opts = {
                     "num_gpus": 1,
                     "num_cpus": 0,
-                    "resources": {RESOURCE_PREFIX + arch: 1},
+                    "resources": {RESOURCE_PREFIX + gpu: 1},
                     "max_restarts": 0,
                     "max_concurrency": RaySlot.depth,
                 }
-                actors.append((arch, remote.options(**opts).remote(arch, (workers or {}).get(arch))))
+                actors.append((gpu, served[gpu], remote.options(**opts).remote(served[gpu], (workers or {}).get(gpu))))
         slots = _ready_slots(ray, actors, plan.compiler, ready_timeout_s, log)
         run_tuning(plan, todo, slots, InstanceBinaries(cache or open_compile_cache()), summary, log)
         for slot, slot_stats in zip(slots, summary.schedule.slots if summary.schedule else []):
             slot_stats.idle_s = slot.idle_s()  # the actor's own clock: the driver sees only round trips
         return summary
     finally:
-        for _, actor in actors:
+        for *_, actor in actors:
             try:
                 actor.close.remote()
                 ray.kill(actor)
@@ -311,19 +322,20 @@ def _probe(address: str, origin: str, timeout_s: float = PROBE_TIMEOUT_S) -> Non
         )
 
 
-def _ready_slots(ray: Any, actors: list[tuple[str, Any]], compiler: str, timeout_s: float, log: Log) -> list[RaySlot]:
-    """The actors that got a GPU in time and run what this driver runs: a device of their arch,
-    this hatch-autotune version, the same NVRTC (lock entries record it); the others are dropped
-    with a warning."""
-    refs = {actor.hello.remote(): (arch, actor) for arch, actor in actors}
+def _ready_slots(ray: Any, actors: list[tuple[str, tuple[str, ...], Any]], compiler: str, timeout_s: float, log: Log) -> list[RaySlot]:
+    """The actors (GPU arch, target archs, actor) that got a GPU in time and run what this
+    driver runs: a device that tunes their targets (`Gpu.can_tune`: a node may advertise an
+    arch its GPUs are not), this hatch-autotune version, the same NVRTC (lock entries record
+    it); the others are dropped with a warning."""
+    refs = {actor.hello.remote(): (arch, targets, actor) for arch, targets, actor in actors}
     ready, waiting = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
     slots, dropped = [], []
     for ref in waiting:
-        arch, actor = refs[ref]
+        arch, _, actor = refs[ref]
         dropped.append(f"a {arch} actor got no GPU within {timeout_s:g} s (are the nodes' GPUs busy?); not using it")
         ray.kill(actor)
     for ref in ready:
-        arch, actor = refs[ref]
+        arch, targets, actor = refs[ref]
         try:
             hello = ray.get(ref)
         except Exception as exc:  # the actor's __init__ failed: the project does not load there
@@ -331,7 +343,7 @@ def _ready_slots(ray: Any, actors: list[tuple[str, Any]], compiler: str, timeout
             continue
         device_arch = DeviceInfo.from_json(hello["device"]).arch
         problem = (
-            f"its GPU is {device_arch}" if device_arch != arch
+            f"its GPU is {device_arch}" if not all(Gpu(0, device_arch, None).can_tune(t) for t in targets)
             else f"it runs hatch-autotune {hello['hatch_autotune']}, this driver {__version__}" if hello["hatch_autotune"] != __version__
             else f"its NVRTC is {hello['compiler']}, this driver's {compiler}" if hello["compiler"] != compiler
             else None
@@ -340,7 +352,7 @@ def _ready_slots(ray: Any, actors: list[tuple[str, Any]], compiler: str, timeout
             dropped.append(f"the {arch} actor on {hello['host']} is not used: {problem}")
             ray.kill(actor)
             continue
-        slots.append(RaySlot(actor, arch, hello, log))
+        slots.append(RaySlot(actor, arch, targets, hello, log))
     for why in dropped:
         log(f"warning: {why}")
     if not slots:

@@ -1,12 +1,14 @@
 """Scheduling: tuning jobs (one bucket of one type instance on one arch) spread over GPU slots.
 
 One loop serves both engines: the workers of this machine's GPUs (tuner.py) and the actors of a
-Ray cluster (ray_engine.py). A slot is one GPU of one arch; each slot takes the next job of its
-arch as soon as it is free, the costliest first (the longest-processing-time rule: no slot is
-left with a big bucket while the others idle at the end). A slot whose engine queues work (a Ray
-actor, `depth` 2) is handed its next job while it still runs one, as long as more jobs of the
-arch wait than it has slots, so that it never waits for the driver's round trip between
-buckets; the last jobs go to whichever slot is free.
+Ray cluster (ray_engine.py). A slot is one GPU; it runs the jobs of the target archs it tunes
+(`slot_targets`: a 9.0 GPU tunes sm_90 and sm_90a, one slot all the same, so that two buckets never
+share a GPU's clock). Each slot takes the next job of its targets as soon as it is free, the
+costliest first (the longest-processing-time rule: no slot is left with a big bucket while the
+others idle at the end). A slot whose engine queues work (a Ray actor, `depth` 2) is handed its
+next job while it still runs one, as long as more jobs of the arch wait than it has slots, so
+that it never waits for the driver's round trip between buckets; the last jobs go to whichever
+slot is free.
 A slot that is lost (its actor or node died) hands its jobs back to the queue, where another
 slot of the arch takes them; the job it was running counts as a try, at most `retries` more; a
 job that no slot can finish is reported as lost, never left as a silent gap. A job that fails on
@@ -50,15 +52,21 @@ class Job:
 
 class Slot(Protocol):
     name: str  # where it runs, for progress: "gpu1" or "<node>/gpu0"
-    arch: str
+    arch: str  # its GPU's arch, for progress; the job arch it runs unless it has `targets`
     depth: int  # jobs it holds at once: 1 runs one at a time; 2 queues the next behind the running one
 
     def start(self, job: Job) -> Callable[[], LockEntry]:
         """Hand `job` over; the callable waits for its lock entry (SlotLost: the slot is gone).
         A slot of depth 1 may do all the work in the callable. A slot may also have
         `upcoming(job | None)`: called before each wait with the job it would likely get next
-        (the head of its arch's queue), so that it prepares it meanwhile."""
+        (the head of its arch's queue), so that it prepares it meanwhile. A slot that runs the jobs
+        of other target archs than `arch` (sm_90a on a 9.0 GPU) has `targets`: those archs."""
         ...
+
+
+def slot_targets(slot: Slot) -> tuple[str, ...]:
+    """The job archs a slot runs: its `targets` where it has them, else its own arch."""
+    return tuple(getattr(slot, "targets", None) or (slot.arch,))
 
 
 @dataclass
@@ -114,42 +122,50 @@ def run_schedule(
     log: Log,
     retries: int = RETRIES,
 ) -> ScheduleResult:
-    """Run every job on a slot of its arch, one thread per slot; returns per-slot statistics
-    and the jobs that were lost. The first error of a job itself is raised once every slot
-    has finished the job it was waiting for. A slot of depth 1 counts its idle time here
+    """Run every job on a slot that runs its arch (`slot_targets`), one thread per slot; returns
+    per-slot statistics and the jobs that were lost. The first error of a job itself is raised
+    once every slot has finished the job it was waiting for. A slot of depth 1 counts its idle time here
     (from one result to the next job); a deeper one's engine knows it better (ray_engine)."""
     pending: dict[str, deque[Job]] = {}
     for job in sorted(jobs, key=lambda j: -j.cost):  # stable: equal costs keep the caller's order
         pending.setdefault(job.arch, deque()).append(job)
     running = {arch: 0 for arch in pending}  # handed to a slot, not yet done: may come back
-    slots_of = {arch: sum(s.arch == arch for s in slots) for arch in pending}
+    targets = [slot_targets(s) for s in slots]
+    slots_of = {arch: sum(arch in t for t in targets) for arch in pending}
     failures: dict[str, list[str]] = {}
     result = ScheduleResult(slots=[SlotStats(s.name, s.arch) for s in slots])
     errors: list[BaseException] = []
     cond = threading.Condition()
     total, done = len(jobs), [0]
 
-    def next_job(arch: str, spare: bool) -> Job | None:
-        """The next job of `arch`. For a free slot (not `spare`) it waits while another slot's
-        job of the arch may come back; one queued behind a running job is taken only while more
-        jobs wait than the arch has slots, and never waited for."""
+    def head(archs: tuple[str, ...], spare: bool) -> deque[Job] | None:
+        """The queue a slot of `archs` takes from next (under `cond`): of those it may take
+        from, the one whose head is costliest (the first of its archs on a tie)."""
+        able = [q for a in archs if (q := pending.get(a)) and (not spare or len(q) > slots_of[a])]
+        return max(able, key=lambda q: q[0].cost) if able else None
+
+    def next_job(archs: tuple[str, ...], spare: bool) -> Job | None:
+        """The next job of the archs a slot runs. For a free slot (not `spare`) it waits while
+        another slot's job of those archs may come back; one queued behind a running job is taken
+        only while more jobs of its arch wait than the arch has slots, and never waited for."""
         with cond:
             while True:
-                queue = pending.get(arch)
                 if errors:
                     return None
-                if queue and (not spare or len(queue) > slots_of[arch]):
-                    running[arch] += 1
-                    return queue.popleft()
-                if spare or not running.get(arch):
+                queue = head(archs, spare)
+                if queue:
+                    job = queue.popleft()
+                    running[job.arch] += 1
+                    return job
+                if spare or not any(running.get(a) for a in archs):
                     return None
                 cond.wait()
 
-    def drive(slot: Slot, stats: SlotStats) -> None:
+    def drive(slot: Slot, stats: SlotStats, archs: tuple[str, ...]) -> None:
         held: deque[tuple[Job, Callable[[], LockEntry]]] = deque()  # the running job first
         last_end: float | None = None
         while True:
-            job = next_job(slot.arch, spare=bool(held)) if len(held) < slot.depth else None
+            job = next_job(archs, spare=bool(held)) if len(held) < slot.depth else None
             if job is not None:
                 held.append((job, slot.start(job)))
                 continue
@@ -159,7 +175,7 @@ def run_schedule(
             upcoming = getattr(slot, "upcoming", None)
             if upcoming is not None:  # the slot may make the next job's inputs while this one runs
                 with cond:
-                    queue = pending.get(slot.arch)
+                    queue = head(archs, spare=False)
                     guess = queue[0] if queue else None
                 upcoming(guess)
             began = time.monotonic()
@@ -210,7 +226,9 @@ def run_schedule(
                 if len(slots) > 1:
                     log(f"  [{done[0]}/{total}] {job.eid} done on {slot.name}")
 
-    threads = [threading.Thread(target=drive, args=(s, st), name=f"hatch-autotune-{s.name}") for s, st in zip(slots, result.slots)]
+    threads = [
+        threading.Thread(target=drive, args=(s, st, t), name=f"hatch-autotune-{s.name}") for s, st, t in zip(slots, result.slots, targets)
+    ]
     started = time.monotonic()
     for t in threads:
         t.start()

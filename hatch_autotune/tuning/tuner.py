@@ -14,7 +14,7 @@ import datetime
 import os
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from ..compile.cache import CompileCache
 from ..compile.tiers import open_compile_cache
 from ..declare.config import Mode, ProjectSpec
 from ..lock import LockEntry, Status
-from ..plan.devices import Gpu, detect_gpus
+from ..plan.devices import Gpu, detect_gpus, tunable_targets, tuning_gpus
 from ..plan.planner import Instance, Plan, Point, make_plan, target_archs
 from ..text import Log, instance_text
 from .binaries import CompareBinaries, InstanceBinaries
@@ -33,7 +33,7 @@ from .decide import Todo, TuningPlan, check_kernels, plan_tuning, stale_points
 from .errors import TuningError
 from .inputs import input_bytes
 from .lock_writer import LockSaver
-from .schedule import Job, ScheduleResult, Slot, run_schedule, text_table
+from .schedule import Job, ScheduleResult, Slot, run_schedule, slot_targets, text_table
 from .search import WarmStart
 from .session import WorkerSession
 from .warm import transfer_waves, warm_start
@@ -84,12 +84,13 @@ def tune(
     cache: CompileCache | None = None,
     gpus: Sequence[Gpu] | None = None,
 ) -> TuneSummary:
-    """Tune the stale (or, in `retune`, all) entries of `project` for every target arch that has
-    a device here (plan_tuning; in `auto`, none is not an error), or only for `gpu_arch`, and
-    write them into its lock file as each bucket finishes. `gpus`: this machine's devices when
-    the caller has detected them already (the build hook), else detected here. Every device of a
-    tuned arch gets a worker, and the buckets are spread over them (schedule.py, the loop the
-    Ray engine shares). The summary carries the plan it tuned (all kernels only), whose lock
+    """Tune the stale (or, in `retune`, all) entries of `project` for every target arch that a
+    device here tunes (plan_tuning; in `auto`, none is not an error), or only for those a GPU of
+    arch `gpu_arch` tunes, and write them into its lock file as each bucket finishes. `gpus`:
+    this machine's devices when the caller has detected them already (the build hook), else
+    detected here. Every device that tunes a target arch (`tuning_gpus`) gets one worker, for all
+    the targets it tunes (a 9.0 GPU: sm_90 and sm_90a), and the buckets are spread over them
+    (schedule.py, the loop the Ray engine shares). The summary carries the plan it tuned (all kernels only), whose lock
     holds the new entries: the build that follows uses it, rendering and reading nothing again."""
     mode = Mode(mode)
     if mode == Mode.OFFLINE:
@@ -105,9 +106,10 @@ def tune(
         targets = tuning.targets
     else:
         targets = target_archs(project, (gpu_arch,))
-        if gpu_arch not in targets:
+        archs = tunable_targets(targets, [Gpu(0, gpu_arch, None)])
+        if not archs:
             raise TuningError(f"the GPU here is {gpu_arch} but the project's archs are {', '.join(targets)}; add {gpu_arch} to `archs`")
-        tuning = TuningPlan((gpu_arch,), targets)
+        tuning = TuningPlan(archs, targets)
     summary = TuneSummary()
     if not tuning.archs:
         return summary
@@ -122,18 +124,19 @@ def tune(
         for arch, inst, _ in todo:  # the defaults compile while the workers start
             binaries(inst, arch).request([inst.default_index])
         with tempfile.TemporaryDirectory(prefix="hatch-autotune-tune-") as tmpdir:
-            for arch in dict.fromkeys(a for a, _, _ in todo):
-                # none detected (a stand-in worker, or a driver that would not say): device 0, whose worker says what it is
-                devices = [g.ordinal for g in gpus if g.arch == arch] or [0]
+            running = list(dict.fromkeys(a for a, _, _ in todo))  # the target archs with buckets to tune
+            compare = {a: CompareBinaries(a, cache, output_dtypes(inst for t, inst, _ in todo if t == a), log) for a in running}
+            wanted = device_targets(running, gpus)
+            for arch in running:
+                devices = [d for d, tuned in wanted.items() if arch in tuned]
                 log(
                     f"tuning {arch} on device{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))} (NVRTC {plan.compiler}), mode {mode}"
                 )
-                compare = CompareBinaries(arch, cache, output_dtypes(inst for a, inst, _ in todo if a == arch), log)
-                arch_sessions = [WorkerSession(factory(d), d, project.tuning) for d in devices]
-                sessions += arch_sessions
-                slots += [
-                    LocalSlot(s, arch, binaries, plan, Path(tmpdir), log, compare) for s in matching_sessions(arch_sessions, arch, log)
-                ]
+            sessions += [WorkerSession(factory(d), d, project.tuning) for d in wanted]
+            slots += [
+                LocalSlot(s, tuned, binaries, plan, Path(tmpdir), log, compare)
+                for s, tuned in matching_sessions(list(zip(sessions, wanted.values())), log)
+            ]
             run_tuning(plan, todo, slots, binaries, summary, log)
     finally:
         for s in sessions:
@@ -189,43 +192,65 @@ def output_dtypes(instances: Iterable[Instance]) -> list[str]:
     return list(found)
 
 
-def matching_sessions(sessions: list[WorkerSession], gpu_arch: str, log: Log) -> list[WorkerSession]:
-    """Only devices of the arch being tuned measure it (a builder may hold several kinds). The
-    workers start at once, one thread each (a worker's start is seconds of imports and a CUDA
-    context: not one after the other)."""
+def device_targets(archs: Iterable[str], gpus: Sequence[Gpu]) -> dict[int, tuple[str, ...]]:
+    """Per device ordinal, the target archs it tunes (`tuning_gpus`): one worker each, however
+    many targets, so that no two buckets share a GPU. A target no detected GPU tunes (none
+    detected: a stand-in worker, or a driver that would not say) goes to device 0, whose worker
+    says what it is (matching_sessions)."""
+    out: dict[int, tuple[str, ...]] = {}
+    for arch in archs:
+        for d in [g.ordinal for g in tuning_gpus(arch, gpus)] or [0]:
+            out[d] = (*out.get(d, ()), arch)
+    return out
+
+
+def matching_sessions(wanted: Sequence[tuple[WorkerSession, Sequence[str]]], log: Log) -> list[tuple[WorkerSession, tuple[str, ...]]]:
+    """Each session with the target archs it may tune: those its GPU, as its worker reports it,
+    tunes (`Gpu.can_tune`: a driver's or a stand-in's word is not the device's). A session that
+    tunes none is closed; a target no session tunes is a TuningError. The workers start at
+    once, one thread each (a worker's start is seconds of imports and a CUDA context: not one
+    after the other)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max(1, len(sessions))) as pool:
-        infos = list(pool.map(lambda s: s.hello(), sessions))
+    with ThreadPoolExecutor(max(1, len(wanted))) as pool:
+        infos = list(pool.map(lambda w: w[0].hello(), wanted))
     keep = []
-    for s, info in zip(sessions, infos):
-        if info.arch == gpu_arch:
-            keep.append(s)
+    for (s, targets), info in zip(wanted, infos):
+        gpu = Gpu(s.device, info.arch, info.name)
+        tuned = tuple(t for t in targets if gpu.can_tune(t))
+        if len(tuned) < len(targets):
+            other = ", ".join(t for t in targets if t not in tuned)
+            log(f"tuning: device {s.device} ({info.name}, {info.arch}) is not {other}; not using it" + (f" for {other}" if tuned else ""))
+        if tuned:
+            keep.append((s, tuned))
         else:
-            log(f"tuning: device {s.device} ({info.name}, {info.arch}) is not {gpu_arch}; not using it")
             s.close()
-    if not keep:
-        raise TuningError(f"no device of arch {gpu_arch} answered")
+    for arch in dict.fromkeys(t for _, targets in wanted for t in targets):
+        if not any(arch in tuned for _, tuned in keep):
+            raise TuningError(f"no device of arch {arch} answered")
     return keep
 
 
 class LocalSlot:
-    """One GPU of this machine: its worker session tunes one bucket at a time, and makes the
-    inputs of the bucket it is likely to get next while it measures (`upcoming`)."""
+    """One GPU of this machine: its worker session tunes one bucket at a time, of any target arch
+    it tunes (`targets`), and makes the inputs of the bucket it is likely to get next while it
+    measures (`upcoming`)."""
 
     depth = 1  # it runs in the scheduler's thread: one bucket at a time
 
     def __init__(
         self,
         session: WorkerSession,
-        arch: str,
+        targets: Sequence[str],
         binaries: InstanceBinaries,
         plan: Plan,
         tmp: Path,
         log: Log,
-        compare: CompareBinaries | None = None,
+        compare: Mapping[str, CompareBinaries] | None = None,
     ):
-        self.session, self.arch, self.binaries, self.plan, self.log, self.compare = session, arch, binaries, plan, log, compare
+        self.session, self.targets, self.binaries, self.plan, self.log = session, tuple(targets), binaries, plan, log
+        self.compare = compare or {}
+        self.arch = session.hello().arch  # its GPU's, as its worker says (asked once: matching_sessions did)
         self.name = f"gpu{session.device}"
         self.workdir = tmp / self.name
         self.workdir.mkdir(exist_ok=True)
@@ -233,9 +258,8 @@ class LocalSlot:
     def start(self, job: Job) -> Callable[[], LockEntry]:
         bucket: BucketJob = job.payload
         root, compiler = self.plan.project.root, self.plan.compiler
-        return lambda: BucketTuning(
-            self.session, bucket, self.binaries(bucket.inst, self.arch), job.warm, root, self.workdir, self.log, compiler, self.compare
-        ).run()
+        binaries, compare = self.binaries(bucket.inst, job.arch), self.compare.get(job.arch)
+        return lambda: BucketTuning(self.session, bucket, binaries, job.warm, root, self.workdir, self.log, compiler, compare).run()
 
     def upcoming(self, job: Job | None) -> None:
         """The job the scheduler would hand this slot next (a guess: another slot may take it)."""
@@ -252,7 +276,8 @@ def run_tuning(plan: Plan, todo: Todo, slots: Sequence[Slot], binaries: Instance
     stopped. Lost jobs are a TuningError that names them, raised after everything else is saved."""
     per_arch: dict[str, int] = {}
     for s in slots:
-        per_arch[s.arch] = per_arch.get(s.arch, 0) + 1
+        for arch in slot_targets(s):
+            per_arch[arch] = per_arch.get(arch, 0) + 1
     waves: list[list[tuple[str, Instance, Point]]] = []  # transfer_waves of every instance, wave by wave
     for arch, inst, points in todo:
         named = f"{inst.spec.name} ({instance_text(inst.types_key)})"

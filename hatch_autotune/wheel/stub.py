@@ -23,6 +23,7 @@ from .. import __version__
 from ..declare.config import ProjectSpec
 from ..declare.kernel_decl import kernel_decl
 from ..runtime import INT_RANGES, ArgDecl, KernelDecl
+from ..runtime.values import COMPLEX_DTYPES
 
 STUB_FILE = "__init__.pyi"
 TYPED_MARKER = "py.typed"  # empty: the stub is complete, not partial
@@ -38,6 +39,7 @@ from typing import (
     Literal as _Literal,
     Mapping as _Mapping,
     Protocol as _Protocol,
+    SupportsComplex as _SupportsComplex,
     SupportsFloat as _SupportsFloat,
     SupportsIndex as _SupportsIndex,
 )
@@ -161,10 +163,15 @@ def _choice(name: str, values: tuple[Any, ...], b: _Builtins) -> str:
     return f"{name}: {annotation} = {_value(values[0])}" if len(values) == 1 else f"{name}: {annotation}"
 
 
-def _scalar_type(arg: ArgDecl, decl: KernelDecl) -> str:
+def _scalar_type(arg: ArgDecl, decl: KernelDecl, b: _Builtins) -> str:
     """What a caller may pass for a scalar: an integer (Python or NumPy) for integer dtypes,
-    any real number otherwise (the runtime converts it to the exact C type)."""
+    True or False for bool, a complex or real number where a dtype is complex, any real number
+    otherwise (bfloat16 and FP8 too: the runtime converts it to the exact C type)."""
     dtypes = decl.type_params.get(arg.dtype, (arg.dtype,))
+    if all(d == "bool" for d in dtypes):
+        return b("bool")
+    if any(d in COMPLEX_DTYPES for d in dtypes):
+        return "_SupportsComplex | _SupportsFloat"
     return "_SupportsIndex" if all(d in INT_RANGES for d in dtypes) else "_SupportsFloat"
 
 
@@ -196,7 +203,7 @@ def _kernel_class(decl: KernelDecl, b: _Builtins) -> str:
     key_names = [k.name for k in decl.key]
     constants = [_choice(c, v, b) for c, v in decl.constants.items()]
     types = [_choice(t, v, b) for t, v in decl.type_params.items()]
-    params = [f"{a.name}: {'_GpuArray' if a.is_array else _scalar_type(a, decl)}" for a in user]
+    params = [f"{a.name}: {'_GpuArray' if a.is_array else _scalar_type(a, decl, b)}" for a in user]
     self_ = "self"  # config.py refuses `self`, `stream` and `arch` where a call or select() takes them
 
     def signature(positional: list[str], keywords: list[str]) -> str:

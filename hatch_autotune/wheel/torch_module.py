@@ -21,7 +21,7 @@ from ..runtime.torch_ops import MIN_TORCH, Operator, operators, scalar_type
 from .stub import _Builtins, _choice, _docstring
 
 TORCH_MODULE = "torch_ops"  # `from <module> import torch_ops`: `torch` would shadow PyTorch in the caller's namespace
-_BUILTINS_USED = ("bool", "float", "int")
+_BUILTINS_USED = ("bool", "complex", "float", "int")
 
 
 def kernel_operators(spec: KernelSpec) -> tuple[Operator, ...]:
@@ -103,7 +103,9 @@ def _function(spec: KernelSpec, op: Operator, b: _Builtins) -> str:
         if a.is_array:
             params.append(f"{name}: _Tensor")
         else:
-            params.append(f"{name}: {b('int') if scalar_type(a.dtype, spec.types) == 'int' else b('float')}")  # Scalar: int or float
+            kind = scalar_type(a.dtype, spec.types)  # a Scalar of int and float takes a float; of complex, a complex
+            kind = kind if kind != "Scalar" else "complex" if any(d.startswith("complex") for d in spec.types[a.dtype]) else "float"
+            params.append(f"{name}: {b(kind)}")
     keywords = [_choice(c, values, b) for c, values in spec.constants.items()]
     signature = ", ".join([*params, *(["*", *keywords] if keywords else [])])
     returns = "None" if not op.returns else "_Tensor" if len(op.returns) == 1 else f"tuple[{', '.join('_Tensor' for _ in op.returns)}]"

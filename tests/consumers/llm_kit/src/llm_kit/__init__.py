@@ -1,0 +1,1 @@
+"""Kernels of an LLM-inference library, built with hatch-autotune (tests/test_headers.py)."""
