@@ -49,7 +49,8 @@ mode = {mode!r}
 t0 = time.perf_counter()
 if mode == "bare":
     from cuda.bindings import nvrtc
-    nvrtc.nvrtcSetPCHHeapSize(ours.PCH_HEAP_BYTES)  # sized up front as ours is: fair to the bare loop
+    from hatch_autotune.compile.pch import PCH_HEAP_BYTES
+    nvrtc.nvrtcSetPCHHeapSize(PCH_HEAP_BYTES)  # sized up front as ours is: fair to the bare loop
     binaries = []
     for job in jobs:
         err, prog = nvrtc.nvrtcCreateProgram(job.source.encode(), f"{{job.entry}}.cu".encode(), 0, [], [])
