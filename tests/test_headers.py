@@ -566,3 +566,41 @@ def test_render_names_the_header_sets_a_variant_uses(capsys):
     assert line.startswith("// header set cuda: CUDA ") and "CCCL" in line and "sha256 " in line
     assert main(["render", "halo_sum", str(Path(__file__).parent / "consumers" / "stencil_kit")]) == 0
     assert "// no header sets (#include <...>)" in capsys.readouterr().out
+
+
+# ---- the toolkit's set without NVRTC's bundle: the PyPI header distributions ------------------------
+
+
+def test_without_a_bundle_the_toolkit_set_comes_from_the_header_distributions(monkeypatch, tmp_path):
+    """An NVRTC older than 13.3 has no bundle: the set is found where cuda.pathfinder finds the
+    toolkit's headers (the PyPI distributions). Here pathfinder is pointed at a copy of the
+    bundle's files laid out as nvidia-cuda-runtime and nvidia-cuda-cccl lay them out; the set
+    is then other folders with the same content: the same identity, the same cubin."""
+    import shutil
+
+    import cuda.pathfinder
+
+    toolkit = load_project(LLM_KIT, OFFLINE).kernels["rmsnorm"].header_sets[0]
+    bundled = headers_mod.resolve_header_set(toolkit, tmp_path / "cache")
+    include = tmp_path / "site" / "nvidia" / "cu13" / "include"
+    shutil.copytree(bundled.folders[0], include, ignore=shutil.ignore_patterns(".nvrtc_*"))
+    folders = {"cudart": str(include), "cccl": str(include / "cccl")}
+    monkeypatch.setattr(headers_mod, "bundle_available", lambda: False)
+    monkeypatch.setattr(cuda.pathfinder, "find_nvidia_header_directory", folders.get)
+    headers_mod.resolve_header_set.cache_clear()
+    from_pypi = headers_mod.resolve_header_set(toolkit, tmp_path / "cache")
+    assert from_pypi.options == (f"-I{include}", f"-I{include / 'cccl'}")
+    assert from_pypi.identity != bundled.identity  # two folders hashed, not one: another set to the keys
+    spec = load_project(LLM_KIT, OFFLINE).kernels["fp8_quant"]
+    (variants, *_) = render_kernel(spec).values()
+    job = variants[0].compile_job("sm_90", spec.entry, spec.nvrtc_options)
+    ok_bundle, cubin_bundle, _ = compile_one(dataclasses.replace(job, header_sets=(bundled,)))
+    ok_pypi, cubin_pypi, log = compile_one(dataclasses.replace(job, header_sets=(from_pypi,)))
+    assert ok_bundle and ok_pypi, log
+    assert cubin_pypi == cubin_bundle
+
+    monkeypatch.setattr(cuda.pathfinder, "find_nvidia_header_directory", lambda lib: None)
+    headers_mod.resolve_header_set.cache_clear()
+    with pytest.raises(BuildError, match=r"`cuda` needs the toolkit's cudart headers.*pip install nvidia-cuda-runtime nvidia-cuda-cccl"):
+        headers_mod.resolve_header_set(toolkit, tmp_path / "cache")
+    headers_mod.resolve_header_set.cache_clear()
