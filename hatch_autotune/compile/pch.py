@@ -11,7 +11,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..declare.settings import read_pch
 from ..runtime import check_cuda
 
 # NVRTC's automatic precompiled headers: the first compile of a header-heavy source in a process
@@ -38,8 +37,9 @@ _pch_heap_sized = False
 
 
 def pch_allowed() -> bool:
-    """On the main thread, unless HATCH_AUTOTUNE_PCH=0 (the benchmark's baseline)."""
-    return threading.current_thread() is threading.main_thread() and read_pch()
+    """On the main thread only: the heap is process-wide (whether a batch uses PCH at all,
+    HATCH_AUTOTUNE_PCH, compile_all decides once, by handing compile_one a folder or not)."""
+    return threading.current_thread() is threading.main_thread()
 
 
 def process_pch_dir(root: str) -> str:
