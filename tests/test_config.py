@@ -108,7 +108,7 @@ BAD_INPUTS = [
     ("kernels.scale.args.0.intent", DELETE, f"{K}.args[0].intent: required for arrays"),
     ("kernels.scale.args.2.intent", "in", f"{K}.args[2].intent: only arrays (with a shape) have an intent"),
     ("kernels.scale.args.0.align", 12, f"{K}.args[0].align: expected a power of two"),
-    ("kernels.scale.args.2.align", 4, f"{K}.args[2].align: only arrays have an alignment"),
+    ("kernels.scale.args.2.align", 4, f"{K}.args[2].align: only arrays (with a shape) have an alignment"),
     ("kernels.scale.args.1.name", "x", f"{K}.args[1].name: duplicate argument name 'x'"),
     ("kernels.scale.args", [], f"{K}.args: expected a non-empty array of tables"),
     ("kernels.scale.types", {"T": []}, f"{K}.types.T: expected a non-empty array"),

@@ -98,7 +98,7 @@ def _check_instances(spec: KernelSpec, t: Table) -> bool:
     for types_ in instances:
         label = ", ".join(f"{k}={value_text(v)}" for k, v in types_.items())
         try:
-            configs = enumerate_configs(spec.space, spec.constraints, spec.type_env(types_), limit=MAX_VARIANTS - kept)
+            configs = enumerate_configs(spec.space, spec.instance_constraints, spec.type_env(types_), limit=MAX_VARIANTS - kept)
         except SpaceTooLarge:
             errors.append(
                 f"{t.sub('constraints')}: the constraints keep more than {MAX_VARIANTS:,} configs over the kernel's "
@@ -108,7 +108,8 @@ def _check_instances(spec: KernelSpec, t: Table) -> bool:
             return False
         except ConstraintError as exc:  # e.g. division by zero for some config, or a bound exceeded
             errors.append(
-                f"{t.sub('constraints')}[{exc.index}]: {spec.constraints[exc.index].text!r} cannot be evaluated for "
+                f"{t.sub('constraints')}[{spec.constraints.index(spec.instance_constraints[exc.index])}]: "
+                f"{spec.instance_constraints[exc.index].text!r} cannot be evaluated for "
                 f"{exc.config}{f' (for {label})' if label else ''}: {exc.cause}"
             )
             return False
@@ -140,6 +141,8 @@ def violated(spec: KernelSpec, types: Mapping[str, Any]) -> str:
     env = {**spec.default, **spec.type_env(types)}
     broken = []
     for i, c in enumerate(spec.constraints):
+        if spec.is_point_constraint(c):
+            continue
         try:
             holds = c(env)
         except ExpressionError:
@@ -163,7 +166,7 @@ def name_clashes(spec: KernelSpec) -> str | None:
     call_words = ("self", "stream")
     select_words = ("self", "arch")
     keywords: list[tuple[str, Any, tuple[str, ...]]] = [
-        ("argument", [a.name for a in spec.args if a.value is None], call_words),
+        ("argument", [a.name for a in spec.args if not a.computed], call_words),
         ("constant", spec.constants, call_words + select_words),
     ]
     keywords += [("key dim", [k.name for k in spec.key], select_words), ("type parameter", spec.types, select_words)]
@@ -175,7 +178,9 @@ def name_clashes(spec: KernelSpec) -> str | None:
     for name in spec.constants:
         if name in arguments:
             return f"constant {name!r} has the same name as argument {name}; rename one"
-    for kind, names in (("constant", spec.constants), ("axis", spec.space), ("key dim", [k.name for k in spec.key])):
+    strides = [n for a in spec.args for n in a.stride_names()]
+    named = (("constant", spec.constants), ("axis", spec.space), ("key dim", [k.name for k in spec.key]), ("free dim", spec.dims))
+    for kind, names in (*named, ("stride", strides), ("`arch`", ["arch"] if spec.point_constraints else [])):
         for name in names:
             if name in owners:
                 return f"{kind} {name!r} has the same name as {owners[name]}; rename one"
@@ -197,7 +202,7 @@ def check_geometry(spec: KernelSpec, types: Mapping[str, str], configs: list[dic
     names = [k.name for k in spec.key]
     for point, config in pairs:
         key = dict(zip(names, point))
-        env = {**key, **config, **type_env}
+        env = {**key, **spec.dims, **config, **type_env}
         for what, exprs, minimum in (("grid", spec.grid, 1), ("block", spec.block, 1), ("shared", (spec.shared,), 0)):
             for e in exprs:
                 try:
@@ -229,15 +234,16 @@ def check_sizes(spec: KernelSpec) -> str | None:
     points = bucket_points([k.buckets for k in spec.key])  # at most MAX_BUCKET_POINTS
     if len(points) * len(constant_sets) > GEOMETRY_CHECKS:  # bounded, as in check_geometry
         points = corner_points([k.buckets for k in spec.key])
+    strides = {n for a in spec.args for n in a.stride_names()}
     for point, consts in itertools.product(points, constant_sets):
-        key = {**dict(zip(names, point)), **consts}
+        key = {**dict(zip(names, point)), **spec.dims, **consts}
         for a in spec.args:
             for i, e in enumerate(a.shape or ()):
                 what = f"shape[{i}] of argument {a.name!r}"
                 problem = evaluate_int(e, key, 0, MAX_SIZE)
                 if problem:
                     return f"{what}: {e.text!r} {problem} at {key}"
-            if a.value is not None and a.dtype in INT_RANGES:
+            if a.value is not None and a.dtype in INT_RANGES and not a.value.names & strides:  # strides: known per call
                 problem = evaluate_int(a.value, key, *INT_RANGES[a.dtype])
                 if problem:
                     return f"value of argument {a.name!r} ({a.dtype}): {a.value.text!r} {problem} at {key}"

@@ -17,6 +17,8 @@ from .search import SearchSpec
 from .space import enumerate_configs
 
 DEFAULT_MAX_CONFIGS = 100_000  # axis combinations before constraints, per kernel (`max-configs`)
+# The name a constraint reads the target arch by: major * 10 + minor (90 for sm_90 and sm_90a).
+ARCH_NAME = "arch"
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,24 @@ class KernelSpec:
     root: Path | None = None  # the project folder: `#include "..."` may reach headers inside it
     # The header sets its `#include <...>` may reach, in search order (declare/headers.py).
     header_sets: tuple[HeaderSetSpec, ...] = ()
+    # Free dims: array axes that are not key dims -> the size tuning inputs and checks use.
+    dims: Mapping[str, int] = field(default_factory=dict)
+    cluster: tuple[Expr, ...] | None = None  # thread-block cluster dims; None: no cluster
+
+    @property
+    def instance_constraints(self) -> tuple[Expr, ...]:
+        """The constraints over the space, <T>_size and constants alone: a config failing one
+        is no variant of the instance."""
+        return tuple(c for c in self.constraints if not self.is_point_constraint(c))
+
+    @property
+    def point_constraints(self) -> tuple[tuple[int, Expr], ...]:
+        """(index in `constraints`, constraint) of those that read a key dim or `arch`: checked
+        per (arch, bucket), a config failing one is not a candidate there."""
+        return tuple((i, c) for i, c in enumerate(self.constraints) if self.is_point_constraint(c))
+
+    def is_point_constraint(self, c: Expr) -> bool:
+        return ARCH_NAME in c.names or any(k.name in c.names for k in self.key)
 
     @property
     def toolkit_headers(self) -> bool:
@@ -70,4 +90,4 @@ class KernelSpec:
 
     def configs(self, types: Mapping[str, str]) -> list[dict[str, Any]]:
         """The search space of one type instance, in canonical order."""
-        return enumerate_configs(self.space, self.constraints, self.type_env(types))
+        return enumerate_configs(self.space, self.instance_constraints, self.type_env(types))

@@ -3,7 +3,7 @@ the build's `KernelSpec`, whose JSON form the selection table ships and the tuni
 
 from __future__ import annotations
 
-from ..runtime import ArgDecl, KernelDecl, KeyDecl, LaunchDecl
+from ..runtime import ArgDecl, KernelDecl, KeyDecl, LaunchDecl, TensorMapDecl
 from .args import ArgSpec
 from .kernel import KernelSpec
 
@@ -16,6 +16,17 @@ def _arg_decl(a: ArgSpec) -> ArgDecl:
         intent=a.intent if a.shape is not None else None,
         align=a.align if a.shape is not None else None,
         value=a.value.tree if a.value is not None else None,
+        strides=a.strides if a.shape is not None else None,
+        optional=a.optional if a.shape is not None else False,
+        tensor_map=None
+        if a.tensor_map is None
+        else TensorMapDecl(
+            array=a.tensor_map.array,
+            box=tuple(e.tree for e in a.tensor_map.box),
+            swizzle=a.tensor_map.swizzle,
+            l2_promotion=a.tensor_map.l2_promotion,
+            oob_fill=a.tensor_map.oob_fill,
+        ),
     )
 
 
@@ -29,5 +40,11 @@ def kernel_decl(spec: KernelSpec) -> KernelDecl:
         key=tuple(KeyDecl(name=k.name, source=k.source, axis=k.axis, buckets=tuple(k.buckets), mapping=k.mapping) for k in spec.key),
         type_params={tp: tuple(values) for tp, values in spec.types.items()},
         constants={c: tuple(values) for c, values in spec.constants.items()},
-        launch=LaunchDecl(grid=tuple(e.tree for e in spec.grid), block=tuple(e.tree for e in spec.block), shared=spec.shared.tree),
+        launch=LaunchDecl(
+            grid=tuple(e.tree for e in spec.grid),
+            block=tuple(e.tree for e in spec.block),
+            shared=spec.shared.tree,
+            cluster=None if spec.cluster is None else tuple(e.tree for e in spec.cluster),
+        ),
+        dims=dict(spec.dims),
     )

@@ -8,13 +8,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..runtime import INT_RANGES, short_repr
+from ..runtime import INT_RANGES, MAX_SIZE, short_repr
 from . import expr as expr_mod
 from .args import DTYPES, ArgSpec, parse_args
 from .checks import check_kernel
 from .headers import TOOLKIT_SET, HeaderSetSpec, v_header_names
-from .kernel import DEFAULT_MAX_CONFIGS, KernelSpec
+from .kernel import ARCH_NAME, DEFAULT_MAX_CONFIGS, KernelSpec
 from .keys import KeyDim, parse_keys
+from .layout import check_layout
 from .search import SearchSpec, parse_search
 from .validate import (
     BAD,
@@ -96,8 +97,11 @@ def parse_kernel(
     types = value_lists(t, "types", "type parameter", v_choice(tuple(DTYPES)), "dtypes")
     constants = value_lists(t, "constants", "constant", v_constant, "values", what=" of integers or booleans")
     space = _space(t)
-    args, key, key_names = _args_and_key(t, set(constants), types)
-    grid, block, shared, constraints = _launch(t, set(space), key_names, {f"{tp}_size" for tp in types}, set(constants))
+    dims = _free_dims(t)
+    args, key, key_names = _args_and_key(t, set(constants), types, set(dims))
+    grid, block, shared, cluster, constraints = _launch(t, set(space), key_names, {f"{tp}_size" for tp in types}, set(constants), set(dims))
+    geometry_names = set(space) | key_names | {f"{tp}_size" for tp in types} | set(constants) | set(dims)
+    check_layout(t, args, key, dims, geometry_names, _declared_names(t))
     default = _default(t, space)
     t.finish()
     if problems_since(errors, n_errors):
@@ -126,6 +130,8 @@ def parse_kernel(
         max_configs=max_configs,
         constants=constants,
         root=root,
+        dims=dims,
+        cluster=cluster,
     )
     # An unknown key (reported above) leaves the kernel readable: it is still checked whole, so
     # that every problem shows at once, but it is not used.
@@ -166,7 +172,31 @@ def _space(t: Table) -> dict[str, tuple[Any, ...]]:
     return space
 
 
-def _args_and_key(t: Table, constant_names: set[str], types: Mapping[str, tuple[str, ...]]) -> tuple[list[ArgSpec], list[KeyDim], set[str]]:
+def _declared_names(t: Table) -> set[str]:
+    """The name of every argument table that gives one, whether or not the rest of it is valid."""
+    raw = t.data.get("args")
+    return {a["name"] for a in raw if isinstance(a, dict) and isinstance(a.get("name"), str)} if isinstance(raw, list) else set()
+
+
+def _free_dims(t: Table) -> dict[str, int]:
+    """`dims`: free dim -> the size that tuning inputs and the project's checks use."""
+    dims: dict[str, int] = {}
+    dims_t = t.table("dims")
+    if dims_t is None or not dims_t.ok:
+        return dims
+    for name in dims_t.data:
+        dims_t.seen.add(name)
+        p = dims_t.sub(name)
+        if v_ident(name, p, t.errors) is BAD:
+            continue
+        size = v_int(1, MAX_SIZE)(dims_t.data[name], p, t.errors)
+        dims[name] = 1 if size is BAD else size  # declared even when its size is wrong: no "unknown name" errors follow
+    return dims
+
+
+def _args_and_key(
+    t: Table, constant_names: set[str], types: Mapping[str, tuple[str, ...]], dim_names: set[str]
+) -> tuple[list[ArgSpec], list[KeyDim], set[str]]:
     """`args` and `key`, and the key dims' names: those are read first so that shapes can be
     checked against them, and each key dim then against the arguments."""
     raw_args = t.get(
@@ -174,33 +204,33 @@ def _args_and_key(t: Table, constant_names: set[str], types: Mapping[str, tuple[
     )
     key_t = t.table("key", required=True)
     key_names = [k for k in key_t.data] if key_t is not None and key_t.ok else []
-    args = parse_args(t, raw_args, set(key_names), constant_names, types) if raw_args is not BAD else []
+    args = parse_args(t, raw_args, set(key_names), constant_names, types, dim_names) if raw_args is not BAD else []
     key = parse_keys(key_t, key_names, {a.name: a for a in args}, raw_args is not BAD) if key_t is not None and key_t.ok else []
     return args, key, set(key_names)
 
 
 def _launch(
-    t: Table, config_names: set[str], key_names: set[str], type_size_names: set[str], constant_names: set[str]
-) -> tuple[Any, Any, Any, Any]:
-    """`constraints` (over the space), then the launch geometry `grid`, `block` and `shared`
-    (over the key, the space, <T>_size and the constants)."""
+    t: Table, config_names: set[str], key_names: set[str], type_size_names: set[str], constant_names: set[str], dim_names: set[str]
+) -> tuple[Any, Any, Any, Any, Any]:
+    """`constraints` (over the space, and per bucket and arch over the key dims and `arch`),
+    then the launch geometry `grid`, `block`, `shared` and `cluster` (over the key, the free
+    dims, the space, <T>_size and the constants)."""
+    constraint_names = config_names | type_size_names | constant_names | key_names | {ARCH_NAME}
     constraints = t.get(
         "constraints",
-        v_list(
-            v_expr(config_names | type_size_names | constant_names, "constraints may use the space axes, <T>_size and constants"),
-            nonempty=False,
-        ),
+        v_list(v_expr(constraint_names, "constraints may use the space axes, <T>_size, constants, key dims and `arch`"), nonempty=False),
         default=(),
     )
-    geometry_names = config_names | key_names | type_size_names | constant_names
-    where = "launch geometry may use key dims, space axes, <T>_size and constants"
+    geometry_names = config_names | key_names | type_size_names | constant_names | dim_names
+    where = "launch geometry may use key dims, free dims, space axes, <T>_size and constants"
     grid = t.get("grid", v_list(v_expr(geometry_names, where)), required=True)
     block = t.get("block", v_list(v_expr(geometry_names, where)), required=True)
     shared = t.get("shared", v_expr(geometry_names, where), default=expr_mod.parse(0))
-    for geo, p in ((grid, "grid"), (block, "block")):
-        if geo is not BAD and len(geo) > 3:
+    cluster = t.get("cluster", v_list(v_expr(geometry_names, where)), default=None)
+    for geo, p in ((grid, "grid"), (block, "block"), (cluster, "cluster")):
+        if geo not in (BAD, None) and len(geo) > 3:
             t.errors.append(f"{t.sub(p)}: expected 1 to 3 expressions (x, y, z), got {len(geo)}")
-    return grid, block, shared, constraints
+    return grid, block, shared, cluster, constraints
 
 
 def _default(t: Table, space: Mapping[str, tuple[Any, ...]]) -> dict[str, Any]:

@@ -53,7 +53,7 @@ def parse_key_dim(dim: str, t: Table, args: Mapping[str, ArgSpec], args_ok: bool
         return None
     if source is None:  # infer: the first array whose shape names this dim bare
         for a in args.values():
-            if a.shape is not None and any(e.tree == ["n", dim] for e in a.shape):
+            if a.shape is not None and not a.optional and any(e.tree == ["n", dim] for e in a.shape):
                 source = a.name
                 break
         if source is None:

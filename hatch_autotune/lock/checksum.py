@@ -45,4 +45,37 @@ def entry_checksum(
         "arch": arch,
         "bucket": Bucket.of(bucket).as_dict(),
     }
+    layout = _layout_fields(spec)
+    if layout:  # only a kernel that declares them: the checksums of every other kernel stay as they were
+        blob["layout"] = layout
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+
+def _layout_fields(spec: KernelSpec) -> dict[str, object]:
+    """What issue #52's declarations add to what a measurement depends on: array layouts,
+    optional arrays, tensor maps, free dims (their tuning sizes shape the inputs), the cluster
+    and the constraints per bucket and arch (they decide the candidates); empty when none."""
+    out: dict[str, object] = {}
+    arrays = {a.name: [a.strides, a.optional] for a in spec.args if a.shape is not None and (a.strides != "contiguous" or a.optional)}
+    if arrays:
+        out["arrays"] = arrays
+    maps = {
+        a.name: [
+            a.tensor_map.array,
+            [e.tree for e in a.tensor_map.box],
+            a.tensor_map.swizzle,
+            a.tensor_map.l2_promotion,
+            a.tensor_map.oob_fill,
+        ]
+        for a in spec.args
+        if a.tensor_map is not None
+    }
+    if maps:
+        out["tensor_maps"] = maps
+    if spec.dims:
+        out["dims"] = dict(spec.dims)
+    if spec.cluster is not None:
+        out["cluster"] = [e.tree for e in spec.cluster]
+    if spec.point_constraints:
+        out["point_constraints"] = [c.tree for _, c in spec.point_constraints]
+    return out

@@ -32,7 +32,7 @@ stub `_runtime.Selection` and `_runtime.PreparedCall`, and the build side import
 
 from .args import ArrayView, PreparedCall, array_view, stream_handle
 from .cuda_seam import MIN_CUDA_CORE, CudaApi, GpuState, check_cuda, check_cuda_core, cuda_api, current_device_cc, use_gpu
-from .declaration import ArgDecl, KernelDecl, KeyDecl, LaunchDecl
+from .declaration import LAYOUTS, ArgDecl, KernelDecl, KeyDecl, LaunchDecl, TensorMapDecl, stride_name
 from .errors import ArrayInterfaceError, CudaCallError, ExpressionError, IntegrityError, NoDriverError, TableError, short_repr
 from .expr import FUNCTIONS, MAX_EXPR_DEPTH, MAX_INT_BITS, cdiv, compile_expr, tree_names, tree_text
 from .kernel import Kernel
@@ -67,6 +67,7 @@ __all__ = [
     "DTYPE_SIZES",
     "FUNCTIONS",
     "INT_RANGES",
+    "LAYOUTS",
     "MAPPINGS",
     "MAX_EXPR_DEPTH",
     "MAX_INT_BITS",
@@ -98,6 +99,7 @@ __all__ = [
     "Selection",
     "TableEntry",
     "TableError",
+    "TensorMapDecl",
     "Variant",
     "array_view",
     "as_compute_capability",
@@ -117,6 +119,7 @@ __all__ = [
     "sha256_hex",
     "short_repr",
     "stream_handle",
+    "stride_name",
     "table_bytes",
     "tree_names",
     "tree_text",

@@ -9,10 +9,14 @@ inspection readers read these records, never the JSON by key.
 
 JSON form (inside table.json's schema 1, per kernel):
   {"entry": str, "doc": str,
-   "args": [{"name", "dtype", "kind": "array"|"scalar", "shape": [tree], "intent", "align"?, "value"?: tree}],
+   "args": [{"name", "dtype", "kind": "array"|"scalar"|"tensor-map", "shape": [tree], "intent", "align"?,
+             "strides"?: "inner"|"any", "optional"?: true, "value"?: tree,
+             "tensor_map"?: {"array", "box": [tree], "swizzle", "l2_promotion", "oob_fill"}}],
    "key": [{"name", "from", "axis": int|null, "buckets": [int], "mapping"}],
    "type_params": {name: [dtype]}, "constants": [{"name", "values": [int|bool]}],
-   "launch": {"grid": [tree], "block": [tree], "shared": tree}}
+   "dims"?: {name: int},
+   "launch": {"grid": [tree], "block": [tree], "shared": tree, "cluster"?: [tree]}}
+Keys marked ? are written only when they say something (a kernel without them reads as before).
 """
 
 from __future__ import annotations
@@ -40,46 +44,142 @@ NARROW_ARRAYS_DOC = (
 )
 
 
+# How an array argument's memory may be laid out (`strides`): C-contiguous (the default); the
+# innermost stride one element and the outer ones free (a sliced or padded matrix: the
+# leading-dimension form); any strides. Strides are counted in elements.
+LAYOUTS = ("contiguous", "inner", "any")
+# A tensor map's options, as the TOML spells them (cuTensorMapEncodeTiled's enums: tensor_map.py).
+SWIZZLES = ("none", "32B", "64B", "128B")
+L2_PROMOTIONS = ("none", "64B", "128B", "256B")
+OOB_FILLS = ("zero", "nan")
+
+
+def stride_name(array: str, axis: int) -> str:
+    """The name under which a computed scalar's `value` reads an array's stride (in elements)."""
+    return f"{array}_stride{axis}"
+
+
+class TensorMapDecl(Record):
+    """A TMA descriptor (CUtensorMap) that the call encodes from one of its arrays: the box is
+    the tile one copy moves, one expression per dim of the array, outermost first as `shape`."""
+
+    __slots__ = ("array", "box", "swizzle", "l2_promotion", "oob_fill")
+    array: str  # the array argument it describes
+    box: tuple[Any, ...]  # expression trees, outermost dim first
+    swizzle: str  # SWIZZLES
+    l2_promotion: str  # L2_PROMOTIONS
+    oob_fill: str  # OOB_FILLS
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "array": self.array,
+            "box": list(self.box),
+            "swizzle": self.swizzle,
+            "l2_promotion": self.l2_promotion,
+            "oob_fill": self.oob_fill,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TensorMapDecl:
+        return cls(
+            array=str(data["array"]),
+            box=tuple(data["box"]),
+            swizzle=str(data["swizzle"]),
+            l2_promotion=str(data["l2_promotion"]),
+            oob_fill=str(data["oob_fill"]),
+        )
+
+
 class ArgDecl(Record):
     """One argument of a kernel's C signature, in declared order: an array (a `shape` of
-    expression trees over the key dims and constants), a scalar the caller passes, or a scalar
-    computed from the key (`value`), which the caller does not pass."""
+    expression trees over the key dims, free dims and constants), a scalar the caller passes, a
+    scalar computed from the call (`value`), or a tensor map the call encodes from one of its
+    arrays (`tensor_map`); the caller passes neither of the last two."""
 
-    __slots__ = ("name", "dtype", "shape", "intent", "align", "value")
+    __slots__ = ("name", "dtype", "shape", "intent", "align", "value", "strides", "optional", "tensor_map")
     name: str
-    dtype: str  # a dtype name, or the name of one of the kernel's type parameters
-    shape: tuple[Any, ...] | None  # arrays: one expression tree per dim; None for scalars
+    dtype: str  # a dtype name, or the name of one of the kernel's type parameters; "" for a tensor map
+    shape: tuple[Any, ...] | None  # arrays: one expression tree per dim; None for scalars and tensor maps
     intent: str | None  # arrays: one of INTENTS
     align: int | None  # arrays: the pointer's required alignment in bytes (vector loads)
     value: Any  # a computed scalar's expression tree; None for an argument the caller passes
+    strides: str | None  # arrays: one of LAYOUTS; None for the others
+    optional: bool  # arrays: the caller may pass None (the kernel gets a null pointer)
+    tensor_map: TensorMapDecl | None
+
+    def __init__(
+        self,
+        name: str,
+        dtype: str,
+        shape: tuple[Any, ...] | None,
+        intent: str | None,
+        align: int | None,
+        value: Any,
+        strides: str | None = None,
+        optional: bool = False,
+        tensor_map: TensorMapDecl | None = None,
+    ):
+        if shape is not None and strides is None:
+            strides = "contiguous"
+        super().__init__(
+            name=name,
+            dtype=dtype,
+            shape=shape,
+            intent=intent,
+            align=align,
+            value=value,
+            strides=strides,
+            optional=optional,
+            tensor_map=tensor_map,
+        )
 
     @property
     def is_array(self) -> bool:
         return self.shape is not None
 
     @property
+    def is_tensor_map(self) -> bool:
+        return self.tensor_map is not None
+
+    @property
     def computed(self) -> bool:
-        """A scalar the call computes from the key: not among the caller's arguments."""
-        return self.value is not None
+        """Not among the caller's arguments: a scalar computed from the call, or a tensor map."""
+        return self.value is not None or self.tensor_map is not None
 
     @property
     def writes(self) -> bool:
         """An array the kernel writes (intent out or inout)."""
         return self.shape is not None and self.intent != "in"
 
+    @property
+    def strided(self) -> bool:
+        """An array that accepts strides other than C-contiguous: its strides are names."""
+        return self.shape is not None and self.strides != "contiguous"
+
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "kind": "array" if self.is_array else "scalar"}
+        kind = "array" if self.is_array else "tensor-map" if self.tensor_map is not None else "scalar"
+        out: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "kind": kind}
         if self.shape is not None:
             out.update(shape=list(self.shape), intent=self.intent)
             if self.align:
                 out["align"] = self.align
+            if self.strides != "contiguous":
+                out["strides"] = self.strides
+            if self.optional:
+                out["optional"] = True
         if self.value is not None:
             out["value"] = self.value
+        if self.tensor_map is not None:
+            out["tensor_map"] = self.tensor_map.to_json()
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ArgDecl:
         array = data["kind"] == "array"
+        tensor_map = TensorMapDecl.from_json(data["tensor_map"]) if data["kind"] == "tensor-map" else None
+        strides = str(data.get("strides", "contiguous")) if array else None
+        if strides is not None and strides not in LAYOUTS:
+            raise ValueError(f"argument {data['name']!r}: strides {strides!r} is not one of {LAYOUTS}")
         return cls(
             name=str(data["name"]),
             dtype=str(data["dtype"]),
@@ -87,6 +187,9 @@ class ArgDecl(Record):
             intent=str(data["intent"]) if array else None,
             align=int(data["align"]) if array and data.get("align") else None,
             value=data.get("value"),
+            strides=strides,
+            optional=bool(data.get("optional", False)) if array else False,
+            tensor_map=tensor_map,
         )
 
 
@@ -122,24 +225,34 @@ class KeyDecl(Record):
 class LaunchDecl(Record):
     """The launch geometry as expression trees over the key, the config and the instance."""
 
-    __slots__ = ("grid", "block", "shared")
+    __slots__ = ("grid", "block", "shared", "cluster")
     grid: tuple[Any, ...]
     block: tuple[Any, ...]
     shared: Any  # dynamic shared memory in bytes
+    cluster: tuple[Any, ...] | None  # thread-block cluster dims (x, y, z); None: no cluster
+
+    def __init__(self, grid: tuple[Any, ...], block: tuple[Any, ...], shared: Any, cluster: tuple[Any, ...] | None = None):
+        super().__init__(grid=grid, block=block, shared=shared, cluster=cluster)
 
     def to_json(self) -> dict[str, Any]:
-        return {"grid": list(self.grid), "block": list(self.block), "shared": self.shared}
+        out = {"grid": list(self.grid), "block": list(self.block), "shared": self.shared}
+        if self.cluster is not None:
+            out["cluster"] = list(self.cluster)
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LaunchDecl:
-        return cls(grid=tuple(data["grid"]), block=tuple(data["block"]), shared=data["shared"])
+        cluster = data.get("cluster")
+        return cls(
+            grid=tuple(data["grid"]), block=tuple(data["block"]), shared=data["shared"], cluster=None if cluster is None else tuple(cluster)
+        )
 
 
 class KernelDecl(Record):
     """What a kernel is to its callers: its entry, arguments, key, type parameters, constants
     and launch geometry. The variants and what each bucket selects are the table's, not this."""
 
-    __slots__ = ("name", "entry", "doc", "args", "key", "type_params", "constants", "launch")
+    __slots__ = ("name", "entry", "doc", "args", "key", "type_params", "constants", "launch", "dims")
     name: str
     entry: str  # the `extern "C"` function's name in every variant's binary
     doc: str
@@ -148,11 +261,36 @@ class KernelDecl(Record):
     type_params: Mapping[str, tuple[str, ...]]  # name -> the dtypes it may be, in declared order
     constants: Mapping[str, tuple[Any, ...]]  # name -> the values a caller may pass, declared order
     launch: LaunchDecl
+    dims: Mapping[str, int]  # free dims (array axes not in the key) -> the size tuning uses
+
+    def __init__(
+        self,
+        name: str,
+        entry: str,
+        doc: str,
+        args: tuple[ArgDecl, ...],
+        key: tuple[KeyDecl, ...],
+        type_params: Mapping[str, tuple[str, ...]],
+        constants: Mapping[str, tuple[Any, ...]],
+        launch: LaunchDecl,
+        dims: Mapping[str, int] | None = None,
+    ):
+        super().__init__(
+            name=name,
+            entry=entry,
+            doc=doc,
+            args=args,
+            key=key,
+            type_params=type_params,
+            constants=constants,
+            launch=launch,
+            dims=dict(dims or {}),
+        )
 
     @property
     def user_args(self) -> tuple[ArgDecl, ...]:
-        """The arguments a caller passes, in order (computed scalars left out)."""
-        return tuple(a for a in self.args if a.value is None)
+        """The arguments a caller passes, in order (computed scalars and tensor maps left out)."""
+        return tuple(a for a in self.args if not a.computed)
 
     def arg(self, name: str) -> ArgDecl:
         return next(a for a in self.args if a.name == name)
@@ -166,6 +304,7 @@ class KernelDecl(Record):
             "type_params": {tp: list(values) for tp, values in self.type_params.items()},
             "constants": [{"name": c, "values": list(values)} for c, values in self.constants.items()],  # a list: declared order
             "launch": self.launch.to_json(),
+            **({"dims": dict(self.dims)} if self.dims else {}),
         }
 
     @classmethod
@@ -181,6 +320,7 @@ class KernelDecl(Record):
             type_params={str(tp): tuple(str(v) for v in values) for tp, values in data["type_params"].items()},
             constants={str(c["name"]): tuple(c["values"]) for c in data.get("constants", [])},
             launch=LaunchDecl.from_json(data["launch"]),
+            dims={str(d): int(v) for d, v in data.get("dims", {}).items()},
         )
 
     # ---- the kernel in prose: help() and the stubs show these ---------------------------------
@@ -208,7 +348,9 @@ class KernelDecl(Record):
             if a.shape is not None:
                 shape = ", ".join(tree_text(t) for t in a.shape)
                 align = f", {a.align}-byte aligned" if a.align else ""
-                lines.append(f"  {a.name}: GPU array, {dtype}, shape ({shape}), C-contiguous{align}, intent {a.intent}")
+                layout = _LAYOUT_TEXT[a.strides or "contiguous"]
+                maybe = ", or None" if a.optional else ""
+                lines.append(f"  {a.name}: GPU array{maybe}, {dtype}, shape ({shape}), {layout}{align}, intent {a.intent}")
             else:
                 lines.append(f"  {a.name}: scalar, {dtype}{_scalar_note(self.type_params.get(a.dtype, (a.dtype,)))}")
         for c, values in self.constants.items():
@@ -218,7 +360,12 @@ class KernelDecl(Record):
             lines.append(NARROW_ARRAYS_DOC)
         computed = [(a.name, tree_text(a.value)) for a in self.args if a.value is not None]
         if computed:
-            lines.append("Not passed (computed from the key): " + ", ".join(n if n == e else f"{n} = {e}" for n, e in computed))
+            lines.append("Not passed (computed from the call): " + ", ".join(n if n == e else f"{n} = {e}" for n, e in computed))
+        maps = [(a.name, a.tensor_map.array) for a in self.args if a.tensor_map is not None]
+        if maps:
+            lines.append("Not passed (tensor maps encoded from an array): " + ", ".join(f"{n} of {src}" for n, src in maps))
+        if self.dims:
+            lines.append("Free dims (any size, read from the arrays): " + ", ".join(self.dims))
         if self.type_params:
             lines.append(
                 "Type parameters (from the arrays' dtypes): " + "; ".join(f"{t} in {{{', '.join(v)}}}" for t, v in self.type_params.items())
@@ -250,6 +397,13 @@ class KernelDecl(Record):
             for c, values in self.constants.items():
                 lines.append(f"  {c}: one of {list(values)!r}" + (" (the default)" if len(values) == 1 else ""))
         return "\n".join(lines)
+
+
+_LAYOUT_TEXT = {
+    "contiguous": "C-contiguous",
+    "inner": "any strides with the innermost one 1",
+    "any": "any strides",
+}
 
 
 def _scalar_note(dtypes: tuple[str, ...]) -> str:
