@@ -166,3 +166,25 @@ def test_a_free_dim_only_an_optional_array_has_is_refused(good):
     args[2]["shape"] = ["extra"]
     table["kernels"]["rope"]["dims"] = {"cache_len": 4096, "extra": 16}
     assert any("dims.extra: no array the caller must pass" in e for e in errors_for(root, table))
+
+
+def test_unit_stride_variants_make_a_constant_the_call_sets_from_the_layout(good):
+    root, table = _table(good)
+    q = table["kernels"]["rope"]["args"][0]
+    q.update(strides="any", **{"unit-stride-variants": True})
+    del table["kernels"]["rope"]["args"][3]  # its tensor map needs "inner"
+    spec = parse_project(table, root, env={}).kernels["rope"]
+    assert spec.constants["q_unit_stride"] == (True, False)
+    assert len(spec.type_instances()) == 2  # HEAD_DIM=128 x q_unit_stride in {True, False}
+    decl = kernel_decl(spec)
+    assert decl.layout_constants == {"q_unit_stride": "q"}
+    assert list(decl.call_constants) == ["HEAD_DIM"]
+    assert KernelDecl.from_json("rope", decl.to_json()).arg("q").unit_stride_variants
+    doc = decl.call_doc()
+    assert "q_unit_stride: not passed" in doc and "q_unit_stride," not in doc.splitlines()[0]
+
+
+def test_unit_stride_variants_need_strides_any(good):
+    root, table = _table(good)
+    table["kernels"]["rope"]["args"][0]["unit-stride-variants"] = True  # strides "inner": always unit
+    assert any('args[0].unit-stride-variants: only an array declared with strides = "any"' in e for e in errors_for(root, table))

@@ -71,6 +71,8 @@ def _check_constraints(spec: Any, types: dict[str, Any], config: dict[str, Any])
     shown = ",".join(f"{k}={value_text(v)}" for k, v in config.items())
     for_types = f" with {','.join(f'{k}={value_text(v)}' for k, v in types.items())}" if types else ""
     for i, constraint in enumerate(spec.constraints):
+        if spec.is_point_constraint(constraint):  # per bucket and arch: not a property of the variant
+            continue
         try:
             holds = enumerate_configs(point, [constraint], spec.type_env(types))
         except ConstraintError as exc:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..runtime import DTYPE_SIZES, LAYOUTS, stride_name
+from ..runtime import DTYPE_SIZES, LAYOUTS, stride_name, unit_stride_constant
 from ..runtime.declaration import L2_PROMOTIONS, OOB_FILLS, SWIZZLES
 from .expr import Expr
 from .validate import BAD, Table, problems_since, v_bool, v_choice, v_expr, v_ident, v_int, v_list
@@ -80,6 +80,7 @@ class ArgSpec:
     strides: str = "contiguous"  # arrays: one of LAYOUTS
     optional: bool = False  # arrays: the caller may pass None (a null pointer)
     tensor_map: TensorMapSpec | None = None
+    unit_stride_variants: bool = False  # strides "any": variants for a unit and a non-unit innermost stride
 
     @property
     def is_array(self) -> bool:
@@ -89,6 +90,12 @@ class ArgSpec:
     def computed(self) -> bool:
         """Not passed by the caller: a computed scalar or a tensor map."""
         return self.value is not None or self.tensor_map is not None
+
+    @property
+    def unit_stride_constant(self) -> str | None:
+        """The constant whose value says whether a call's innermost stride is one element (set
+        from the call's layout, never passed): with `unit-stride-variants = true` only."""
+        return unit_stride_constant(self.name) if self.unit_stride_variants else None
 
     def stride_names(self) -> tuple[str, ...]:
         """The names its strides have in computed scalars' values (none for a C-contiguous one)."""
@@ -158,11 +165,23 @@ def parse_arg(
     align = t.get("align", v_int(1), default=None)
     strides = t.get("strides", v_choice(LAYOUTS), default="contiguous")
     optional = t.get("optional", v_bool, default=False)
+    unit_variants = t.get("unit-stride-variants", v_bool, default=False)
     t.finish()
+    if unit_variants is True and strides != "any":
+        errors.append(
+            f'{t.sub("unit-stride-variants")}: only an array declared with strides = "any" has variants per innermost stride '
+            f"(its strides are {strides!r})"
+        )
     if align not in (None, BAD) and (align & (align - 1)):
         errors.append(f"{t.sub('align')}: expected a power of two (bytes), got {align}")
     if shape is None:
-        for key, what in (("align", "an alignment"), ("intent", "an intent"), ("strides", "strides"), ("optional", "`optional`")):
+        for key, what in (
+            ("align", "an alignment"),
+            ("intent", "an intent"),
+            ("strides", "strides"),
+            ("optional", "`optional`"),
+            ("unit-stride-variants", "`unit-stride-variants`"),
+        ):
             if key in t.data:
                 errors.append(f"{t.sub(key)}: only arrays (with a shape) have {what}")
     else:
@@ -172,14 +191,24 @@ def parse_arg(
             errors.append(f"{t.sub('value')}: only scalars may be computed from the call")
     if problems_since(errors, n):  # an unknown key alone leaves the argument usable
         return None
-    return ArgSpec(name=name, dtype=dtype, shape=shape, intent=intent, value=value, align=align, strides=strides, optional=optional)
+    return ArgSpec(
+        name=name,
+        dtype=dtype,
+        shape=shape,
+        intent=intent,
+        value=value,
+        align=align,
+        strides=strides,
+        optional=optional,
+        unit_stride_variants=unit_variants is True,
+    )
 
 
 def _parse_tensor_map_arg(t: Table, name: Any, n: int) -> ArgSpec | None:
     """`{ name, tensor-map = { array, box, swizzle?, l2-promotion?, oob-fill? } }`: the box's
     names are checked with the launch geometry's (kernel_table.py), the array by checks.py."""
     errors = t.errors
-    for key in ("dtype", "shape", "intent", "value", "align", "strides", "optional"):
+    for key in ("dtype", "shape", "intent", "value", "align", "strides", "optional", "unit-stride-variants"):
         if key in t.data:
             t.seen.add(key)
             errors.append(f"{t.sub(key)}: a tensor map has no {key}: the call encodes it from the array it names")

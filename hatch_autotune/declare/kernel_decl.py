@@ -18,6 +18,7 @@ def _arg_decl(a: ArgSpec) -> ArgDecl:
         value=a.value.tree if a.value is not None else None,
         strides=a.strides if a.shape is not None else None,
         optional=a.optional if a.shape is not None else False,
+        unit_stride_variants=a.unit_stride_variants,
         tensor_map=None
         if a.tensor_map is None
         else TensorMapDecl(

@@ -99,6 +99,11 @@ def parse_kernel(
     space = _space(t)
     dims = _free_dims(t)
     args, key, key_names = _args_and_key(t, set(constants), types, set(dims))
+    for a in args:  # a layout constant: rendered, tuned and selected as a constant, set by the call from the layout
+        if a.unit_stride_constant is not None:
+            if a.unit_stride_constant in constants:
+                t.errors.append(f"{t.sub('constants')}.{a.unit_stride_constant}: the name of {a.name!r}'s unit-stride variants; rename it")
+            constants[a.unit_stride_constant] = (True, False)
     grid, block, shared, cluster, constraints = _launch(t, set(space), key_names, {f"{tp}_size" for tp in types}, set(constants), set(dims))
     geometry_names = set(space) | key_names | {f"{tp}_size" for tp in types} | set(constants) | set(dims)
     check_layout(t, args, key, dims, geometry_names, _declared_names(t))

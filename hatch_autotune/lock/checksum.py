@@ -56,7 +56,11 @@ def _layout_fields(spec: KernelSpec) -> dict[str, object]:
     optional arrays, tensor maps, free dims (their tuning sizes shape the inputs), the cluster
     and the constraints per bucket and arch (they decide the candidates); empty when none."""
     out: dict[str, object] = {}
-    arrays = {a.name: [a.strides, a.optional] for a in spec.args if a.shape is not None and (a.strides != "contiguous" or a.optional)}
+    arrays = {
+        a.name: [a.strides, a.optional, a.unit_stride_variants]
+        for a in spec.args
+        if a.shape is not None and (a.strides != "contiguous" or a.optional)
+    }
     if arrays:
         out["arrays"] = arrays
     maps = {

@@ -32,7 +32,7 @@ stub `_runtime.Selection` and `_runtime.PreparedCall`, and the build side import
 
 from .args import ArrayView, PreparedCall, array_view, stream_handle
 from .cuda_seam import MIN_CUDA_CORE, CudaApi, GpuState, check_cuda, check_cuda_core, cuda_api, current_device_cc, use_gpu
-from .declaration import LAYOUTS, ArgDecl, KernelDecl, KeyDecl, LaunchDecl, TensorMapDecl, stride_name
+from .declaration import LAYOUTS, ArgDecl, KernelDecl, KeyDecl, LaunchDecl, TensorMapDecl, stride_name, unit_stride_constant
 from .errors import ArrayInterfaceError, CudaCallError, ExpressionError, IntegrityError, NoDriverError, TableError, short_repr
 from .expr import FUNCTIONS, MAX_EXPR_DEPTH, MAX_INT_BITS, cdiv, compile_expr, tree_names, tree_text
 from .kernel import Kernel
@@ -124,6 +124,7 @@ __all__ = [
     "tree_names",
     "tree_text",
     "types_key",
+    "unit_stride_constant",
     "use_gpu",
     "value_text",
 ]

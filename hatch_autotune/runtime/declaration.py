@@ -54,6 +54,12 @@ L2_PROMOTIONS = ("none", "64B", "128B", "256B")
 OOB_FILLS = ("zero", "nan")
 
 
+def unit_stride_constant(array: str) -> str:
+    """The constant that says whether a call's array has a unit innermost stride, for an array
+    declared with `unit-stride-variants`: the call sets it from the layout, the template reads it."""
+    return f"{array}_unit_stride"
+
+
 def stride_name(array: str, axis: int) -> str:
     """The name under which a computed scalar's `value` reads an array's stride (in elements)."""
     return f"{array}_stride{axis}"
@@ -96,7 +102,7 @@ class ArgDecl(Record):
     scalar computed from the call (`value`), or a tensor map the call encodes from one of its
     arrays (`tensor_map`); the caller passes neither of the last two."""
 
-    __slots__ = ("name", "dtype", "shape", "intent", "align", "value", "strides", "optional", "tensor_map")
+    __slots__ = ("name", "dtype", "shape", "intent", "align", "value", "strides", "optional", "tensor_map", "unit_stride_variants")
     name: str
     dtype: str  # a dtype name, or the name of one of the kernel's type parameters; "" for a tensor map
     shape: tuple[Any, ...] | None  # arrays: one expression tree per dim; None for scalars and tensor maps
@@ -106,6 +112,7 @@ class ArgDecl(Record):
     strides: str | None  # arrays: one of LAYOUTS; None for the others
     optional: bool  # arrays: the caller may pass None (the kernel gets a null pointer)
     tensor_map: TensorMapDecl | None
+    unit_stride_variants: bool  # arrays with strides "any": variants per unit / non-unit innermost stride
 
     def __init__(
         self,
@@ -118,6 +125,7 @@ class ArgDecl(Record):
         strides: str | None = None,
         optional: bool = False,
         tensor_map: TensorMapDecl | None = None,
+        unit_stride_variants: bool = False,
     ):
         if shape is not None and strides is None:
             strides = "contiguous"
@@ -131,6 +139,7 @@ class ArgDecl(Record):
             strides=strides,
             optional=optional,
             tensor_map=tensor_map,
+            unit_stride_variants=unit_stride_variants,
         )
 
     @property
@@ -167,6 +176,8 @@ class ArgDecl(Record):
                 out["strides"] = self.strides
             if self.optional:
                 out["optional"] = True
+            if self.unit_stride_variants:
+                out["unit_stride_variants"] = True
         if self.value is not None:
             out["value"] = self.value
         if self.tensor_map is not None:
@@ -190,6 +201,7 @@ class ArgDecl(Record):
             strides=strides,
             optional=bool(data.get("optional", False)) if array else False,
             tensor_map=tensor_map,
+            unit_stride_variants=bool(data.get("unit_stride_variants", False)) if array else False,
         )
 
 
@@ -288,6 +300,18 @@ class KernelDecl(Record):
         )
 
     @property
+    def layout_constants(self) -> dict[str, str]:
+        """Constants the call sets from an array's layout (`unit-stride-variants`), never passed:
+        constant -> the array it is read from."""
+        return {unit_stride_constant(a.name): a.name for a in self.args if a.unit_stride_variants}
+
+    @property
+    def call_constants(self) -> dict[str, tuple[Any, ...]]:
+        """The constants a caller passes by keyword (the layout constants left out)."""
+        layout = self.layout_constants
+        return {c: v for c, v in self.constants.items() if c not in layout}
+
+    @property
     def user_args(self) -> tuple[ArgDecl, ...]:
         """The arguments a caller passes, in order (computed scalars and tensor maps left out)."""
         return tuple(a for a in self.args if not a.computed)
@@ -338,7 +362,7 @@ class KernelDecl(Record):
     def call_doc(self) -> str:
         """The call's documentation: its signature, arguments, constants, stream and key."""
         user = self.user_args
-        keywords = [*(f"{c}={v[0]!r}" if len(v) == 1 else c for c, v in self.constants.items()), "stream=None"]
+        keywords = [*(f"{c}={v[0]!r}" if len(v) == 1 else c for c, v in self.call_constants.items()), "stream=None"]
         lines = [f"{self.name}({', '.join([*(a.name for a in user), '*', *keywords])})", ""]
         if self.doc:
             lines += [self.doc, ""]
@@ -353,8 +377,10 @@ class KernelDecl(Record):
                 lines.append(f"  {a.name}: GPU array{maybe}, {dtype}, shape ({shape}), {layout}{align}, intent {a.intent}")
             else:
                 lines.append(f"  {a.name}: scalar, {dtype}{_scalar_note(self.type_params.get(a.dtype, (a.dtype,)))}")
-        for c, values in self.constants.items():
+        for c, values in self.call_constants.items():
             lines.append(f"  {c}: constant, keyword only, one of {list(values)!r}" + (" (the only value)" if len(values) == 1 else ""))
+        for c, array in self.layout_constants.items():
+            lines.append(f"  {c}: not passed: whether {array}'s innermost stride is one element (a variant for each)")
         lines.append(f"  {STREAM_DOC}")
         if any(d in ML_DTYPES for a in user if a.is_array for d in self.type_params.get(a.dtype, (a.dtype,))):
             lines.append(NARROW_ARRAYS_DOC)

@@ -57,7 +57,7 @@ class Kernel(Launcher):
         import inspect
 
         params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in self.user_args]
-        for c, values in self.constants.items():
+        for c, values in self.declaration.call_constants.items():  # layout constants are not passed
             default = values[0] if len(values) == 1 else inspect.Parameter.empty
             params.append(inspect.Parameter(c, inspect.Parameter.KEYWORD_ONLY, default=default))
         params.append(inspect.Parameter("stream", inspect.Parameter.KEYWORD_ONLY, default=None))

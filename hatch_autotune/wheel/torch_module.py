@@ -101,7 +101,7 @@ def _function(spec: KernelSpec, op: Operator, b: _Builtins) -> str:
     for name in op.params:
         a = args[name]
         if a.is_array:
-            params.append(f"{name}: _Tensor")
+            params.append(f"{name}: _Tensor | None" if a.optional else f"{name}: _Tensor")
         else:
             kind = scalar_type(a.dtype, spec.types)  # a Scalar of int and float takes a float; of complex, a complex
             kind = kind if kind != "Scalar" else "complex" if any(d.startswith("complex") for d in spec.types[a.dtype]) else "float"
