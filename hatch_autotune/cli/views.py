@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import CliError
 from ..inspection.diff import diff_sources
 from ..inspection.fmt import fmt_bucket, fmt_config, fmt_delta, fmt_ms, fmt_speedup
-from ..inspection.model import Source, binaries_lines, combine, provenance_lines
+from ..inspection.model import Source, binaries_lines, combine, excluded_lines, provenance_lines
 from ..inspection.readers import load_source
 from ..wheel.outcome import EntryStatus
 from .common import EXIT_OK, EXIT_REGRESSION, row_limit, write_output
@@ -31,6 +31,7 @@ def cmd_show(args: argparse.Namespace, ui: UI) -> int:
             break
         has_types = any(r.types != "-" for r in rows)
         has_notes = any(r.note for r in rows)
+        has_excluded = any(r.excluded for r in rows)
         rows = rows[:left]
         left -= len(rows)
         columns = [
@@ -41,9 +42,10 @@ def cmd_show(args: argparse.Namespace, ui: UI) -> int:
             "time (ms)",
             "speedup",
             "status",
+            *(["excluded"] if has_excluded else []),
             *(["note"] if has_notes else []),
         ]
-        t = ui.table(kernel, columns, right=("time (ms)", "speedup"), rows=listed)
+        t = ui.table(kernel, columns, right=("time (ms)", "speedup", "excluded"), rows=listed)
         for r in rows:
             cells = [
                 r.arch,
@@ -54,6 +56,8 @@ def cmd_show(args: argparse.Namespace, ui: UI) -> int:
                 fmt_speedup(r.speedup),
             ]
             cells.append(r.status)
+            if has_excluded:
+                cells.append(str(sum(r.excluded.values())) if r.excluded else "")
             if has_notes:
                 cells.append(r.note)
             t.add_row(*cells, style=None if r.tuned or not ui.tty else "yellow")
@@ -63,11 +67,19 @@ def cmd_show(args: argparse.Namespace, ui: UI) -> int:
             f"... {len(shown) - limit} more entries not shown (the first {limit} of {len(shown)}): "
             "--all shows every one, --limit N the first N, --kernel K one kernel's"
         )
+    excluded = excluded_lines(shown, limit)
+    if excluded:
+        ui.print("configs that may not run at an entry (never measured nor compiled for it), by kernel, arch and reason:")
+        for line in excluded:
+            ui.print(f"  {line}")
     failed = _show_outcome(src, args.kernel, limit, ui)
     status = {s: sum(r.status == s for r in shown) for s in EntryStatus}
     summary = f"{src.label} ({src.kind}): {len(shown)} entries, {status[EntryStatus.TUNED]} tuned, {status[EntryStatus.DEFAULT]} default"
     if status[EntryStatus.FALLBACK]:
-        summary += f", {status[EntryStatus.FALLBACK]} fallback (the default config does not compile)"
+        moved = sum(r.status == EntryStatus.FALLBACK and "may not run here" in r.note for r in shown)
+        why = ["the default config does not compile"] if moved < status[EntryStatus.FALLBACK] else []
+        why += ["the default config may not run there"] if moved else []
+        summary += f", {status[EntryStatus.FALLBACK]} fallback ({', or '.join(why)})"
     if src.outcome is not None:
         summary += f"; {failed} variant binar{'y' if failed == 1 else 'ies'} failed to compile"
         if src.outcome.shipped is not None and not args.kernel:

@@ -7,6 +7,7 @@ cannot see are refused as the table is read: kernel_table.v_nvrtc_options.)"""
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 import time
 from collections.abc import Mapping
@@ -16,7 +17,7 @@ from ..runtime import INT_RANGES, MAX_SIZE, ExpressionError, short_repr, value_t
 from . import space as space_mod
 from .args import TOOLKIT_CTYPES, TOOLKIT_ONLY
 from .expr import Expr
-from .kernel import KernelSpec
+from .kernel import ARCH_NAME, KernelSpec
 from .space import MAX_VARIANTS, ConstraintError, SpaceTooLarge, bucket_points, corner_points, count_points, enumerate_configs, size_problem
 from .validate import Table
 
@@ -24,9 +25,12 @@ from .validate import Table
 MAX_BUCKET_POINTS = 10_000  # points of a kernel's key grid (tuning runs at every one)
 MAX_INSTANCES = 1_000  # combinations of a kernel's type parameters and constants
 GEOMETRY_CHECKS = 200_000  # (config, point) pairs whose launch geometry is checked in full
-# What a launch can take at most, whatever the GPU: a grid dim up to 2**31 - 1 blocks, a block of at most
-# 1024 threads, and no GPU has 4 GiB of shared memory per block.
-_GEOMETRY_MAX = {"grid": 2**31 - 1, "block": 1024, "shared": 2**32 - 1}
+# What a launch can take at most, whatever the GPU: a grid's x up to 2**31 - 1 blocks (y and z: 65535),
+# a block of at most 1024 threads, no GPU has 4 GiB of shared memory per block, and a cluster has at
+# most 8 blocks (the portable cluster size).
+MAX_CLUSTER_SIZE = 8
+_GEOMETRY_MAX = {"grid": 2**31 - 1, "block": 1024, "shared": 2**32 - 1, "cluster": MAX_CLUSTER_SIZE}
+_GRID_YZ_MAX = 65535  # a grid's y and z (its x: 2**31 - 1)
 
 
 def check_kernel(spec: KernelSpec, t: Table) -> bool:
@@ -189,10 +193,14 @@ def name_clashes(spec: KernelSpec) -> str | None:
 
 
 def check_geometry(spec: KernelSpec, types: Mapping[str, str], configs: list[dict[str, Any]]) -> str | None:
-    """grid/block/shared must give positive integers for every config at every bucket. Above
-    GEOMETRY_CHECKS pairs, every config is checked at the grid's corners (each dim's smallest
-    and largest bucket) and every point with the default config: bounded time, and what the
-    geometry usually depends on monotonically is still covered."""
+    """grid/block/shared (and cluster) must give positive integers within CUDA's limits for every
+    config at every bucket where it may run: a point constraint that reads only key dims and
+    fails there takes the pair out (one that reads `arch` is checked per arch by the planner).
+    The grid's x goes up to 2**31 - 1, its y and z to 65535; a cluster has at most
+    MAX_CLUSTER_SIZE blocks and divides the grid in each dim. Above GEOMETRY_CHECKS pairs, every
+    config is checked at the grid's corners (each dim's smallest and largest bucket) and every
+    point with the default config: bounded time, and what the geometry usually depends on
+    monotonically is still covered."""
     points = bucket_points([k.buckets for k in spec.key])
     pairs: Any = ((p, c) for p in points for c in configs)
     if len(points) * len(configs) > GEOMETRY_CHECKS:
@@ -200,20 +208,59 @@ def check_geometry(spec: KernelSpec, types: Mapping[str, str], configs: list[dic
         pairs = itertools.chain(((p, c) for p in corners for c in configs), ((p, dict(spec.default)) for p in points))
     type_env = spec.type_env(types)
     names = [k.name for k in spec.key]
+    per_point = [(i, c) for i, c in spec.point_constraints if ARCH_NAME not in c.names]
+    cluster = spec.cluster or ()
     for point, config in pairs:
         key = dict(zip(names, point))
         env = {**key, **spec.dims, **config, **type_env}
-        for what, exprs, minimum in (("grid", spec.grid, 1), ("block", spec.block, 1), ("shared", (spec.shared,), 0)):
-            for e in exprs:
-                try:
-                    value = e(env)
-                except ExpressionError as exc:  # e.g. division by zero for some config, or a bound exceeded
-                    return f"{what} expression {e.text!r} fails for {config} at {key}: {exc}"
-                if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= _GEOMETRY_MAX[what]:
-                    return (
-                        f"{what} expression {e.text!r} gives {short_repr(value)} for {config} at {key}; expected an integer "
-                        f"from {minimum} to {_GEOMETRY_MAX[what]} (use // or cdiv for division)"
-                    )
+        for i, c in per_point:
+            try:
+                holds = c(env)
+            except ExpressionError as exc:
+                return f"constraints[{i}] {c.text!r} cannot be evaluated for {config} at {key}: {exc}"
+            if not holds:
+                break
+        else:
+            problem = _geometry_problem(spec, env, config, key, cluster)
+            if problem:
+                return problem
+    return None
+
+
+def _geometry_problem(
+    spec: KernelSpec, env: Mapping[str, Any], config: Mapping[str, Any], key: Mapping[str, int], cluster: Any
+) -> str | None:
+    """What is wrong with one config's launch at one bucket, or None."""
+    values: dict[str, list[int]] = {}
+    for what, exprs, minimum in (("grid", spec.grid, 1), ("block", spec.block, 1), ("shared", (spec.shared,), 0), ("cluster", cluster, 1)):
+        for d, e in enumerate(exprs):
+            try:
+                value = e(env)
+            except ExpressionError as exc:  # e.g. division by zero for some config, or a bound exceeded
+                return f"{what} expression {e.text!r} fails for {config} at {key}: {exc}"
+            most = _GRID_YZ_MAX if what == "grid" and d > 0 else _GEOMETRY_MAX[what]
+            if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= most:
+                dim = f"[{d}] ({'xyz'[d]})" if what == "grid" and d > 0 else ""
+                limit = f"; CUDA allows at most {most} blocks in a grid's y and z" if dim else ""
+                return (
+                    f"{what}{dim} expression {e.text!r} gives {short_repr(value)} for {config} at {key}; expected an integer "
+                    f"from {minimum} to {most} (use // or cdiv for division){limit}"
+                )
+            values.setdefault(what, []).append(value)
+    if cluster:
+        dims = values["cluster"]
+        if math.prod(dims) > MAX_CLUSTER_SIZE:
+            return (
+                f"cluster {[e.text for e in cluster]} gives {'x'.join(map(str, dims))} = {math.prod(dims)} blocks for {config} at "
+                f"{key}; a cluster has at most {MAX_CLUSTER_SIZE} blocks (the portable size)"
+            )
+        grid = values["grid"] + [1] * (3 - len(values["grid"]))
+        for d, size in enumerate(dims):
+            if grid[d] % size:
+                return (
+                    f"grid {'xyz'[d]} ({grid[d]}) is not a multiple of cluster {'xyz'[d]} ({size}) for {config} at {key}; "
+                    "the grid must be a whole number of clusters in each dim"
+                )
     return None
 
 

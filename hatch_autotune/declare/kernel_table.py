@@ -210,7 +210,11 @@ def _args_and_key(
     key_t = t.table("key", required=True)
     key_names = [k for k in key_t.data] if key_t is not None and key_t.ok else []
     args = parse_args(t, raw_args, set(key_names), constant_names, types, dim_names) if raw_args is not BAD else []
-    key = parse_keys(key_t, key_names, {a.name: a for a in args}, raw_args is not BAD) if key_t is not None and key_t.ok else []
+    key = (
+        parse_keys(key_t, key_names, {a.name: a for a in args}, raw_args is not BAD, _declared_names(t))
+        if key_t is not None and key_t.ok
+        else []
+    )
     return args, key, set(key_names)
 
 

@@ -3,7 +3,7 @@ buckets are tuned apart and selected between."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ..runtime import MAPPINGS, MAX_SIZE
@@ -22,20 +22,24 @@ class KeyDim:
     mapping: str
 
 
-def parse_keys(key_t: Table, key_names: list[str], args: Mapping[str, ArgSpec], args_ok: bool) -> list[KeyDim]:
-    """Every key dim of the `key` table (a table: checked by the caller)."""
+def parse_keys(
+    key_t: Table, key_names: list[str], args: Mapping[str, ArgSpec], args_ok: bool, declared: Collection[str] = ()
+) -> list[KeyDim]:
+    """Every key dim of the `key` table (a table: checked by the caller). `declared`: every
+    argument's name, also those whose own problems were reported (so left out of `args`): a key
+    dim read from one of those says nothing more (its argument is declared, only broken)."""
     key: list[KeyDim] = []
     if not key_t.data:
         key_t.errors.append(f"{key_t.path}: expected at least one key dim, got an empty table")
     for dim in key_names:
         key_t.seen.add(dim)
-        kd = parse_key_dim(dim, Table(key_t.data[dim], key_t.sub(dim), key_t.errors), args, args_ok)
+        kd = parse_key_dim(dim, Table(key_t.data[dim], key_t.sub(dim), key_t.errors), args, args_ok, declared)
         if kd is not None:
             key.append(kd)
     return key
 
 
-def parse_key_dim(dim: str, t: Table, args: Mapping[str, ArgSpec], args_ok: bool) -> KeyDim | None:
+def parse_key_dim(dim: str, t: Table, args: Mapping[str, ArgSpec], args_ok: bool, declared: Collection[str] = ()) -> KeyDim | None:
     if not t.ok:  # not a table: reported when the Table was made
         return None
     errors = t.errors
@@ -57,9 +61,13 @@ def parse_key_dim(dim: str, t: Table, args: Mapping[str, ArgSpec], args_ok: bool
                 source = a.name
                 break
         if source is None:
+            if set(declared) - set(args):  # an argument with a problem (reported) may be the one
+                return None
             errors.append(f"{t.path}: no array has {dim!r} as an axis of its shape; set `from` (an argument name)")
             return None
     arg = args.get(source)
+    if arg is None and source in declared:  # declared, and its own problem reported: not "not an argument"
+        return None
     if arg is None:
         errors.append(f"{t.sub('from')}: {source!r} is not an argument of the kernel (arguments: {', '.join(args)})")
         return None

@@ -64,6 +64,9 @@ class Row:
     checksum: str | None = None  # of the code and settings it is for: the lock entry's, or a project's now (not tables)
     binary: str | None = None  # sha256 of the cubin it runs on its arch (tables and projects; lock files have none)
     provenance: dict[str, Any] = field(default_factory=dict)
+    # The configs that may not serve this entry (plan/exclusions.py): what excluded them -> how
+    # many (lock files and projects; a selection table does not say).
+    excluded: dict[str, int] = field(default_factory=dict)
 
     @property
     def status(self) -> EntryStatus:
@@ -144,6 +147,7 @@ def combine(sources: Sequence[Source]) -> Source:
                     if getattr(have, f) is None:
                         setattr(have, f, getattr(r, f))
                 have.measurements = have.measurements or list(r.measurements)
+                have.excluded = have.excluded or dict(r.excluded)
     outcome = next((s.outcome for s in sources if s.outcome is not None), None)
     ptx = next((s.ptx for s in sources if s.ptx), {})
     merged = Source(" + ".join(s.label for s in sources), "+".join(s.kind for s in sources), rows, kernels, outcome=outcome, ptx=ptx)
@@ -177,6 +181,28 @@ def binaries_lines(rows: Sequence[Row], ptx: dict[str, str]) -> list[str]:
         "a device runs, of the binaries that run on it, the one of the newest minor not above its own (its own first), "
         "at that minor arch-specific, else family, else plain; else PTX (select() names the one and why)",
     ]
+
+
+def excluded_lines(rows: Sequence[Row], limit: int | None = None) -> list[str]:
+    """The configs each entry excludes, one line per kernel, type instance, arch and set of
+    reasons (the entries that share them named): "scale on sm_80 at n=4000, n=8000: constraints[2]
+    'n % VEC == 0' at n=4000: 3 configs"; at most `limit` lines."""
+    from ..text import examples
+    from .fmt import fmt_bucket
+
+    groups: dict[tuple[str, str, str, tuple[tuple[str, int], ...]], list[str]] = {}
+    for r in rows:
+        if r.excluded:
+            key = (r.kernel, r.types, r.arch, tuple(r.excluded.items()))
+            groups.setdefault(key, []).append(fmt_bucket(r.bucket))
+    lines = []
+    for (kernel, types, arch, reasons), buckets in groups.items():
+        of = f" ({types})" if types != "-" else ""
+        said = "; ".join(f"{text}: {n} config{'' if n == 1 else 's'}" for text, n in reasons)
+        lines.append(f"{kernel}{of} on {arch} at {examples(buckets)}: {said}")
+    if limit is not None and len(lines) > limit:
+        lines = [*lines[:limit], f"... {len(lines) - limit} more: --all lists every one"]
+    return lines
 
 
 def provenance_lines(rows: Sequence[Row]) -> list[str]:

@@ -128,6 +128,7 @@ def row_from_lock(where: EntryId, entry: LockEntry) -> Row:
         measurements=ms,
         checksum=entry.checksum,
         provenance=dict(entry.provenance),
+        excluded=dict(entry.excluded),
     )
 
 
@@ -340,6 +341,7 @@ def project_source(root: Path) -> Source:
     from ..errors import BuildError
     from ..lock import tuned_with
     from ..plan.devices import detect_gpus
+    from ..plan.exclusions import summary
     from ..plan.planner import make_plan, resolve_archs, target_archs
     from ..wheel.assemble import compile_shipped, record_outcome
 
@@ -368,9 +370,9 @@ def project_source(root: Path) -> Source:
     rows: dict[str, Row] = {}
     for (n, arch), chosen in shipping.choices.items():
         inst = plan.instances[n]
-        default = dict(inst.spec.default)
         binaries = shipping.binaries.get((n, arch), {})
         for p, choice in chosen.items():
+            default = dict(inst.spec.default) if (d := inst.point_default(p)) is None else inst.configs[d]  # what it runs untuned
             if choice.tuned:
                 entry = lock.entries[p.eid]
                 r = row_from_lock(p.id, entry)
@@ -390,6 +392,7 @@ def project_source(root: Path) -> Source:
                     fallback=choice.fallback,
                     default_config=default,
                 )
+            r.excluded = summary(inst.excluded(p))  # what may not run there, as the project declares it now
             r.checksum = p.checksum  # what the build would compile now: equal to a valid entry's
             compiled = binaries.get(choice.variant_index)
             r.binary = sha256_hex(compiled.binary) if compiled is not None and compiled.binary else None

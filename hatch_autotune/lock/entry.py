@@ -24,9 +24,12 @@ class LockEntry:
     index: int | None = None  # the winner's position in the canonical config list
     default: Mapping[str, Any] | None = None  # the kernel's default config when it was tuned
     default_ms: float | None = None  # the default's median time
-    measurements: tuple[Measurement, ...] = ()  # one per config, in canonical order
+    measurements: tuple[Measurement, ...] = ()  # one per config that may serve the point, in canonical order
     provenance: Mapping[str, Any] = field(default_factory=dict)
     runoff: Runoff | None = None  # how the winner was chosen among near-ties (None: no runoff)
+    # The configs that could not serve the point, so were neither measured nor compiled for it
+    # (plan/exclusions.py): what excluded them -> how many; JSON "excluded" only when any were.
+    excluded: Mapping[str, int] = field(default_factory=dict)
     read_from: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)  # the JSON it was read from
 
     @classmethod
@@ -45,6 +48,7 @@ class LockEntry:
             measurements=tuple(Measurement.from_json(m) for m in raw.get("measurements", [])),
             provenance=dict(raw.get("provenance", {})),
             runoff=Runoff.from_json(raw.get("runoff")),
+            excluded=_excluded(raw.get("excluded")),
             read_from=raw,
         )
 
@@ -67,6 +71,8 @@ class LockEntry:
             out["provenance"] = dict(self.provenance)
         if self.runoff is not None:
             out["runoff"] = self.runoff.to_json()
+        if self.excluded:
+            out["excluded"] = dict(self.excluded)
         return out
 
     def time_of(self, config: Mapping[str, Any]) -> float | None:
@@ -81,6 +87,13 @@ class LockEntry:
     @property
     def winner_ms(self) -> float | None:
         return self.time_of(self.config)
+
+
+def _excluded(raw: Any) -> dict[str, int]:
+    """The `excluded` record as a lenient reader keeps it: the groups with a count of configs."""
+    if not isinstance(raw, dict):
+        return {}
+    return {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0}
 
 
 def _entry_problem(raw: Any) -> str | None:

@@ -27,10 +27,18 @@ from ..compile.render import Variant, render_kernel
 from ..declare.config import KernelSpec, Mode, ProjectSpec
 from ..declare.space import bucket_points, count_points
 from ..errors import BuildError
-from ..lock import Bucket, EntryId, LockEntry, LockFile, NvrtcPolicy, entry_checksum
-from ..runtime import parse_arch, short_repr
+from ..lock import Bucket, EntryId, LockFile, NvrtcPolicy, entry_checksum
+from ..runtime import parse_arch
 from ..text import Log, indent, instance_text, log_excerpt
+from .choice import LOCK_ONLY_PROVENANCE as LOCK_ONLY_PROVENANCE
+from .choice import PROVENANCE_FIELDS as PROVENANCE_FIELDS
+from .choice import PROVENANCE_MAX_CHARS as PROVENANCE_MAX_CHARS
+from .choice import Choice as Choice
+from .choice import shipped_provenance as shipped_provenance
+from .choice import tuned_choice
 from .devices import Gpu
+from .exclusions import Exclusion, PointRules, no_candidate
+from .hooks import check_hooks
 
 # The most configs one tuning run may measure, over every bucket, type instance and arch (each
 # at most `budget-ms` of GPU time, after its compile): more is days of GPU time, most likely a
@@ -39,28 +47,6 @@ MAX_TUNING_RUNS = 10_000_000
 # A kernel with at least this many configs before constraints (over its instances) says that it
 # is rendering, and how long it took: a few seconds or more.
 RENDER_NOTICE_AT = 2_000
-# What a tuned choice (and so the wheel's selection table, and `show`) keeps of its lock entry's
-# provenance: the fields the tuner writes (tuning/bucket.py `provenance`), each a string of at
-# most PROVENANCE_MAX_CHARS (`reference`: what every variant was verified against). Anything else
-# a lock entry holds stays out of the wheel; LOCK_ONLY_PROVENANCE, the tuner's own bookkeeping (where
-# a bucket's time went), without a warning.
-PROVENANCE_FIELDS = (
-    "gpu",
-    "cc",
-    "driver",
-    "driver_release",
-    "nvrtc",
-    "nvrtc_build",
-    "cuda_bindings",
-    "hatch_autotune",
-    "code",
-    "date",
-    "run",
-    "search",
-    "reference",
-)
-LOCK_ONLY_PROVENANCE = ("phases", "settings")
-PROVENANCE_MAX_CHARS = 200
 
 
 def target_archs(project: ProjectSpec, available: Iterable[str]) -> tuple[str, ...]:
@@ -126,6 +112,7 @@ class Instance:
     variants: list[Variant]
     default_index: int
     points: dict[str, list[Point]] = field(default_factory=dict)  # arch -> points
+    _rules: dict[str, PointRules] = field(default_factory=dict, repr=False)  # arch -> what excludes configs there
 
     @cached_property
     def configs(self) -> list[dict[str, Any]]:
@@ -154,53 +141,31 @@ class Instance:
     def compile_job(self, index: int, arch: str) -> CompileJob:
         return self.variants[index].compile_job(arch, self.spec.entry, self.spec.nvrtc_options)
 
+    def rules(self, arch: str) -> PointRules:
+        """What excludes a config at a point on `arch` (plan/exclusions.py), made once per arch."""
+        if arch not in self._rules:
+            self._rules[arch] = PointRules(self.spec, self.types, self.configs, arch)
+        return self._rules[arch]
 
-@dataclass(frozen=True)
-class Choice:
-    """The variant a point gets in the wheel, and why."""
+    def exclusion(self, point: Point, index: int) -> Exclusion | None:
+        """Why config `index` may not serve `point` (None: it may)."""
+        return self.rules(point.id.arch).exclusion(index, point.bucket.as_dict())
 
-    variant_index: int
-    tuned: bool
-    provenance: Mapping[str, Any]
-    reason: str  # for an untuned choice: why the default was taken
-    fallback: bool = False  # the default did not compile: the first config that did (default-may-fail)
-    median_ms: float | None = None  # a tuned choice: the winner's median time, from the lock
-    default_ms: float | None = None  # and the default config's, so that `show` reports both from a wheel
-    left_out: tuple[str, ...] = ()  # what of the lock entry's provenance it does not keep (shipped_provenance)
+    def excluded(self, point: Point) -> dict[int, Exclusion]:
+        """Every config that may not serve `point`, by index."""
+        return self.rules(point.id.arch).excluded(point.bucket.as_dict())
 
-    @property
-    def status(self) -> str:
-        """tuned, default or fallback: what the outcome record and `show` call it."""
-        return "tuned" if self.tuned else "fallback" if self.fallback else "default"
+    def candidates(self, point: Point) -> list[int]:
+        """The configs that may serve `point`, in canonical order: what its tuning measures."""
+        return self.rules(point.id.arch).candidates(point.bucket.as_dict())
 
-
-def shipped_provenance(provenance: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
-    """What a tuned choice keeps of its lock entry's provenance (PROVENANCE_FIELDS, strings of
-    at most PROVENANCE_MAX_CHARS), so that a lock cannot bloat the wheel; and what it leaves
-    out, a phrase each, for the build's warning."""
-    kept: dict[str, str] = {}
-    left_out = []
-    for key, value in provenance.items():
-        if key in LOCK_ONLY_PROVENANCE:
-            continue
-        if key not in PROVENANCE_FIELDS:
-            left_out.append(f"field {short_repr(key, 40)}")
-        elif not isinstance(value, str):
-            left_out.append(f"{key} (not a string)")
-        elif len(value) > PROVENANCE_MAX_CHARS:
-            left_out.append(f"{key} ({len(value):,} characters)")
-        else:
-            kept[key] = value
-    return kept, left_out
-
-
-def _tuned_choice(index: int, entry: LockEntry) -> Choice:
-    """A lock entry's winner as the wheel records it: where it was tuned (bounded:
-    shipped_provenance), and the winner's and the default's median times."""
-    winner = next((m for m in entry.measurements if m.median_ms is not None and m.config == dict(entry.config)), None)
-    provenance, left_out = shipped_provenance(entry.provenance)
-    median_ms = winner.median_ms if winner else None
-    return Choice(index, True, provenance, "", median_ms=median_ms, default_ms=entry.default_ms, left_out=tuple(left_out))
+    def point_default(self, point: Point) -> int | None:
+        """What an untuned `point` runs: the default config where it may serve the point, else
+        the first config in canonical order that may; None when none may."""
+        rules, bucket = self.rules(point.id.arch), point.bucket.as_dict()
+        if rules.exclusion(self.default_index, bucket) is None:
+            return self.default_index
+        return next(rules.allowed(bucket), None)
 
 
 @dataclass
@@ -225,13 +190,40 @@ class Plan:
 
     def shipped(self, inst: Instance, arch: str) -> set[int]:
         """The variants a build ships for one type instance on one arch if they compile: the
-        lock's valid winners and the default."""
-        wanted = {inst.default_index}
+        lock's valid winners and the defaults (`defaults`); a config that may serve no point
+        of the arch is not among them, so it is never compiled."""
+        wanted = self.defaults(inst, arch)
         for p in inst.points[arch]:
             index = self.winner_index(inst, p)
-            if index is not None:
+            if index is not None and inst.exclusion(p, index) is None:
                 wanted.add(index)
         return wanted
+
+    def defaults(self, inst: Instance, arch: str) -> set[int]:
+        """The configs the untuned points of one type instance on one arch run
+        (Instance.point_default): the default config, and where it may not serve a point the
+        point's fallback. Each must compile, as the default must (default_failure)."""
+        return {d for p in inst.points[arch] if (d := inst.point_default(p)) is not None}
+
+    def compilable(self, inst: Instance, arch: str) -> set[int]:
+        """The configs of one type instance that may serve some point on `arch`: the most a
+        build compiles for it (a config excluded at every point is never compiled)."""
+        out: set[int] = set()
+        for p in inst.points[arch]:
+            out.update(inst.candidates(p))
+        return out
+
+    def broken_defaults(self, usable: Mapping[tuple[int, str], Mapping[int, bool]], logs: Any) -> list[tuple[Instance, str, str, int]]:
+        """The defaults (`defaults`) that did not compile, each (instance, arch, NVRTC log,
+        config index), for default_failure; `usable` and `logs` are by (instance number, arch),
+        then config index (`logs[k][i].log` the compile log)."""
+        out = []
+        for (n, arch), ok in usable.items():
+            inst = self.instances[n]
+            for i in sorted(self.defaults(inst, arch)):
+                if i in ok and not ok[i]:
+                    out.append((inst, arch, logs[(n, arch)][i].log, i))
+        return out
 
     def choose(self, inst: Instance, point: Point, usable: Mapping[int, bool]) -> Choice | None:
         """The lock's winner when its entry is valid and its variant compiled; else the default;
@@ -241,38 +233,51 @@ class Plan:
         reason = self.lock.problem(point.eid, point.checksum, self.policy)
         if reason is None:
             index = self.winner_index(inst, point)
+            excluded = inst.exclusion(point, index) if index is not None else None
             if index is None:
                 reason = "the lock's winner is no longer in the space"
+            elif excluded is not None:
+                reason = f"the lock's winner {inst.variants[index].label} may not run here: it {excluded.reason}"
             elif index not in usable:
                 return None
             elif usable[index]:
-                return _tuned_choice(index, self.lock.entries[point.eid])
+                return tuned_choice(index, self.lock.entries[point.eid])
             else:
                 reason = f"the lock's winner {inst.variants[index].label} failed to compile"
-        d = inst.default_index
+        d = inst.point_default(point)
+        if d is None:  # make_plan refuses such a point; a plan made otherwise has nothing to ship here
+            return None
+        if d != inst.default_index:
+            moved = inst.exclusion(point, inst.default_index)
+            assert moved is not None
+            reason = f"{reason}; the default config may not run here (it {moved.reason}), so the first config that may"
         if d not in usable:
             return None
         if usable[d]:
-            return Choice(d, False, {}, reason)
-        for i in range(len(inst.variants)):
+            return Choice(d, False, {}, reason, fallback=d != inst.default_index)
+        for i in inst.rules(point.id.arch).allowed(point.bucket.as_dict()):
             if i not in usable:
                 return None
             if usable[i]:
-                why = f"{reason}; the default config does not compile, so the first config that does (default-may-fail = true)"
+                what = "the default config" if d == inst.default_index else f"that config, {inst.variants[d].label},"
+                why = f"{reason}; {what} does not compile, so the first config that does (default-may-fail = true)"
                 return Choice(i, False, {}, why, fallback=True)
         return None  # nothing compiled: the caller reports every variant's failure
 
-    def default_failure(self, failed: Sequence[tuple[Instance, str, str]]) -> str:
-        """The error for default configs that do not compile, each (instance, arch, NVRTC log):
-        every untuned entry runs its default, so a build stops unless the project opted into
-        default-may-fail. The build and the tuner both raise it."""
-        inst, arch, log = failed[0]
-        others = [f"{i.spec.name} ({instance_text(i.types_key)}) on {a}" for i, a, _ in failed[1:]]
+    def default_failure(self, failed: Sequence[tuple[Instance, str, str] | tuple[Instance, str, str, int]]) -> str:
+        """The error for default configs that do not compile, each (instance, arch, NVRTC log)
+        or (instance, arch, log, config index: a point's fallback where the default may not
+        run, broken_defaults): every untuned entry runs its default, so a build stops unless
+        the project opted into default-may-fail. The build and the tuner both raise it."""
+        inst, arch, log = failed[0][:3]
+        index = failed[0][3] if len(failed[0]) > 3 else inst.default_index
+        others = [f"{f[0].spec.name} ({instance_text(f[0].types_key)}) on {f[1]}" for f in failed[1:]]
         also = f"\nThe default config does not compile either for: {', '.join(others)}." if others else ""
+        what = "the default config" if index == inst.default_index else "the config that replaces the default where it may not run"
         return (
-            f"hatch-autotune: the default config of kernel {inst.spec.name!r} ({instance_text(inst.types_key)}) does not compile "
-            f"for {arch}: {inst.variants[inst.default_index].label}; NVRTC said:\n{indent(log_excerpt(log))}{also}\n"
-            f"`{inst.variants[inst.default_index].render_command()}` prints its source with the line numbers NVRTC cites. "
+            f"hatch-autotune: {what} of kernel {inst.spec.name!r} ({instance_text(inst.types_key)}) does not compile "
+            f"for {arch}: {inst.variants[index].label}; NVRTC said:\n{indent(log_excerpt(log))}{also}\n"
+            f"`{inst.variants[index].render_command()}` prints its source with the line numbers NVRTC cites. "
             "Every untuned entry runs its kernel's default config, so it must compile: fix the template or the kernel's "
             "`default`, or set `default-may-fail = true` in the hook table to fall back to the first config that compiles "
             "(the wheel's outcome record, `hatch-autotune show WHEEL`, then names each such entry)."
@@ -333,6 +338,17 @@ def instance_points(spec: KernelSpec, types_key: str, variants: Sequence[Variant
     return out
 
 
+def check_candidates(inst: Instance) -> None:
+    """BuildError naming the first point of the instance that no config may serve (every one
+    fails a point constraint there, or asks more than its arch allows)."""
+    for arch, points in inst.points.items():
+        for p in points:
+            if inst.point_default(p) is None:
+                raise BuildError(
+                    no_candidate(inst.spec, "" if inst.types_key == "-" else inst.types_key, arch, p.bucket.as_dict(), inst.excluded(p))
+                )
+
+
 def _to_stderr(line: str) -> None:
     """The log of a caller that passes none (`show PROJECT`): off stdout, which holds its result."""
     print(line, file=sys.stderr)
@@ -378,9 +394,11 @@ def make_plan(
     for spec in project.kernels.values():
         if kernels and spec.name not in kernels:
             continue
+        check_hooks(spec)
         for tkey, variants in _rendered(spec, log).items():
             inst = Instance(spec, tkey, variants, [v.config_dict for v in variants].index(dict(spec.default)))
             inst.points = {arch: instance_points(spec, tkey, variants, arch) for arch in archs}
+            check_candidates(inst)
             instances.append(inst)
     ptx = ptx_archs(archs) if project.ptx else {}
     return Plan(project, archs, ptx, compiler, NvrtcPolicy(compiler, project.exact_nvrtc), lock, instances)

@@ -23,6 +23,7 @@ from ..compile.render import Variant
 from ..declare.config import KernelSpec, SearchSpec
 from ..declare.kernel_decl import kernel_decl
 from ..lock import TIMED, Bucket, LockEntry, Measurement, Status
+from ..plan.exclusions import summary
 from ..plan.planner import Instance, Point
 from ..text import Log
 from .binaries import CompareBinaries, VariantBinaries
@@ -93,13 +94,21 @@ def prune_reason(
         return f"{threads} threads per block > {limits.max_threads_per_block}"
     if res.registers * threads > limits.max_registers_per_block:
         return f"{res.registers} registers x {threads} threads > {limits.max_registers_per_block} per block"
-    if res.shared_bytes + shared_dynamic(config) > limits.max_shared_memory_per_block:
-        # the opt-in limit would need cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE), which the
-        # launcher does not set: a larger block would fail to launch
-        return f"{res.shared_bytes + shared_dynamic(config)} bytes of shared memory > {limits.max_shared_memory_per_block}"
+    shared = res.shared_bytes + shared_dynamic(config)
+    limit = shared_limit(limits)
+    if shared > limit:
+        # above 48 KiB the launch sets MAX_DYNAMIC_SHARED_SIZE_BYTES, up to the device's opt-in limit
+        return f"{shared} bytes of shared memory ({res.shared_bytes} static + {shared - res.shared_bytes} dynamic) > {limit} per block"
     if prune_spills and (res.spill_stores or res.spill_loads):
         return f"spills registers ({res.spill_stores} B stores, {res.spill_loads} B loads)"
     return None
+
+
+def shared_limit(limits: Limits) -> int:
+    """The most shared memory (static and dynamic) a block may use on the device: its opt-in
+    limit, which the launch opts into above 48 KiB (a worker that does not report it: the plain
+    per-block limit, protocol.Limits)."""
+    return max(limits.max_shared_memory_per_block_optin, limits.max_shared_memory_per_block)
 
 
 def provenance(device: DeviceInfo, compiler: str) -> dict[str, Any]:
@@ -158,6 +167,13 @@ class BucketTuning:
         self.root, self.tmp, self.log, self.compiler, self.compare = root, tmp, log, compiler, compare
         self.configs = job.inst.configs
         self.key = job.bucket.as_dict()  # what the launch geometry and the inputs read
+        # The configs that may serve this point (plan/exclusions.py), in canonical order: the
+        # others are never compiled nor measured here, and the lock entry counts them by reason.
+        self.excluded = job.inst.excluded(job.point)
+        self.candidates = [i for i in range(len(self.configs)) if i not in self.excluded]
+        default = job.inst.point_default(job.point)
+        assert default is not None, f"{job.eid}: no config may serve it (make_plan refuses such a point)"
+        self.default = default  # the default config, or where it may not run here the first config that may
         self.measurements: dict[int, Measurement] = {}
         self.best: Measurement | None = None  # the leader
         self.reference: int | None = None  # the config whose outputs are the reference (None: the user's, or none yet)
@@ -165,7 +181,7 @@ class BucketTuning:
         self.seconds = 0.0  # the search's clock: compiling and measuring
         self.phases: dict[str, float] = {}  # the worker's seconds per phase, summed over the bucket
         self.costs: dict[str, float] = dict.fromkeys(COSTS, 0.0)  # the bucket's wall time, by where it went
-        self.total = len(self.configs)
+        self.total = len(self.candidates)
         self.setup: Setup | None = None
         self.info: DeviceInfo | None = None
         self.runoff: RunoffResult | None = None  # the runoff among the search's contenders, if one was run
@@ -177,8 +193,9 @@ class BucketTuning:
         began = time.monotonic()
         job, search = self.job, self.job.spec.search
         self.info = self.session.info or self.session.hello()
-        default_index = job.inst.default_index
-        self.binaries.request([default_index, *self.warm.first])  # compiling while the worker makes the inputs
+        default_index = self.default
+        first = [default_index, *(i for i in self.warm.first if i not in self.excluded)]
+        self.binaries.request(first)  # compiling while the worker makes the inputs
         self.setup = bucket_setup(job, self.root, self.tmp, self.session, self.compare)
         t = time.monotonic()
         ready = self.session.setup(self.setup)
@@ -188,20 +205,22 @@ class BucketTuning:
         settled = settle_reference(self, job.spec, job.eid, default_index, self.log)
         self.reference, self.reference_text = settled.index, settled.text
         self.costs["reference"] = time.monotonic() - t - (self.costs["compile_wait"] - waited) - (self.costs["measure"] - measured_s)
-        budget = search.budget_for(len(self.configs))
-        self.total = search.configs_tried(len(self.configs))
+        cand = self.candidates  # the search sees the candidates only: its positions are theirs
+        local = {g: j for j, g in enumerate(cand)}
+        budget = search.budget_for(len(cand))
+        self.total = search.configs_tried(len(cand))
         seed = zlib.crc32(f"{search.seed}:{job.eid}".encode())
-        strategy = make_strategy(
-            search.strategy, SearchSpace(job.spec.space, self.configs), seed, [default_index, *self.warm.first], self.warm.prior
-        )
+        prior = [[p[g] for g in cand] for p in self.warm.prior] if self.excluded else self.warm.prior
+        space = SearchSpace(job.spec.space, [self.configs[g] for g in cand])
+        strategy = make_strategy(search.strategy, space, seed, [local[g] for g in first], prior)
         b, own = self.binaries, [0.0]
         run_search(
             strategy,
-            self.measure,
+            lambda j: self.measure(cand[j]),
             budget,
             clock=lambda: self.seconds,
-            prepare=b.request,
-            prefetch=b.prefetch,
+            prepare=lambda batch: b.request([cand[j] for j in batch]),
+            prefetch=lambda batch: b.prefetch([cand[j] for j in batch]),
             ahead=b.workers,
             own_time=own,
         )
@@ -228,7 +247,7 @@ class BucketTuning:
             result = self.binaries.get(i)
 
         def env(c: Mapping[str, Any]) -> dict[str, Any]:
-            return {**self.key, **c, **spec.type_env(job.types)}
+            return {**self.key, **spec.dims, **c, **spec.type_env(job.types)}
 
         return prune_reason(
             config,
@@ -248,7 +267,8 @@ class BucketTuning:
     def runnable(self, ranked: Sequence[int], limit: int) -> Iterator[int]:
         """The configs of `ranked` that can run, in that order, compiled a pool's worth at a
         time; at most `limit` looked at (a bound on what settling the reference compiles)."""
-        ranked = [i for i in ranked[:limit] if i not in self.measurements]
+        ranked = [i for i in ranked if i not in self.excluded][:limit]
+        ranked = [i for i in ranked if i not in self.measurements]
         step = max(1, self.binaries.workers)
         for lo in range(0, len(ranked), step):
             batch = ranked[lo : lo + step]
@@ -379,8 +399,10 @@ class BucketTuning:
             eid=job.eid,
             checksum=job.point.checksum,
             configs=self.configs,
-            default_index=job.inst.default_index,
-            default=spec.default,
+            default_index=self.default,
+            candidates=self.candidates,
+            excluded=summary(self.excluded),
+            default=self.configs[self.default],  # what the point runs untuned: the default, where it may run here
             measurements=self.measurements,
             runoff=self.runoff,
             strategy=strategy_text(spec.search),

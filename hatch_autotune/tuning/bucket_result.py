@@ -4,7 +4,7 @@ too), the log line that says how the bucket went and the lock entry it becomes."
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..lock import LockEntry, Measurement, Runoff, Status
@@ -32,6 +32,8 @@ class BucketResult:
     costs: Mapping[str, float]  # the bucket's wall time, by where it went (bucket.COSTS)
     reference: str  # what every variant was verified against
     provenance: Mapping[str, Any]  # where and with what it was tuned (bucket.provenance)
+    candidates: Sequence[int] | None = None  # the configs that may serve the point (None: every one)
+    excluded: Mapping[str, int] = field(default_factory=dict)  # the others, counted by what excluded them
 
     def entry(self, compile_log: Callable[[int], str], log: Log) -> LockEntry:
         """The lock entry: the winner, every config's measurement (skipped ones too), the
@@ -39,12 +41,13 @@ class BucketResult:
         is config i's NVRTC log, quoted when the first config that failed did not compile."""
         configs, default_index, measurements = self.configs, self.default_index, self.measurements
         skipped = f"not tried by the search ({self.strategy})"
-        ordered = [measurements.get(i) or measured(i, configs[i], Status.SKIPPED, reason=skipped) for i in range(len(configs))]
+        cand = range(len(configs)) if self.candidates is None else self.candidates
+        ordered = [measurements.get(i) or measured(i, configs[i], Status.SKIPPED, reason=skipped) for i in cand]
         winner = self.runoff.winner if self.runoff is not None and self.runoff.winner is not None else choose_winner(ordered, default_index)
         if winner is None or winner.median_ms is None:
             first = next((m for m in ordered if m.status in (Status.FAILED, Status.REJECTED, Status.PRUNED)), ordered[0])
             detail = f":\n{log_excerpt(compile_log(first.index))}" if first.reason == "did not compile" and first.index is not None else ""
-            tried = "tried " if len(measurements) < len(configs) else ""
+            tried = "tried " if len(measurements) < len(ordered) else ""
             raise TuningError(
                 f"{self.eid}: every variant {tried}failed or was rejected; the first ({first.config}): {first.reason}{detail}"
             )
@@ -52,10 +55,12 @@ class BucketResult:
         default_ms = default.median_ms if default is not None and default.status == Status.OK else None
         counted = (Status.OK, Status.ELIMINATED, Status.REJECTED, Status.FAILED, Status.PRUNED)
         counts = {s: sum(m.status == s for m in ordered) for s in counted}
-        searched = f", {len(measurements)} tried ({self.strategy}, {self.seconds:.1f} s)" if len(measurements) < len(configs) else ""
+        searched = f", {len(measurements)} tried ({self.strategy}, {self.seconds:.1f} s)" if len(measurements) < len(ordered) else ""
+        n_excluded = sum(self.excluded.values())
+        excluded = f" ({n_excluded} more may not run here: {'; '.join(self.excluded)})" if n_excluded else ""
         costs = self.costs
         log(
-            f"tuned {self.eid}: {len(configs)} configs{searched}, {counts[Status.OK] + counts[Status.ELIMINATED]} measured "
+            f"tuned {self.eid}: {len(ordered)} configs{excluded}{searched}, {counts[Status.OK] + counts[Status.ELIMINATED]} measured "
             f"({counts[Status.ELIMINATED]} eliminated early), {counts[Status.REJECTED]} rejected, {counts[Status.FAILED]} failed, "
             f"{counts[Status.PRUNED]} pruned; best {winner.config} {winner.median_ms:.4f} ms"
             + (f" ({default_ms / winner.median_ms:.2f}x the default)" if default_ms else "")
@@ -79,6 +84,7 @@ class BucketResult:
                 "phases": {k: round(v, 4) for k, v in {**costs, **self.phases}.items()},
             },
             runoff=self.runoff.record if self.runoff is not None else None,
+            excluded=dict(self.excluded),
         )
 
 

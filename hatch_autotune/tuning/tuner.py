@@ -121,8 +121,8 @@ def tune(
     try:
         slots: list[Slot] = []
         binaries = InstanceBinaries(cache)
-        for arch, inst, _ in todo:  # the defaults compile while the workers start
-            binaries(inst, arch).request([inst.default_index])
+        for arch, inst, points in todo:  # the defaults compile while the workers start
+            binaries(inst, arch).request(point_defaults(inst, points))
         with tempfile.TemporaryDirectory(prefix="hatch-autotune-tune-") as tmpdir:
             running = list(dict.fromkeys(a for a, _, _ in todo))  # the target archs with buckets to tune
             compare = {a: CompareBinaries(a, cache, output_dtypes(inst for t, inst, _ in todo if t == a), log) for a in running}
@@ -180,6 +180,12 @@ def plan_run(plan: Plan, archs: Sequence[str], mode: Mode, kernels: Sequence[str
         summary.plan = plan
     todo, summary.skipped = stale_points(plan, archs, mode, log)
     return todo
+
+
+def point_defaults(inst: Instance, points: Sequence[Point]) -> list[int]:
+    """What the points run untuned (Instance.point_default): the default config, and where it may
+    not run a point, the first config that may. Each must compile, as a build needs them."""
+    return sorted({d for p in points if (d := inst.point_default(p)) is not None})
 
 
 def output_dtypes(instances: Iterable[Instance]) -> list[str]:
@@ -281,11 +287,15 @@ def run_tuning(plan: Plan, todo: Todo, slots: Sequence[Slot], binaries: Instance
     waves: list[list[tuple[str, Instance, Point]]] = []  # transfer_waves of every instance, wave by wave
     for arch, inst, points in todo:
         named = f"{inst.spec.name} ({instance_text(inst.types_key)})"
-        default = binaries(inst, arch).get(inst.default_index)
-        if not default.ok:
-            if not plan.project.default_may_fail:
-                raise TuningError(plan.default_failure([(inst, arch, default.log)]))
-            log(f"warning: the default config of {named} does not compile for {arch}; measuring the others (default-may-fail = true)")
+        for index in point_defaults(inst, points):  # the default, or where it may not run a point's fallback
+            default = binaries(inst, arch).get(index)
+            if not default.ok:
+                if not plan.project.default_may_fail:
+                    raise TuningError(plan.default_failure([(inst, arch, default.log, index)]))
+                what = (
+                    "the default config" if index == inst.default_index else f"{inst.variants[index].label} (where the default may not run)"
+                )
+                log(f"warning: {what} of {named} does not compile for {arch}; measuring the others (default-may-fail = true)")
         log(
             f"tuning {named} on {arch}: {len(points)} bucket(s) x {len(inst.variants)} configs on {per_arch.get(arch, 0)} GPU(s), {strategy_text(inst.spec.search)}"
         )
@@ -301,7 +311,10 @@ def run_tuning(plan: Plan, todo: Todo, slots: Sequence[Slot], binaries: Instance
         for arch, inst, p in wave:
             search = inst.spec.search
             warm = warm_start(plan.lock, p, inst.configs, search.strategy) if search.warm_start else WarmStart()
-            cost = search.configs_tried(len(inst.configs)) + input_bytes(inst.spec, p.bucket.as_dict(), inst.types) / HOST_BYTES_PER_CONFIG
+            cost = (
+                search.configs_tried(len(inst.candidates(p)))
+                + input_bytes(inst.spec, p.bucket.as_dict(), inst.types) / HOST_BYTES_PER_CONFIG
+            )
             out.append(Job(p.eid, arch, warm, BucketJob(inst, p), cost=cost))
         return out
 

@@ -138,15 +138,12 @@ def compile_shipped(plan: Plan, cache: CompileCache | None, *, log: Log = print,
         {(n, arch): plan.shipped(inst, arch) for n, inst in enumerate(plan.instances) for arch in plan.archs},
         "the lock's winners and the default configs",
     )
-    broken = [
-        (plan.instances[n], arch, shipping.binaries[(n, arch)][plan.instances[n].default_index].log)
-        for (n, arch), ok in usable.items()
-        if not ok[plan.instances[n].default_index]
-    ]
+    broken = plan.broken_defaults(usable, shipping.binaries)  # the defaults, and where one may not run a point its fallback
     if broken and not plan.project.default_may_fail:
         raise BuildError(plan.default_failure(broken))
     chosen = {k: choose(k) for k in usable}
-    rest = {k: set(range(len(plan.instances[k[0]].variants))) - set(usable[k]) for k, c in chosen.items() if None in c.values()}
+    # what may serve some point of the arch: a config excluded at every point is never compiled
+    rest = {k: plan.compilable(plan.instances[k[0]], k[1]) - set(usable[k]) for k, c in chosen.items() if None in c.values()}
     if rest:
         compile_wanted(rest, "the rest of the type instances whose default config failed to compile (default-may-fail = true)")
         for k in rest:

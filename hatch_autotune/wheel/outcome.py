@@ -145,7 +145,7 @@ class Outcome:
         tuned, default, fallback = (self.count(s) for s in (EntryStatus.TUNED, EntryStatus.DEFAULT, EntryStatus.FALLBACK))
         parts = [f"{tuned} tuned", f"{default} on the default config"]
         if fallback:
-            parts.append(f"{fallback} on a fallback (the default config does not compile)")
+            parts.append(f"{fallback} on a fallback (the default config does not compile, or may not run at that bucket and arch)")
         text = f"{n} entr{'y' if n == 1 else 'ies'}: " + ", ".join(parts)
         if self.failures:
             text += f"; {len(self.failures)} variant binar{'y' if len(self.failures) == 1 else 'ies'} failed to compile"
