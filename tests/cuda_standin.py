@@ -6,13 +6,20 @@ hands them over as the runtime's `CudaApi`). A kernel call launches as on a GPU,
 driver: `cuModuleLoadData` (refusing a cubin of another arch or PTX newer than the driver),
 `cuModuleGetFunction`, then `cuLaunchKernel`, whose parameter bytes are read through its
 `kernelParams` pointers, as many and as large as the cubin itself declares in its
-`.nv.info.<entry>` section (for PTX: its `.entry` parameter list). The tuning worker launches
-with cuda.core's `launch`: there cuda.core's real `LaunchConfig` and argument packing
-(`ParamHolder`) stay, and the packed buffer is decoded the same way. What a real driver would
+`.nv.info.<entry>` section (for PTX: its `.entry` parameter list); the tuning worker launches its
+variants the same way (the runtime's own launch code). The worker's compare kernels launch with
+cuda.core's `launch`: there cuda.core's real `LaunchConfig` and argument packing (`ParamHolder`)
+stay, and the packed buffer is decoded the same way. What a real driver would
 refuse, the stand-in refuses with the driver's error name: no current context, a stream or
 module of another device, a block or shared-memory size over the device's limits, PTX newer
-than the driver, a cubin of another arch; and, stricter than a driver, parameters whose bytes
-overlap.
+than the driver, a cubin of another arch, dynamic shared memory past 48 KiB without the function's
+opt-in (cuFuncSetAttribute) or past the device's opt-in limit, a cluster launch (cuLaunchKernelEx)
+whose cluster does not divide the grid, exceeds 8 blocks, runs on a device before sm_90 or differs
+from the cluster the cubin was compiled with, and a tensor map (cuTensorMapEncodeTiled) against
+any of the driver's documented rules; and, stricter than a driver, parameters whose bytes overlap,
+and a 128-byte (CUtensorMap) parameter whose bytes are not a stand-in tensor map at a 64-byte
+aligned host address, or that the cubin does not place 64-byte aligned. `decode_tensor_map`
+reads back what a stand-in CUtensorMap encodes.
 
 Device memory is emulated (host buffers at fake device addresses), and kernels can be emulated
 in Python (see `EMULATORS`), so that the real tuning worker can run whole buckets: an emulated
@@ -51,6 +58,16 @@ R = driver.CUresult
 ATTR = driver.CUdevice_attribute
 BASE_ADDRESS = 0x7F00_0000_0000  # device d's allocations start at BASE_ADDRESS + d << 36
 LEGACY_STREAMS = (0, 1, 2)  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: the current context's
+DEFAULT_SHARED = 48 * 1024  # shared memory per block (static and dynamic) without an opt-in
+RESERVED_SHARED = 1024  # shared memory per block the driver keeps for itself (outside the limits above)
+# compute capability -> CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, bytes
+SHARED_OPTIN = {(8, 0): 166912, (8, 6): 101376, (8, 9): 101376, (9, 0): 232448, (10, 0): 232448, (12, 0): 101376}
+MAX_CLUSTER = 8  # blocks: the portable cluster size (no non-portable opt-in here)
+
+
+def shared_optin(cc: tuple[int, int]) -> int:
+    """The opt-in shared memory per block of a device of compute capability `cc`."""
+    return SHARED_OPTIN.get(tuple(cc), SHARED_OPTIN.get((cc[0], 0), 101376))
 
 
 # ---- what a cubin or PTX declares -----------------------------------------------------------
@@ -110,6 +127,65 @@ def cubin_sm(data: bytes) -> int:
     return (flags >> 8) & 0xFF if abi_version >= 8 else flags & 0xFF
 
 
+def _nv_info(cubin: bytes, entry: str) -> list[tuple[int, bytes]]:
+    """(attribute, value bytes) of each record in `entry`'s .nv.info section (see cubin_params)."""
+    info = elf_sections(cubin).get(f".nv.info.{entry}")
+    if info is None:
+        raise KeyError(entry)
+    out = []
+    i = 0
+    while i + 4 <= len(info):
+        fmt, attr = info[i], info[i + 1]
+        if fmt == 4:
+            size = struct.unpack_from("<H", info, i + 2)[0]
+            out.append((attr, info[i + 4 : i + 4 + size]))
+            i += 4 + size
+        else:
+            out.append((attr, info[i + 2 : i + 4]))
+            i += 4
+    return out
+
+
+EIATTR_PARAM_CBANK, EIATTR_KPARAM_INFO, EIATTR_CTA_PER_CLUSTER = 0x0A, 0x17, 0x3D
+
+
+def cubin_param_offsets(cubin: bytes, entry: str) -> list[int]:
+    """Each parameter's offset in the constant bank (the bank's parameter base from
+    EIATTR_PARAM_CBANK plus the parameter's own offset from EIATTR_KPARAM_INFO), in order: what
+    the kernel's alignment of a parameter (64 bytes for a CUtensorMap) is measured against."""
+    base, offsets = 0, {}
+    for attr, value in _nv_info(cubin, entry):
+        if attr == EIATTR_PARAM_CBANK:
+            base = struct.unpack_from("<IH", value)[1]
+        elif attr == EIATTR_KPARAM_INFO:
+            _, ordinal, offset, _ = struct.unpack("<IHHI", value)
+            offsets[ordinal] = offset
+    return [base + offsets[k] for k in sorted(offsets)]
+
+
+def cubin_cluster(cubin: bytes, entry: str) -> tuple[int, int, int] | None:
+    """The cluster dims a kernel was compiled with (`__cluster_dims__`: EIATTR_CTA_PER_CLUSTER), or None."""
+    for attr, value in _nv_info(cubin, entry):
+        if attr == EIATTR_CTA_PER_CLUSTER:
+            return struct.unpack("<III", value)
+    return None
+
+
+def cubin_static_shared(cubin: bytes, entry: str) -> int:
+    """A kernel's static shared memory in bytes, as CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES gives it:
+    the size of its .nv.shared.<entry> section (NOBITS: the size is in the header), less the
+    block the driver reserves (CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 1 KiB): from
+    sm_90 on, NVRTC writes an empty .nv.shared.reserved.0 and counts that KiB inside every
+    kernel's section, which the device's opt-in limit already leaves out."""
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names = headers[shstrndx][4]
+    sizes = {cubin[names + h[0] : cubin.index(b"\0", names + h[0])].decode(): h[5] for h in headers}
+    reserved = RESERVED_SHARED if any(name.startswith(".nv.shared.reserved.") for name in sizes) else 0
+    return max(sizes.get(f".nv.shared.{entry}", 0) - reserved, 0)
+
+
 def cubin_cc(cubin: bytes) -> tuple[int, int]:
     """(major, minor) a cubin was built for."""
     sm = cubin_sm(cubin)
@@ -144,6 +220,81 @@ def packed_size(value: Any) -> int:
     raise TypeError(f"the stand-in does not know how cuda.core packs {type(value).__name__}")
 
 
+# ---- tensor maps (cuTensorMapEncodeTiled) ----------------------------------------------------
+
+TENSOR_MAP_BYTES = 128
+_TMAP_MAGIC = int.from_bytes(b"STANDTMA", "little")
+# CUtensorMapDataType value -> element bytes (the packed 16U4/16U6 types are not emulated)
+TMAP_ELEMENT_BYTES = {0: 1, 1: 2, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 4, 11: 4, 12: 4}
+TMAP_FLOATS = frozenset({6, 7, 8, 9, 10, 11, 12})  # the types whose out-of-bounds fill may be NaN
+_SWIZZLE_SPAN = {1: 32, 2: 64, 3: 128, 4: 128, 5: 128, 6: 128}
+
+
+def tensor_map_refusal(dtype, rank, address, dims, strides, box, element_strides, interleave, swizzle, l2, oob) -> str | None:
+    """Why the driver refuses these cuTensorMapEncodeTiled arguments (its documented rules for
+    interleave NONE), or None."""
+    dtype, rank, address = int(dtype), int(rank), int(address or 0)
+    dims, strides, box, element_strides = ([int(v) for v in seq or []] for seq in (dims, strides, box, element_strides))
+    if dtype not in TMAP_ELEMENT_BYTES:
+        return f"tensorDataType {dtype} (packed types are not emulated)"
+    size = TMAP_ELEMENT_BYTES[dtype]
+    if not 1 <= rank <= 5:
+        return f"tensorRank {rank}"
+    if int(interleave) != 0:
+        return f"interleave {int(interleave)} (the stand-in emulates NONE)"
+    if not address or address % 16:
+        return f"globalAddress {address:#x} not 16-byte aligned"
+    if len(dims) != rank or any(not 1 <= d <= 2**32 for d in dims):
+        return f"globalDim {dims} for rank {rank}"
+    if len(strides) != rank - 1 or any(s <= 0 or s % 16 or s >= 2**40 for s in strides):
+        return f"globalStrides {strides} (rank - 1 multiples of 16 below 2**40)"
+    if len(box) != rank or any(not 1 <= b <= 256 for b in box):
+        return f"boxDim {box} (1..256 per dim)"
+    if box[0] * size % 16:
+        return f"boxDim[0] {box[0]} x {size} bytes is not a multiple of 16 bytes"
+    if len(element_strides) != rank or any(not 1 <= e <= 8 for e in element_strides):
+        return f"elementStrides {element_strides} (1..8 per dim)"
+    span = _SWIZZLE_SPAN.get(int(swizzle))
+    if int(swizzle) and span is None:
+        return f"swizzle {int(swizzle)}"
+    if span is not None and box[0] * size > span:
+        return f"the inner box ({box[0] * size} bytes) exceeds the swizzle span {span}"
+    if not 0 <= int(l2) <= 3:
+        return f"l2Promotion {int(l2)}"
+    if int(oob) not in (0, 1) or (int(oob) == 1 and dtype not in TMAP_FLOATS):
+        return f"oobFill {int(oob)} for tensorDataType {dtype}"
+    return None
+
+
+def encode_tensor_map(dtype, rank, address, dims, strides, box, element_strides, swizzle, l2, oob) -> list[int]:
+    """The 16 words of a stand-in CUtensorMap: a magic word, the address, the options, then the
+    dims, strides, box and element strides (innermost first, as given)."""
+    pad = lambda seq, n: [*seq, *[0] * (n - len(seq))]  # noqa: E731
+    dims5, strides4, box5, es5 = pad(dims, 5), pad(strides, 4), pad(box, 5), pad(element_strides, 5)
+    halves = box5 + es5  # ten 16-bit fields
+    packed = [sum(v << (16 * i) for i, v in enumerate(halves[j : j + 4])) for j in (0, 4, 8)]
+    options = dtype | rank << 8 | swizzle << 24 | l2 << 32 | oob << 40
+    return [_TMAP_MAGIC, address, options, *dims5, *strides4, *packed, 0]
+
+
+def decode_tensor_map(data: bytes) -> dict[str, Any] | None:
+    """What a stand-in CUtensorMap's 128 bytes encode (None: not one the stand-in made)."""
+    if len(data) != TENSOR_MAP_BYTES:
+        return None
+    words = struct.unpack("<16Q", data)
+    if words[0] != _TMAP_MAGIC:
+        return None
+    options = words[2]
+    rank = options >> 8 & 0xFF
+    halves = [w >> (16 * i) & 0xFFFF for w in words[12:15] for i in range(4)]
+    return {
+        "dtype": options & 0xFF, "rank": rank, "address": words[1],
+        "swizzle": options >> 24 & 0xFF, "l2_promotion": options >> 32 & 0xFF, "oob_fill": options >> 40 & 0xFF,
+        "dims": list(words[3 : 3 + rank]), "strides": list(words[8 : 8 + rank - 1]),
+        "box": halves[:rank], "element_strides": halves[5 : 5 + rank],
+    }  # fmt: skip
+
+
 # ---- the recorded launch ---------------------------------------------------------------------
 
 
@@ -161,6 +312,7 @@ class Launch:
     params: list[bytes]  # each parameter's bytes, as the kernel reads them
     thread: int
     context_depth: int  # contexts on the calling thread's stack during the launch
+    cluster: tuple[int, int, int] | None = None  # cuLaunchKernelEx's cluster dims (None: a plain launch)
 
     def param(self, i: int, dtype: str) -> Any:
         return np.frombuffer(self.params[i], dtype=dtype)[0]
@@ -215,6 +367,8 @@ class StandIn:
         self.modules: dict[int, tuple[FakeObjectCode, int]] = {}  # cuModuleLoadData's: handle -> (code, device)
         self.functions_loaded: dict[int, tuple[FakeKernel, int]] = {}  # cuModuleGetFunction's: handle -> (kernel, device)
         self.refused: list[str] = []  # what the driver refused, in order
+        self.shared_set: list[tuple[str, int]] = []  # cuFuncSetAttribute's dynamic shared sizes: (entry, bytes)
+        self.encoded = 0  # tensor maps encoded (cuTensorMapEncodeTiled)
         self.calls: dict[str, int] = {}
         self.lock = threading.Lock()
         self._next_stream = 0x5000
@@ -243,7 +397,8 @@ class StandIn:
         """What the runtime and the tuning worker call, as the runtime's CudaApi: the emulated
         driver functions with the real enums, the fake cuda.core objects, and cuda.core's real
         LaunchConfig and EventOptions."""
-        enums = {n: getattr(driver, n) for n in ("CUresult", "CUdevice_attribute", "CUpointer_attribute")}
+        # the enums and structs (CUlaunchConfig, CUtensorMap) and the integer wrappers (cuuint64_t)
+        enums = {n: getattr(driver, n) for n in dir(driver) if n.startswith(("CU", "cuuint"))}
         return CudaApi(
             driver=SimpleNamespace(**self.functions(), **enums),
             Device=FakeDevice,
@@ -265,6 +420,8 @@ class StandIn:
             "cuMemcpyDtoH",
             "cuMemsetD8Async",
             "cuLaunchKernel",
+            "cuLaunchKernelEx",
+            "cuFuncSetAttribute",
         }
     )
 
@@ -299,6 +456,8 @@ class StandIn:
         values = {
             ATTR.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: cc[0],
             ATTR.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: cc[1],
+            ATTR.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: DEFAULT_SHARED,
+            ATTR.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: shared_optin(cc),
         }
         if attr not in values:
             return R.CUDA_ERROR_INVALID_VALUE, 0
@@ -482,21 +641,170 @@ class StandIn:
                 fake = FakeStream(self, handle, None)
             if extra not in (0, None):
                 raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: `extra` given (the runtime passes kernelParams)")
-            sizes = kernel.params
-            if sizes and not int(params):
-                raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: no kernelParams for {len(sizes)} parameters")
-            addresses = list((ctypes.c_void_p * len(sizes)).from_address(int(params))) if sizes else []
-            spans = sorted((int(addr or 0), int(addr or 0) + size, i) for i, (addr, size) in enumerate(zip(addresses, sizes)))
-            for (start, _, i), (_, end, j) in zip(spans[1:], spans):
-                if start < end:
-                    raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: the bytes of parameters {j} and {i} overlap")
-            if any(not addr for addr in addresses):
-                raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: a null parameter pointer")
-            values = [ctypes.string_at(addr, size) for addr, size in zip(addresses, sizes)]
-            self._run(kernel, fake, (gx, gy, gz), (bx, by, bz), int(shmem), values)
+            values = self._read_params(kernel, params)
+            if kernel.cluster is not None:  # compiled with __cluster_dims__: the grid must hold whole clusters
+                self._check_cluster(kernel, (int(gx), int(gy), int(gz)), kernel.cluster)
+            self._run(kernel, fake, (gx, gy, gz), (bx, by, bz), int(shmem), values, getattr(self.tls, "cluster", None) or kernel.cluster)
         except CUDAError as exc:
             return (self._code(exc),)
         return (R.CUDA_SUCCESS,)
+
+    def _read_params(self, kernel: FakeKernel, params: Any) -> list[bytes]:
+        """Each parameter's bytes through the kernelParams pointers, as many and as large as the
+        binary declares; refused: overlapping or null slots, and a CUtensorMap parameter (128
+        bytes) that the cubin does not place 64-byte aligned, whose host bytes are not 64-byte
+        aligned, or that is not a tensor map this stand-in encoded."""
+        sizes = kernel.params
+        if sizes and not int(params):
+            raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: no kernelParams for {len(sizes)} parameters")
+        addresses = list((ctypes.c_void_p * len(sizes)).from_address(int(params))) if sizes else []
+        spans = sorted((int(addr or 0), int(addr or 0) + size, i) for i, (addr, size) in enumerate(zip(addresses, sizes)))
+        for (start, _, i), (_, end, j) in zip(spans[1:], spans):
+            if start < end:
+                raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: the bytes of parameters {j} and {i} overlap")
+        if any(not addr for addr in addresses):
+            raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: a null parameter pointer")
+        values = [ctypes.string_at(addr, size) for addr, size in zip(addresses, sizes)]
+        for i, (addr, size, value) in enumerate(zip(addresses, sizes, values)):
+            if size != TENSOR_MAP_BYTES:
+                continue
+            if kernel.offsets is not None and kernel.offsets[i] % 64:
+                raise self.refuse(
+                    "CUDA_ERROR_INVALID_IMAGE",
+                    f"{kernel.entry}: parameter {i} (a CUtensorMap) at constant offset {kernel.offsets[i]:#x}, not 64-byte aligned",
+                )
+            if addr % 64:
+                raise self.refuse(
+                    "CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: parameter {i} (a CUtensorMap) read from {addr:#x}, not 64-byte aligned"
+                )
+            if decode_tensor_map(value) is None:
+                raise self.refuse(
+                    "CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: parameter {i} is 128 bytes but no tensor map this stand-in encoded"
+                )
+        return values
+
+    def _check_cluster(self, kernel: FakeKernel, grid: tuple[int, int, int], cluster: tuple[int, int, int]) -> None:
+        """A cluster launch's dims against the grid, the portable size, the function's arch and the
+        cluster the kernel was compiled with."""
+        if min(cluster) < 1 or cluster[0] * cluster[1] * cluster[2] > MAX_CLUSTER:
+            raise self.refuse("CUDA_ERROR_INVALID_CLUSTER_SIZE", f"{kernel.entry}: cluster {cluster}")
+        if any(g % c for g, c in zip(grid, cluster)):
+            raise self.refuse("CUDA_ERROR_INVALID_CLUSTER_SIZE", f"{kernel.entry}: grid {grid} is not a multiple of cluster {cluster}")
+        if kernel.cc < (9, 0):
+            raise self.refuse(
+                "CUDA_ERROR_INVALID_CLUSTER_SIZE", f"{kernel.entry}: a cluster launch of an sm_{kernel.cc[0]}{kernel.cc[1]} function"
+            )
+        if kernel.cluster is not None and tuple(kernel.cluster) != tuple(cluster):
+            raise self.refuse("CUDA_ERROR_INVALID_CLUSTER_SIZE", f"{kernel.entry}: cluster {cluster}; compiled with {kernel.cluster}")
+
+    def cuLaunchKernelEx(self, config: Any, f: Any, params: Any, extra: Any) -> tuple:
+        """The driver's launch with a CUlaunchConfig: its attributes checked (only the cluster
+        dimension is known here), then launched as cuLaunchKernel launches, with its cluster."""
+        found = self.functions_loaded.get(int(f))
+        if found is None:
+            return (R.CUDA_ERROR_INVALID_HANDLE,)
+        kernel = found[0]
+        if not isinstance(config, driver.CUlaunchConfig):
+            return (R.CUDA_ERROR_INVALID_VALUE,)
+        cluster = None
+        try:
+            attrs = config.attrs if config.numAttrs else []
+            if len(attrs) != config.numAttrs:
+                raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: numAttrs {config.numAttrs} for {len(attrs)} attributes")
+            for attr in attrs:
+                if attr.id != driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+                    raise self.refuse(
+                        "CUDA_ERROR_INVALID_VALUE",
+                        f"{kernel.entry}: launch attribute {attr.id!r} (the stand-in knows the cluster dimension)",
+                    )
+                dim = attr.value.clusterDim
+                cluster = (int(dim.x), int(dim.y), int(dim.z))
+            grid = (int(config.gridDimX), int(config.gridDimY), int(config.gridDimZ))
+            if cluster is not None:
+                self._check_cluster(kernel, grid, cluster)
+        except CUDAError as exc:
+            return (self._code(exc),)
+        block = (int(config.blockDimX), int(config.blockDimY), int(config.blockDimZ))
+        with self._cluster_of_next(cluster or kernel.cluster):
+            return self.cuLaunchKernel(f, *grid, *block, int(config.sharedMemBytes), int(config.hStream), params, extra)
+
+    def _cluster_of_next(self, cluster: tuple[int, int, int] | None) -> Any:
+        """The cluster that cuLaunchKernel records for the launch made inside this block."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def block() -> Any:
+            self.tls.cluster = cluster
+            try:
+                yield
+            finally:
+                self.tls.cluster = None
+
+        return block()
+
+    # -- function attributes and tensor maps --------------------------------------------------
+
+    def cuFuncGetAttribute(self, attrib: Any, f: Any) -> tuple:
+        found = self.functions_loaded.get(int(f))
+        if found is None:
+            return R.CUDA_ERROR_INVALID_HANDLE, 0
+        kernel = found[0]
+        FA = driver.CUfunction_attribute
+        values = {
+            FA.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: kernel.static_shared,
+            FA.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: kernel.max_dynamic_shared,
+            FA.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: 1024,
+        }
+        if attrib not in values:
+            return R.CUDA_ERROR_INVALID_VALUE, 0
+        return R.CUDA_SUCCESS, values[attrib]
+
+    def cuFuncSetAttribute(self, f: Any, attrib: Any, value: int) -> tuple:
+        """Only MAX_DYNAMIC_SHARED_SIZE_BYTES, refused past the device's opt-in limit less the
+        function's static shared memory, as the driver documents."""
+        found = self.functions_loaded.get(int(f))
+        if found is None:
+            return (R.CUDA_ERROR_INVALID_HANDLE,)
+        kernel, device = found
+        if attrib != driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+            self.refused.append(
+                f"CUDA_ERROR_INVALID_VALUE: {kernel.entry}: attribute {attrib!r} (the stand-in sets only the dynamic shared size)"
+            )
+            return (R.CUDA_ERROR_INVALID_VALUE,)
+        limit = shared_optin(self.devices[device].cc)
+        if not 0 <= int(value) <= limit - kernel.static_shared:
+            self.refused.append(f"CUDA_ERROR_INVALID_VALUE: {kernel.entry}: {value} B dynamic + {kernel.static_shared} B static > {limit}")
+            return (R.CUDA_ERROR_INVALID_VALUE,)
+        kernel.max_dynamic_shared = int(value)
+        self.shared_set.append((kernel.entry, int(value)))
+        return (R.CUDA_SUCCESS,)
+
+    def cuTensorMapEncodeTiled(
+        self, dtype: Any, rank: Any, address: Any, dims: Any, strides: Any, box: Any, element_strides: Any,
+        interleave: Any, swizzle: Any, l2: Any, oob: Any,
+    ) -> tuple:  # fmt: skip
+        """Every rule the driver documents for a tiled map with interleave NONE; a CUtensorMap
+        whose bytes encode what was given (decode_tensor_map reads them back). As the bindings
+        do, a TypeError for array elements that are not cuuint64_t (dims, strides) or cuuint32_t
+        (box, element strides)."""
+        for name, values, kind in (
+            ("globalDim", dims, driver.cuuint64_t), ("globalStrides", strides, driver.cuuint64_t),
+            ("boxDim", box, driver.cuuint32_t), ("elementStrides", element_strides, driver.cuuint32_t),
+        ):  # fmt: skip
+            if any(not isinstance(v, kind) for v in values or []):
+                raise TypeError(f"cuTensorMapEncodeTiled: {name}: Cannot convert int to cuda.bindings.driver.{kind.__name__}")
+        why = tensor_map_refusal(dtype, rank, address, dims, strides, box, element_strides, interleave, swizzle, l2, oob)
+        if why is None and self.current() is None:
+            why = "no current context"
+        if why is not None:
+            self.refused.append(f"CUDA_ERROR_INVALID_VALUE: cuTensorMapEncodeTiled: {why}")
+            return R.CUDA_ERROR_INVALID_VALUE, None
+        tensor_map = driver.CUtensorMap()
+        words = encode_tensor_map(int(dtype), int(rank), int(address), [int(d) for d in dims], [int(s) for s in strides],
+                                  [int(b) for b in box], [int(e) for e in element_strides], int(swizzle), int(l2), int(oob))  # fmt: skip
+        ctypes.memmove(int(tensor_map.getPtr()), struct.pack("<16Q", *words), TENSOR_MAP_BYTES)
+        self.encoded += 1
+        return R.CUDA_SUCCESS, tensor_map
 
     @staticmethod
     def _code(exc: CUDAError) -> Any:
@@ -528,7 +836,16 @@ class StandIn:
         values = [ctypes.string_at(addresses[i], size) for i, size in enumerate(sizes)]
         self._run(kernel, stream, tuple(config.grid), tuple(config.block), config.shmem_size, values)
 
-    def _run(self, kernel: FakeKernel, stream: FakeStream, grid: tuple, block: tuple, shmem: int, params: list[bytes]) -> None:
+    def _run(
+        self,
+        kernel: FakeKernel,
+        stream: FakeStream,
+        grid: tuple,
+        block: tuple,
+        shmem: int,
+        params: list[bytes],
+        cluster: tuple | None = None,
+    ) -> None:
         """What both launches check of the device, then the launch recorded and emulated."""
         device = self.current()
         if stream.ordinal is not None and stream.ordinal != device:
@@ -541,9 +858,20 @@ class StandIn:
             raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: block {block}")
         if grid[0] >= 2**31 or grid[1] > 65535 or grid[2] > 65535 or min(grid) < 1:
             raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: grid {grid}")
-        if shmem > 48 * 1024:
-            raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: {shmem} B dynamic shared memory without opt-in")
-        record = Launch(kernel.entry, kernel.binary, device, stream, grid, block, shmem, params, threading.get_ident(), len(self.stack))
+        limit = shared_optin(self.devices[device].cc)
+        if shmem + kernel.static_shared > limit:
+            raise self.refuse(
+                "CUDA_ERROR_INVALID_VALUE",
+                f"{kernel.entry}: {shmem} B dynamic + {kernel.static_shared} B static shared memory > the opt-in limit {limit}",
+            )
+        if shmem > kernel.max_dynamic_shared:
+            raise self.refuse(
+                "CUDA_ERROR_INVALID_VALUE",
+                f"{kernel.entry}: {shmem} B dynamic shared memory; the function allows {kernel.max_dynamic_shared} (cuFuncSetAttribute not called)",
+            )
+        record = Launch(
+            kernel.entry, kernel.binary, device, stream, grid, block, shmem, params, threading.get_ident(), len(self.stack), cluster
+        )
         with self.lock:
             self.launches.append(record)
         emulate = EMULATORS.get(kernel.entry)
@@ -581,13 +909,27 @@ class FakeKernel:
             if code.kind == "ptx":
                 self.params = ptx_params(code.data.decode(), entry)
                 self.binary = "compute_" + re.search(r"^\s*\.target\s+sm_(\d+)", code.data.decode(), re.M).group(1)
+                self.offsets: list[int] | None = None  # PTX says no constant-bank offsets
+                self.cluster: tuple[int, int, int] | None = None
+                self.static_shared = 0
             else:
                 self.params = cubin_params(code.data, entry)
+                self.offsets = cubin_param_offsets(code.data, entry)
+                self.cluster = cubin_cluster(code.data, entry)
+                self.static_shared = cubin_static_shared(code.data, entry)
                 major, minor = cubin_cc(code.data)
                 self.binary = f"sm_{major}{minor}"
         except KeyError:
             raise driver_error("CUDA_ERROR_NOT_FOUND", f"no kernel named {entry!r} in the module") from None
         self.tag = code.tag
+        # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: what a launch may ask without the opt-in
+        self.max_dynamic_shared = max(DEFAULT_SHARED - self.static_shared, 0)
+
+    @property
+    def cc(self) -> tuple[int, int]:
+        """The compute capability the function's binary targets (PTX: its .target)."""
+        number = int(self.binary.rpartition("_")[2].rstrip("af"))
+        return number // 10, number % 10
 
     def check_runs_on(self, standin: StandIn, device: int) -> None:
         self.check_code_runs_on(self.code, standin, device)

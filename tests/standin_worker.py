@@ -47,6 +47,24 @@ def halo(standin, kernel, launch):
     return 0.010 + 0.002 * 256 / block  # SYNTHETIC milliseconds
 
 
+def scale_rows(standin, kernel, launch):
+    """tests/test_strided_tuning.py's `scale_rows` kernel: x[r, c] *= FACTOR in place, x a strided
+    view (params: pointer, rows, cols, stride0, stride1 in elements). The variant for a unit
+    innermost stride (UNIT=true) steps by one element, whatever the stride says, as its CUDA code
+    would: given a non-unit stride it writes the wrong elements, and verification rejects it."""
+    x_ptr = int.from_bytes(launch.params[0], "little")
+    rows, cols = (int(np.frombuffer(p, np.int32)[0]) for p in launch.params[1:3])
+    s0, s1 = (int(np.frombuffer(p, np.int64)[0]) for p in launch.params[3:5])
+    unit, factor, block = kernel.tag["UNIT"] == "true", float(kernel.tag["FACTOR"]), int(kernel.tag["BLOCK"])
+    step = 1 if unit else s1
+    span = (rows - 1) * s0 + (cols - 1) * max(step, s1) + 1
+    buffer = standin.view(x_ptr, "float32", span)
+    for r in range(rows):
+        row = buffer[r * s0 : r * s0 + (cols - 1) * step + 1 : step]
+        row *= factor
+    return 0.010 + 0.002 * 256 / block  # SYNTHETIC milliseconds
+
+
 if __name__ == "__main__":
     ccs = [tuple(int(p) for p in cc.split(".")) for cc in os.environ.get("STANDIN_CCS", "9.0").split(",")]
     counts = {"compare_launches": 0, "output_downloads": 0}
@@ -62,6 +80,7 @@ if __name__ == "__main__":
         device.total_memory = int(os.environ.get("STANDIN_MEMORY", device.total_memory))
     cuda_standin.EMULATORS["scale"] = scale
     cuda_standin.EMULATORS["halo"] = halo
+    cuda_standin.EMULATORS["scale_rows"] = scale_rows
     standin_compare.register()
     from hatch_autotune.tuning import worker
 

@@ -244,7 +244,7 @@ def _table(extra: str) -> str:
         ),
         ("constants = { RADIUS = [2], BLOCK = [1] }", "axis 'BLOCK' has the same name as constant BLOCK"),
         ("constants = { float32 = [1] }", "a constant may not be named like a dtype"),
-        ("", "unknown name(s) RADIUS in 'n - 2 * RADIUS'; shapes may use the key dims and constants"),
+        ("", "unknown name(s) RADIUS in 'n - 2 * RADIUS'; shapes may use the key dims, free dims (`dims`) and constants"),
     ],
 )
 def test_bad_constants_are_named_with_their_key_path(tmp_path, constants, message):

@@ -57,7 +57,9 @@ def test_tune_through_the_real_worker_fails_rejects_kills_and_still_picks_a_veri
     tuned_line = next(line for line in logs if line.startswith("tuned "))
     assert "; worker inputs " in tuned_line and " run " in tuned_line and " verify " in tuned_line and " time " in tuned_line, tuned_line
     phases = lock["entries"][eid]["provenance"]["phases"]
-    assert phases["reference"] < 2, phases  # the hangs and crashes the cross-check ran into are measuring time, not a fixed cost
+    # a hang the cross-check ran into would add its 4 s timeout: below that, it was counted as measuring time (a
+    # loaded 2-core machine takes up to ~2.5 s for the reference itself)
+    assert phases["reference"] < 3.5, phases
     assert 0 <= phases["search"] <= phases["overhead"], phases  # the strategy's own time, a part of the fixed cost
     # what the run records beside the device: the run, the code that tuned, the settings, the search
     prov = lock["entries"][eid]["provenance"]

@@ -113,7 +113,7 @@ def test_constants_are_keywords_required_with_several_values():
     )
     doc = ast.get_docstring(method(tree, "halo_sum", "__call__"))
     assert "  y: GPU array, float32, shape (n - 2 * RADIUS), C-contiguous, intent out\n" in doc
-    assert "  RADIUS: constant, keyword only, one of [2, 4]\n" in doc and "Not passed (computed from the key): m = n - 2 * RADIUS" in doc
+    assert "  RADIUS: constant, keyword only, one of [2, 4]\n" in doc and "Not passed (computed from the call): m = n - 2 * RADIUS" in doc
 
 
 @settings(max_examples=300, deadline=None)

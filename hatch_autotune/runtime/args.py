@@ -65,17 +65,22 @@ def _own_dtype(obj: Any, typestr: str) -> str | None:
 
 
 class ArrayView(Record):
-    """What a call needs of an array: pointer, shape, dtype, layout, and where it lives."""
+    """What a call needs of an array: pointer, shape, dtype, layout (C-contiguous or not, and its
+    element strides, which a strided argument's kernel gets), and where it lives."""
 
-    __slots__ = ("ptr", "shape", "dtype", "contiguous", "readonly", "device", "given_dtype", "via")
+    __slots__ = ("ptr", "shape", "dtype", "contiguous", "readonly", "device", "given_dtype", "via", "strides")
     ptr: int
     shape: tuple[int, ...]
     dtype: str | None  # None: a dtype hatch-autotune cannot pass or cannot tell (big-endian, '<V2' by CAI)
-    contiguous: bool
+    contiguous: bool  # C-contiguous (row-major, dense), by NumPy's rule (see _c_contiguous)
     readonly: bool
     device: int | None  # None: unknown until asked (CAI); -1: host memory
     given_dtype: str  # the dtype as the array states it (a CAI typestr such as '>f4'), for messages
     via: str  # how it was read: VIA_CUPY, VIA_TORCH, VIA_DLPACK or VIA_CAI
+    # Per dim, in elements (a strided argument's kernel indexes with these). None: byte strides
+    # that are not whole elements (a CAI array's, or one whose dtype is unknown), which only a
+    # C-contiguous argument can take (there `contiguous` decides).
+    strides: tuple[int, ...] | None
 
     def dtype_text(self) -> str:
         """The dtype for a message: its name, or what was passed when it cannot be passed on."""
@@ -98,6 +103,24 @@ def _c_contiguous(shape: Sequence[int], strides: Sequence[int] | None, itemsize:
             return False
         expected *= size
     return True
+
+
+def c_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The element strides of a C-contiguous array of `shape`."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def element_strides(shape: Sequence[int], strides: Sequence[int] | None, itemsize: int) -> tuple[int, ...] | None:
+    """Byte strides (None: C-contiguous) in elements; None where one is not a whole element."""
+    if strides is None:
+        return c_strides(shape)
+    if itemsize <= 0 or any(s % itemsize for s in strides):
+        return None
+    return tuple(s // itemsize for s in strides)
 
 
 _DLPACK_CPU = 1  # DLPack's kDLCPU device type
@@ -177,8 +200,12 @@ def _cupy_view(obj: Any) -> ArrayView:
     dtype = obj.dtype  # a NumPy dtype: ml_dtypes' own for bfloat16 and FP8
     shape = tuple(obj.shape)
     memory = obj.data
-    contiguous = _c_contiguous(shape, tuple(obj.strides), dtype.itemsize)
-    return ArrayView(int(memory.ptr), shape, numpy_dtype_name(dtype), contiguous, False, int(memory.device_id), str(dtype), VIA_CUPY)
+    byte_strides = tuple(obj.strides)
+    contiguous = _c_contiguous(shape, byte_strides, dtype.itemsize)
+    strides = element_strides(shape, byte_strides, dtype.itemsize)
+    return ArrayView(
+        int(memory.ptr), shape, numpy_dtype_name(dtype), contiguous, False, int(memory.device_id), str(dtype), VIA_CUPY, strides
+    )
 
 
 def torch_view(obj: Any, memory: bool = True) -> ArrayView:
@@ -188,11 +215,12 @@ def torch_view(obj: Any, memory: bool = True) -> ArrayView:
     given = str(obj.dtype)  # 'torch.float32', 'torch.bfloat16', 'torch.float8_e4m3fn': our names after the dot
     name = given.rpartition(".")[2]
     shape = tuple(obj.shape)
-    contiguous = _c_contiguous(shape, tuple(obj.stride()), 1)  # PyTorch's strides count elements
+    strides = tuple(obj.stride())  # PyTorch's strides count elements
+    contiguous = _c_contiguous(shape, strides, 1)
     kind = obj.device.type
     device = obj.get_device() if kind == "cuda" else None if kind == "meta" and not memory else -1  # CPU: not device memory
     dtype = name if name in DTYPE_SIZES else None  # e.g. torch.float8_e4m3fnuz: no dtype of ours
-    return ArrayView(int(obj.data_ptr()) if memory else 0, shape, dtype, contiguous, False, device, given, VIA_TORCH)
+    return ArrayView(int(obj.data_ptr()) if memory else 0, shape, dtype, contiguous, False, device, given, VIA_TORCH, strides)
 
 
 def array_view(obj: Any, stream_ptr: int = -1) -> ArrayView | None:
@@ -224,7 +252,8 @@ def array_view(obj: Any, stream_ptr: int = -1) -> ArrayView | None:
             if dtype is None and has_dlpack:
                 return _dlpack_view(obj, stream_ptr)
         itemsize = DTYPE_SIZES[dtype] if dtype is not None else 0  # no layout check without a dtype
-        return ArrayView(ptr, shape, dtype, _c_contiguous(shape, strides, itemsize), readonly, None, typestr, VIA_CAI)
+        contiguous = _c_contiguous(shape, strides, itemsize)
+        return ArrayView(ptr, shape, dtype, contiguous, readonly, None, typestr, VIA_CAI, element_strides(shape, strides, itemsize))
     if has_dlpack:
         return _dlpack_view(obj, stream_ptr)
     return None
@@ -234,15 +263,17 @@ def _dlpack_view(obj: Any, stream_ptr: int) -> ArrayView:
     """An array read through DLPack (cuda.core's StridedMemoryView), its dtype by type code."""
     where = getattr(obj, "__dlpack_device__", None)
     if where is not None and where()[0] == _DLPACK_CPU:  # NumPy: host memory, and no stream allowed
-        return ArrayView(0, (), None, True, False, -1, "", VIA_DLPACK)
+        return ArrayView(0, (), None, True, False, -1, "", VIA_DLPACK, ())
     from cuda.core.utils import StridedMemoryView  # lazy: only DLPack arrays need it
 
     view = StridedMemoryView.from_dlpack(obj, stream_ptr=stream_ptr)
     dtype, given = _dlpack_dtype(obj, view)
     shape = tuple(view.shape)
-    contiguous = _c_contiguous(shape, view.strides, 1)  # DLPack strides count elements, not bytes
+    given_strides = view.strides  # DLPack strides count elements, not bytes; None: C-contiguous
+    contiguous = _c_contiguous(shape, given_strides, 1)
+    strides = c_strides(shape) if given_strides is None else tuple(int(s) for s in given_strides)
     device = view.device_id if view.is_device_accessible else -1
-    return ArrayView(view.ptr, shape, dtype, contiguous, bool(view.readonly), device, given, VIA_DLPACK)
+    return ArrayView(view.ptr, shape, dtype, contiguous, bool(view.readonly), device, given, VIA_DLPACK, strides)
 
 
 def _dlpack_dtype(obj: Any, view: Any) -> tuple[str | None, str]:
@@ -374,8 +405,9 @@ def stream_handle(stream: Any) -> int | None:
 class PreparedCall(Record):
     """A call after every check that needs no GPU: what to select and what to pass."""
 
-    __slots__ = ("types", "key", "c_args", "arrays")
+    __slots__ = ("types", "key", "c_args", "arrays", "dims")
     types: dict[str, str]
     key: dict[str, int]
-    c_args: tuple[Any, ...]  # in the kernel's C order: ints for pointers, numpy scalars
-    arrays: dict[str, ArrayView]
+    c_args: tuple[Any, ...]  # in the kernel's C order: ints for pointers (0: an optional array passed as None), numpy scalars
+    arrays: dict[str, ArrayView]  # the arrays passed (an optional one passed as None is left out)
+    dims: dict[str, int]  # the free dims (KernelDecl.dims) as the call's arrays give them

@@ -7,11 +7,12 @@ key, the shapes the key implies, and the C values of the scalars (`CallChecks.pr
 from __future__ import annotations
 
 from .args import PreparedCall, array_view
+from .declaration import stride_name
 from .errors import ArrayInterfaceError, ExpressionError
 from .expr import compile_expr, tree_text
 from .scalars import c_scalar, integral_types
 from .selection import map_to_bucket
-from .values import MAX_SIZE
+from .values import DTYPE_SIZES, MAX_SIZE
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
@@ -34,9 +35,25 @@ class CallChecks:
         self.name = decl.name
         self.selector = selector
         self.user_args = tuple(a.name for a in decl.user_args)
-        self.constant_names = tuple(decl.constants)
+        self.constant_names = tuple(decl.call_constants)  # what a caller passes by keyword
+        # Constants the call sets from an array's layout (`unit-stride-variants`): constant -> array.
+        self._layout_constants = decl.layout_constants
         self._shape_fns = {a.name: [compile_expr(t) for t in a.shape] for a in decl.args if a.shape is not None}
         self._value_fns = {a.name: compile_expr(a.value) for a in decl.args if a.value is not None}
+        # Each free dim's sources: (array, axis) of each array the caller must pass that has it
+        # bare as an axis, in declared order; a call reads it from the first one it has.
+        self._dim_sources = {
+            dim: [
+                (a.name, axis)
+                for a in decl.args
+                if a.shape is not None and not a.optional
+                for axis, t in enumerate(a.shape)
+                if _bare(t, dim)
+            ]
+            for dim in decl.dims
+        }
+        # The strided arrays, whose strides computed scalars may read (`x_stride0`, ...).
+        self._strided = tuple((a.name, len(a.shape or ())) for a in decl.args if a.strided) if self._value_fns else ()
 
     def bind(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> list[Any]:
         """The caller's arguments in declared order, from positions and keywords."""
@@ -49,6 +66,11 @@ class CallChecks:
             raise TypeError(f"{self.name}() takes {len(user_args)} arguments ({', '.join(user_args)}), got {len(args)}{keywords}")
         values = list(args) + [_MISSING] * (len(user_args) - len(args))
         for k, v in kwargs.items():
+            if k in self._layout_constants:
+                raise TypeError(
+                    f"{self.name}() got {k}=: the call sets it from the layout of {self._layout_constants[k]!r} "
+                    "(a variant per unit or non-unit innermost stride); it is not passed"
+                )
             if k not in user_args:
                 raise TypeError(f"{self.name}() got an unexpected argument {k!r}; arguments: {', '.join(user_args)}")
             i = user_args.index(k)
@@ -72,18 +94,31 @@ class CallChecks:
         bound_by: dict[str, str] = {}
         for a in self.decl.args:  # each array read, then checked, in declared order: the first wrong one is named
             if a.is_array:
-                view = arrays[a.name] = self._view(a.name, values[a.name], stream_ptr)
+                obj = values[a.name]
+                if obj is None and a.optional:  # absent: a null pointer, no checks
+                    continue
+                view = arrays[a.name] = self._view(a.name, obj, stream_ptr)
                 self._check_array(a, view, types, bound_by, True)
         types, key, env = self._check_call(values, arrays, types, constants)
+        if self._strided:  # computed scalars read the strides of the strided arrays (0 for an absent one)
+            env = dict(env)
+            for arg, ndim in self._strided:
+                strided = arrays.get(arg)
+                for i in range(ndim):
+                    env[stride_name(arg, i)] = strided.strides[i] if strided is not None and strided.strides is not None else 0
         c_args: list[Any] = []
         for a in self.decl.args:
             if a.is_array:
-                c_args.append(arrays[a.name].ptr)
+                c_args.append(arrays[a.name].ptr if a.name in arrays else 0)
+                continue
+            if a.tensor_map is not None:  # encoded by the launch from its array (runtime/launching.py)
+                c_args.append(None)
                 continue
             dtype = types.get(a.dtype, a.dtype)
             value = self._value_fns[a.name](env) if a.name in self._value_fns else values[a.name]
             c_args.append(c_scalar(value, dtype, self.name, a.name))
-        return PreparedCall(types, key, tuple(c_args), arrays)
+        dims = {d: env[d] for d in self.decl.dims}
+        return PreparedCall(types, key, tuple(c_args), arrays, dims)
 
     def _view(self, arg: str, obj: Any, stream_ptr: int) -> ArrayView:
         """An array argument as the call reads it, or a TypeError that names the argument."""
@@ -136,8 +171,11 @@ class CallChecks:
         dims = len(a.shape or ())
         if len(view.shape) != dims:
             raise ValueError(f"{name}(): argument {arg!r} has {len(view.shape)} dimension(s) {view.shape}; expected {dims}")
-        if not view.contiguous:
-            raise ValueError(f"{name}(): argument {arg!r} must be C-contiguous (row-major, dense); pass a contiguous copy")
+        if a.strides == "contiguous":
+            if not view.contiguous:
+                raise ValueError(_not_contiguous(name, a))
+        elif 0 not in view.shape:  # an empty array has no memory to lay out
+            _check_strides(name, a, view)
         if pointers and not view.ptr and 0 not in view.shape:  # only an empty array may have no memory
             raise ValueError(
                 f"{name}(): argument {arg!r} has a null data pointer but shape {view.shape}; "
@@ -160,9 +198,20 @@ class CallChecks:
         for tp, allowed in self.decl.type_params.items():
             if tp not in types:
                 if len(allowed) != 1:
+                    absent = [
+                        a.name for a in self.decl.args if a.optional and a.dtype == tp and a.name in values and values[a.name] is None
+                    ]
+                    if absent:
+                        raise TypeError(
+                            f"{name}(): cannot infer type parameter {tp} (one of {list(allowed)}): only {', '.join(map(repr, absent))} "
+                            "would give it, and the call passes None"
+                        )
                     raise TypeError(f"{name}(): cannot infer type parameter {tp} from the arguments")
                 types[tp] = allowed[0]
-        chosen = self.selector.resolve_constants(dict(constants), f"{name}()")
+        given = dict(constants)
+        for c, arg in self._layout_constants.items():  # the variant for the array's innermost stride
+            given[c] = _unit_stride(arrays.get(arg))
+        chosen = self.selector.resolve_constants(given, f"{name}()")
         types.update(chosen)
 
         key: dict[str, Any] = {}
@@ -184,11 +233,37 @@ class CallChecks:
                     source_text = f"{source}.shape[{k.axis}]" if k.axis is not None else f"argument {source!r}"
                     raise ValueError(f"{name}(): {exc} (from {source_text})") from None
         env = {**key, **chosen} if chosen else key  # shapes and computed scalars may use the constants
+        bound_from: dict[str, tuple[str, int]] = {}  # free dim -> the (array, axis) it was read from
+        if self._dim_sources:
+            env = dict(env)
+            for dim, sources in self._dim_sources.items():
+                for arg, axis in sources:
+                    view = arrays.get(arg)
+                    if view is not None:
+                        env[dim], bound_from[dim] = view.shape[axis], (arg, axis)
+                        break
         for arg, view in arrays.items():
             expected = self.expected_shape(arg, env, key)
             if view.shape != expected:
-                raise ValueError(f"{name}(): argument {arg!r} has shape {view.shape}; expected {expected} (from {_env_text(env)})")
+                raise ValueError(self._shape_error(arg, view.shape, expected, env, bound_from))
         return types, key, env
+
+    def _shape_error(
+        self, arg: str, shape: tuple[Any, ...], expected: tuple[Any, ...], env: Mapping[str, Any], bound_from: Mapping[str, tuple[str, int]]
+    ) -> str:
+        """Why an array's shape is wrong; for an axis that is a free dim, which array gave it."""
+        found = f"{self.name}(): argument {arg!r} has shape {shape}; expected {expected}"
+        for axis, (tree, got, want) in enumerate(zip(self.decl.arg(arg).shape or (), shape, expected)):
+            if got == want:
+                continue
+            for dim, (source, source_axis) in bound_from.items():
+                if _bare(tree, dim) and source != arg:
+                    return (
+                        f"{found}: its dim {axis} is the free dim {dim}, which is {want} in {source!r} ({source}.shape[{source_axis}]) "
+                        f"but {got} in {arg!r}; every array must agree on {dim}"
+                    )
+            break
+        return f"{found} (from {_env_text(env)})"
 
     def expected_shape(self, arg: str, env: Mapping[str, Any], key: Mapping[str, Any]) -> tuple[Any, ...]:
         """The shape that array `arg` must have for a call's key dims and constants (`env`), or
@@ -204,6 +279,75 @@ class CallChecks:
                 f"a negative size: {_env_text(key)} is too small for this kernel"
             )
         return expected
+
+
+def _bare(tree: Any, name: str) -> bool:
+    """Whether a shape's expression tree is the name alone (an axis that *is* that dim)."""
+    return isinstance(tree, (list, tuple)) and len(tree) == 2 and tree[0] == "n" and tree[1] == name
+
+
+def _unit_stride(view: ArrayView | None) -> bool:
+    """Whether an array's innermost stride is one element (a size of 1 has no stride that
+    matters); an array the call does not have (None passed, or an output the operator
+    allocates C-contiguous) counts as unit."""
+    if view is None or not view.shape or view.shape[-1] <= 1:
+        return True
+    return view.strides is not None and view.strides[-1] == 1
+
+
+def _not_contiguous(kernel: str, a: ArgDecl) -> str:
+    """The refusal of a non-contiguous array on a C-contiguous argument. A copy is advice only
+    for an array the kernel reads: one it writes would receive the results in the copy."""
+    found = f"{kernel}(): argument {a.name!r} must be C-contiguous (row-major, dense)"
+    declare = 'the kernel\'s author can declare the argument `strides = "inner"` (unit innermost stride) or `"any"` to take strided arrays'
+    if a.writes:
+        return f"{found}: the kernel writes it (intent {a.intent}) and takes no strides for it, so a copy would not receive the results; {declare}"
+    return f"{found}; pass a contiguous copy, or {declare}"
+
+
+def _check_strides(kernel: str, a: ArgDecl, view: ArrayView) -> None:
+    """A strided argument's layout (`strides = "inner"` or `"any"`): element strides, none
+    negative, a unit innermost one for "inner", no two elements sharing memory where the kernel
+    writes, and with `align` every stride a whole number of aligned vectors. Sizes of 1 have no
+    stride that matters."""
+    arg, strides, shape = a.name, view.strides, view.shape
+    if strides is None:
+        raise ValueError(
+            f"{kernel}(): argument {arg!r} has byte strides that are not whole {view.dtype} elements; a strided argument "
+            "takes strides in elements (a view of an array of this dtype)"
+        )
+    live = [(s, n, i) for i, (s, n) in enumerate(zip(strides, shape)) if n != 1]
+    copy = " (pass a copy with non-negative strides)" if not a.writes else ""
+    for s, _, i in live:
+        if s < 0:
+            raise ValueError(
+                f"{kernel}(): argument {arg!r} has a negative stride in dim {i} (strides {strides} in elements); "
+                f"hatch-autotune passes no negative strides{copy}"
+            )
+    if a.strides == "inner" and shape and shape[-1] != 1 and strides[-1] != 1:
+        fix = "pass a copy whose rows are contiguous" if not a.writes else 'the kernel\'s author can declare it `strides = "any"`'
+        raise ValueError(
+            f"{kernel}(): argument {arg!r} has strides {strides} (elements); the kernel takes it with a unit innermost stride "
+            f'(strides = "inner": rows of contiguous elements, the outer strides free): {fix}'
+        )
+    if a.writes:
+        need = 1  # sorted by stride, each dim must step over everything the smaller ones span
+        for s, n, i in sorted(live):
+            if s < need:
+                raise ValueError(
+                    f"{kernel}(): argument {arg!r} has shape {shape} and strides {strides} (elements), whose elements may share "
+                    f"memory (dim {i}); the kernel writes it (intent {a.intent}), so each element needs its own"
+                )
+            need = s * n
+    if a.align and view.dtype in DTYPE_SIZES:
+        size = DTYPE_SIZES[view.dtype]
+        for s, _, i in live:
+            if s != 1 and s * size % a.align:
+                raise ValueError(
+                    f"{kernel}(): argument {arg!r} has a stride of {s} elements ({s * size} bytes) in dim {i}, not a multiple of "
+                    f"its {a.align}-byte alignment (the kernel uses vector loads): pass a view whose strides are multiples of "
+                    f"{max(a.align // size, 1)} elements (rows padded to {a.align} bytes)"
+                )
 
 
 def _env_text(env: Mapping[str, Any]) -> str:

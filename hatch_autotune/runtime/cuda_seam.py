@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
         def _drop_plans(self) -> None: ...
 
 
+DEFAULT_SHARED = 48 * 1024  # the shared memory per block (static and dynamic) that needs no opt-in
 CACHE_LIMIT = 4096  # memo entries (a kernel's distinct sizes, wrapped stream handles) before a clear
 
 
@@ -176,6 +177,9 @@ class GpuState:
         self.default_stream = CU_STREAM_PER_THREAD if os.environ.get(PER_THREAD_VARIABLE, "0") not in ("", "0") else CU_STREAM_LEGACY
         self.planners: WeakSet[PlanHolder] = WeakSet()  # kernels whose plans hold this API's objects
         self.lock = allocate_lock()
+        self.shared_optin: dict[int, int] = {}  # device -> its opt-in shared memory per block, bytes
+        self.shared_allowed: dict[int, tuple[int, int]] = {}  # function (int) -> (static bytes, dynamic bytes allowed)
+        self.tensor_maps: dict[Any, Any] = {}  # tensor_map.encoder's cache: a layout -> its TensorMapEncoder
 
     def start(self) -> CudaApi:
         """Initialise the driver and the API, once; NoDriverError without a driver or device."""
@@ -282,9 +286,67 @@ class GpuState:
         if result[0]:
             self.raise_launch_error(result[0], what)
 
+    def launch_ex(self, device: int, launch: Any, stream: Any, function: Any, params: int, what: str) -> None:
+        """cuLaunchKernelEx with a plan's prebuilt CUlaunchConfig (`launch`: launching.ExConfig,
+        its grid, block, shared bytes and attributes set once), in `device`'s primary context as
+        `launch()` does; only the config's stream is set per call, when it changed."""
+        if launch.stream != stream:
+            launch.config.hStream = stream
+            launch.stream = stream
+        driver = self.driver
+        if self.in_primary(device):
+            result = driver.cuLaunchKernelEx(launch.config, function, params, 0)
+        else:
+            with _OnDevice(self, device):
+                result = driver.cuLaunchKernelEx(launch.config, function, params, 0)
+        if result[0]:
+            raise CudaCallError(f"cuLaunchKernelEx ({what})", getattr(result[0], "name", str(result[0])))
+
     @staticmethod
     def raise_launch_error(err: Any, what: str) -> None:
         raise CudaCallError(f"cuLaunchKernel ({what})", getattr(err, "name", str(err)))
+
+    def shared_limit(self, device: int) -> int:
+        """The most shared memory (static and dynamic) a block of `device` may use once a
+        function opts in (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)."""
+        limit = self.shared_optin.get(device)
+        if limit is None:
+            driver = self._api.driver
+            attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+            found = check_cuda(driver.cuDeviceGetAttribute(attr, device), f"cuDeviceGetAttribute (opt-in shared memory of device {device})")
+            limit = self.shared_optin.setdefault(device, int(found))
+        return limit
+
+    def allow_shared(self, device: int, function: Any, nbytes: int, what: str) -> None:
+        """Let `function` (loaded on `device`) launch with `nbytes` of dynamic shared memory: past
+        the 48 KiB that a block has without asking (less the function's static shared memory),
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES is set, once per function and again only
+        for a larger size, after the device's opt-in limit is checked: a ValueError naming
+        `what` (the kernel and variant), the bytes and the limit, rather than the launch's bare
+        CUDA_ERROR_INVALID_VALUE."""
+        key = int(function)
+        known = self.shared_allowed.get(key)
+        if known is not None and nbytes <= known[1]:
+            return
+        driver = self._api.driver
+        if known is None:
+            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+            static = int(check_cuda(driver.cuFuncGetAttribute(attr, function), f"cuFuncGetAttribute (static shared memory of {what})"))
+            known = self.shared_allowed[key] = (static, max(DEFAULT_SHARED - static, 0))
+            if nbytes <= known[1]:
+                return
+        static = known[0]
+        limit = self.shared_limit(device)
+        if nbytes + static > limit:
+            cc = self.device_cc(device)
+            raise ValueError(
+                f"{what}: asks {nbytes} bytes of dynamic shared memory" + (f" (besides {static} bytes of static)" if static else "")
+                + f"; device {device} (sm_{cc[0]}{cc[1]}) allows at most {limit} bytes per block"
+            )  # fmt: skip
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        with _OnDevice(self, device):
+            check_cuda(driver.cuFuncSetAttribute(function, attr, nbytes), f"cuFuncSetAttribute (max dynamic shared memory of {what})")
+        self.shared_allowed[key] = (static, nbytes)
 
 
 class _OnDevice:

@@ -12,10 +12,10 @@ from . import cuda_seam
 from .args import _CODES, CUPY, TORCH, VIA_DLPACK, array_reader, stream_handle
 from .cuda_seam import CACHE_LIMIT, CU_STREAM_LEGACY, check_cuda
 from .expr import compile_expr
-from .params import BYTES16, CONVERT, PACK_ERRORS, POINTER, ParamBuffer
-from .scalars import c_scalar
+from .launching import FastPlan, LaunchFeatures, launch_env, plan_head
+from .params import PACK_ERRORS
 from .selection import ptx_driver_needed
-from .values import MAX_SIZE, instance_env
+from .values import MAX_SIZE
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
     from .args import PreparedCall
     from .checks import CallChecks
     from .cuda_seam import GpuState
+    from .launching import PlanHead
     from .selection import KernelSelector, Selection
 
 _NO_CONSTANTS: Mapping[str, Any] = {}
@@ -32,13 +33,6 @@ _NO_CONSTANTS: Mapping[str, Any] = {}
 # How the fast path takes each argument: an array is its alignment in bytes (1 or more), so that
 # one `ptr % kind` checks it; a scalar is 0, a key scalar (its value picks the bucket) -1.
 _SCALAR, _KEY_SCALAR = 0, -1
-# The scalar dtypes that the parameter buffer has no struct code for, by the unsigned integer of
-# their size: scalars.c_scalar gives their C value (bfloat16 and FP8 as their bits, bool, complex64),
-# and _bits its bytes as that integer; complex128 (16 bytes, 16-aligned) as its 16 bytes.
-_PACKED_AS = {
-    "bfloat16": "uint16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8", "float8_e8m0fnu": "uint8",
-    "bool": "uint8", "complex64": "uint64", "complex128": BYTES16,
-}  # fmt: skip
 
 
 class Launcher:
@@ -54,8 +48,9 @@ class Launcher:
         self._grid = [compile_expr(t) for t in decl.launch.grid]
         self._block = [compile_expr(t) for t in decl.launch.block]
         self._shared = compile_expr(decl.launch.shared)
+        self._features = LaunchFeatures(decl)  # the cluster dims and tensor-map boxes (launching.py)
         self._memo: dict[Any, Any] = {}
-        self._fast: dict[tuple[Any, ...], _FastPlan] = {}
+        self._fast: dict[tuple[Any, ...], FastPlan] = {}
         # Calls that took the checked path (every argument checked, a fast plan recorded); the
         # rest took the fast path. A count that grows with every call says the fast path is
         # missed, e.g. a new stream object per call.
@@ -66,6 +61,8 @@ class Launcher:
         key_scalars = {k.source for k in decl.key if k.axis is None}
         kinds = {a.name: (a.align or 1) if a.is_array else _KEY_SCALAR if a.name in key_scalars else _SCALAR for a in decl.args}
         self._user_kinds: tuple[int, ...] = tuple(kinds[n] for n in user_args)
+        optional = {a.name for a in decl.args if a.optional}
+        self._optional = tuple(n in optional for n in user_args)  # per argument: an array the caller may pass as None
         c_slot = {a.name: c for c, a in enumerate(decl.args)}
         self._user_slots = tuple(c_slot[n] for n in user_args)  # each argument's C parameter
         # The parameter layout of a plan, per C parameter: whether it is an array (a pointer),
@@ -78,7 +75,7 @@ class Launcher:
 
     # The call path. A first call with a given signature (array types, dtypes, shapes, layouts
     # and devices, scalar types, stream) goes through every check (CallChecks.prepare), then starts the
-    # driver, and records a _FastPlan per device; later calls with the same signature read each
+    # driver, and records a FastPlan per device; later calls with the same signature read each
     # array's pointer (CuPy's and PyTorch's through their own attributes: args.array_reader),
     # check its alignment, pack the pointers and scalars into the plan's parameter buffer and
     # launch, from any thread. The device is the arrays' own (CuPy, PyTorch), the only one, or,
@@ -121,8 +118,12 @@ class Launcher:
                         cai = obj.__cuda_array_interface__
                         data = cai["data"]
                         sig += (t, cai["typestr"], cai["shape"], data[1], cai.get("strides"))
-                    except Exception:  # DLPack only, not an array, not a real interface, or
-                        return self._call_checked(list(args), stream, None, constants)  # one that refuses: checked
+                    except Exception:  # DLPack only, not an array, not a real interface, or one that refuses
+                        if obj is None and self._optional[len(values)]:  # an optional array left out: a null pointer
+                            sig.append(None)  # (tested here, so that an array's path costs no more)
+                            values.append(0)
+                            continue
+                        return self._call_checked(list(args), stream, None, constants)  # checked
                     ptr = data[0]
                 # an int pointer that fits the parameter (below 2**63), aligned, not null: a null or
                 # odd one (an empty array's, or a mistake) takes the checked path, which says which
@@ -168,14 +169,17 @@ class Launcher:
         except PACK_ERRORS:  # a scalar its C type cannot hold: the checked path says which
             plan.give(params)
             return self._call_checked(list(args), stream, None, constants)
-        driver = gpu.driver  # the launch, as GpuState.launch does it, inline: a call costs 0.1 µs
-        err, current = driver.cuCtxGetCurrent()
-        if err or int(current) != plan.context:
-            gpu.launch(device, plan.head, handle, params.address, self.name)  # the caller's context is another
+        if plan.special:  # a cluster (cuLaunchKernelEx) or tensor maps (encoded per pointer): the plan launches
+            plan.launch(gpu, device, handle, params, values)
         else:
-            result = driver.cuLaunchKernel(*plan.head, handle, params.address, 0)
-            if result[0]:
-                gpu.raise_launch_error(result[0], self.name)
+            driver = gpu.driver  # the launch, as GpuState.launch does it, inline: a call costs 0.1 µs
+            err, current = driver.cuCtxGetCurrent()
+            if err or int(current) != plan.context:
+                gpu.launch(device, plan.head, handle, params.address, self.name)  # the caller's context is another
+            else:
+                result = driver.cuLaunchKernel(*plan.head, handle, params.address, 0)
+                if result[0]:
+                    gpu.raise_launch_error(result[0], self.name)
         plan.give(params)  # not after a failed launch: a later call makes a fresh one
         return None
 
@@ -203,14 +207,14 @@ class Launcher:
         gpu.start()  # NoDriverError only now, after every check that needs no driver
         gpu.planners.add(self)  # so that use_gpu() drops the plans made below
         device = self._device_of(gpu, call)
-        memo_key = (device, tuple(call.types.values()), tuple(call.key.values()))
+        memo_key = (device, tuple(call.types.values()), tuple(call.key.values()), tuple(call.dims.values()))  # the head's inputs
         head = self._memo.get(memo_key)
         if head is None:
             head = self._plan(gpu, device, call)
             if len(self._memo) >= CACHE_LIMIT:
                 self._memo.clear()
             self._memo[memo_key] = head
-        plan = _FastPlan(self, call, head, handle, stream, gpu.primary_handle(device))
+        plan = FastPlan(self, call, head, handle, stream, gpu.primary_handle(device))
         # an empty problem's calls stay on this path: they launch nothing; so do those of an array
         # read through DLPack, whose dtype its __cuda_array_interface__ typestr does not tell
         if fast_sig is not None and not plan.empty and all(view.via != VIA_DLPACK for view in call.arrays.values()):
@@ -229,11 +233,8 @@ class Launcher:
             params = plan.take()  # published above: a fast call of another thread may hold it
         except IndexError:
             params = plan.fresh()
-        c_values = [call.c_args[c] for c in self._user_slots]
-        for i, _, _ in plan.converts:
-            c_values[i] = _bits(c_values[i])
-        params.exact.pack_into(params.storage, 0, *c_values)
-        gpu.launch(device, plan.head, handle, params.address, self.name)
+        c_values = plan.pack_exact(params, call, self._user_slots)
+        plan.launch(gpu, device, handle, params, c_values)
         plan.give(params)
 
     def _library_stream(self, bound: Sequence[Any]) -> Callable[[int], int] | None:
@@ -268,21 +269,18 @@ class Launcher:
         current = gpu.current_device()
         return 0 if current is None else current
 
-    def _plan(self, gpu: GpuState, device: int, call: PreparedCall) -> tuple[Any, ...] | None:
-        """(function, grid x3, block x3, shared bytes) for a (device, types, key), the head of
-        its cuLaunchKernel; None for a zero-sized problem. Computed once, memoised."""
+    def _plan(self, gpu: GpuState, device: int, call: PreparedCall) -> PlanHead | None:
+        """The head of a (device, instance, key, free dims)'s launches (launching.plan_head: the
+        function, grid, block, shared bytes, cluster, tensor-map boxes); None for a zero-sized
+        problem. Computed once, memoised."""
         sel = self._selector.selection(gpu.device_cc(device), call.types, call.key)
-        grid, block, shared = self.geometry(sel.config, call.types, call.key)
-        if min(grid) == 0:
-            return None
-        dims = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
-        return (self._kernel_handle(gpu, device, sel), *dims[0], *dims[1], shared)
+        return plan_head(self, gpu, device, sel, call, call.dims)
 
     def geometry(
-        self, config: Mapping[str, Any], types: Mapping[str, str], key: Mapping[str, int]
+        self, config: Mapping[str, Any], types: Mapping[str, str], key: Mapping[str, int], dims: Mapping[str, int] | None = None
     ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-        """(grid, block, dynamic shared bytes) of a config at a key: the declared expressions."""
-        env = {**key, **config, **instance_env(types)}
+        """(grid, block, dynamic shared bytes) of a config at a key (and free dims): the declared expressions."""
+        env = launch_env(config, types, key, dims)
         grid = tuple(int(f(env)) for f in self._grid)
         block = tuple(int(f(env)) for f in self._block)
         shared = int(self._shared(env))
@@ -331,77 +329,3 @@ class Launcher:
             f"Fixes: update the NVIDIA driver; or rebuild the wheel with this device's arch in `archs`; or build it "
             f"with an NVRTC no newer than the driver (pin nvidia-cuda-nvrtc=={have[0]}.{have[1]}.* in build-system.requires)"
         )
-
-
-class _FastPlan:
-    """What a call with a known signature needs: the launch's head (function, grid, block,
-    shared bytes), the parameter buffers that its pointers and scalars are packed into
-    (`take()` one, `give()` it back, `fresh()` another), and its stream (None: asked at each
-    call, see Kernel.__call__). `converts` lists the caller's scalars whose dtype struct cannot
-    convert (bfloat16, FP8, bool, complex64: see _PACKED_AS), as (position among the caller's
-    values, dtype, argument); a buffer's `pack` converts those through scalars.c_scalar."""
-
-    __slots__ = ("params", "take", "give", "head", "empty", "stream", "stream_ref", "context", "converts", "kernel")
-
-    def __init__(
-        self, launcher: Launcher, call: PreparedCall, head: tuple[Any, ...] | None, stream: int | None, stream_ref: Any, context: int
-    ):
-        layout = []
-        converts = []
-        for (is_array, dtype, user), value, arg in zip(launcher._layout, call.c_args, launcher.checks.decl.args):
-            kind = POINTER if is_array else call.types.get(dtype, dtype)
-            if kind not in CONVERT:
-                packed = _PACKED_AS.get(kind)
-                if packed is None:
-                    raise TypeError(
-                        f"{launcher.name}(): argument {arg.name!r} is a {kind} scalar, which this runtime cannot pack into a "
-                        "kernel parameter; pass it in a one-element array"
-                    )
-                if user is not None:
-                    converts.append((user, kind, arg.name))
-                else:
-                    value = _bits(value)
-                kind = packed
-            layout.append((kind, user, None if user is not None else value))
-        self.converts = tuple(converts)
-        self.kernel = launcher.name
-        self.params = self.fresh(ParamBuffer(layout))
-        # Buffers not in use: cuLaunchKernel reads a buffer while it runs (without the GIL), so a
-        # call takes one (list.pop is atomic) and gives it back after its launch; a call that
-        # finds none (another thread launches this plan) packs into a fresh one.
-        free = [self.params]
-        self.take, self.give = free.pop, free.append
-        self.head, self.empty = head or (), head is None
-        self.stream = stream
-        self.stream_ref = stream_ref  # the user's stream object, so a new object is not mistaken for it
-        self.context = context  # the device's primary context (an int): where the launch must happen
-
-    def fresh(self, params: ParamBuffer | None = None) -> ParamBuffer:
-        """A buffer of this plan's layout (`params`, else a new one), whose `pack` converts the
-        scalars that struct cannot (a plan without such scalars packs with struct alone)."""
-        params = params if params is not None else self.params.fresh()
-        if self.converts:
-            params.pack = _converting_pack(params.pack, self.converts, self.kernel)
-        return params
-
-
-def _converting_pack(pack: Callable[..., None], converts: Sequence[tuple[int, str, str]], kernel: str) -> Callable[..., None]:
-    """`pack` (a struct's pack_into) after the caller's values at `converts` are made C values
-    (scalars.c_scalar, whose TypeError or ValueError sends the call to the checked path)."""
-
-    def converting(storage: bytearray, offset: int, *values: Any) -> None:
-        given = list(values)
-        for i, dtype, arg in converts:
-            given[i] = _bits(c_scalar(given[i], dtype, kernel, arg))
-        pack(storage, offset, *given)
-
-    return converting
-
-
-def _bits(value: Any) -> int | bytes:
-    """A NumPy scalar's bytes as the unsigned integer that _PACKED_AS packs them as (a
-    complex128's 16 bytes as they are)."""
-    import sys
-
-    data = value.tobytes()
-    return data if len(data) == 16 else int.from_bytes(data, sys.byteorder)

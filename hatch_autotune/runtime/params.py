@@ -15,6 +15,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
     from typing import Any
 
 POINTER = "pointer"
+# A CUtensorMap (TMA descriptor) passed by value: 128 bytes, 64-byte aligned as CUDA declares the
+# type; the call writes its encoded bytes per launch (ParamBuffer.map_offsets), no struct packs it.
+TENSOR_MAP = "tensor_map"
+TENSOR_MAP_BYTES, TENSOR_MAP_ALIGN = 128, 64
 BYTES16 = "bytes16"  # a 16-byte C value given as its bytes (complex128), at a 16-byte aligned offset
 # dtype -> struct code of a caller's value: struct converts it as numpy does (round to nearest,
 # float16 included), and refuses what numpy would turn into inf or wrap around
@@ -35,20 +39,25 @@ class ParamBuffer:
     """The parameters of one kernel instance, each at an offset aligned to its size: first the
     caller's values, one per argument in call order (array pointers and scalars, which one
     Struct packs: `convert` for a caller's values, `exact` for C values), then the fixed ones
-    (scalars computed from the key), packed once. `address` is what cuLaunchKernel takes as
-    `kernelParams`; `pack` is convert.pack_into. The driver reads the buffer during the launch,
-    so one buffer serves one launch at a time (Kernel's _FastPlan hands them out)."""
+    (scalars computed from the key), packed once, then the tensor maps (TENSOR_MAP), 64-byte
+    aligned in memory, whose bytes the call writes at `map_offsets` (one per TENSOR_MAP
+    parameter, in C order). `address` is what cuLaunchKernel takes as `kernelParams`; `pack` is
+    convert.pack_into. The driver reads the buffer during the launch, so one buffer serves one
+    launch at a time (launching.FastPlan hands them out); `launch_config` is the plan's
+    CUlaunchConfig of this buffer (a cluster launch), None otherwise."""
 
-    __slots__ = ("convert", "exact", "pack", "storage", "address", "_layout", "_keep")
+    __slots__ = ("convert", "exact", "pack", "storage", "address", "map_offsets", "launch_config", "_layout", "_keep")
 
     def __init__(self, layout: Sequence[tuple[str, int | None, Any]]):
-        """`layout`: per C parameter in the kernel's order, (dtype or POINTER, the caller's
-        argument index or None, the fixed value for a parameter no caller gives)."""
+        """`layout`: per C parameter in the kernel's order, (dtype, POINTER or TENSOR_MAP; the
+        caller's argument index or None; the fixed value for a parameter no caller gives)."""
         import numpy
 
         self._layout = tuple(layout)
+        self.launch_config: Any = None
         user = sorted((index, dtype, c) for c, (dtype, index, _) in enumerate(layout) if index is not None)
-        fixed = [(dtype, value, c) for c, (dtype, index, value) in enumerate(layout) if index is None]
+        fixed = [(dtype, value, c) for c, (dtype, index, value) in enumerate(layout) if index is None and dtype != TENSOR_MAP]
+        maps = [c for c, (dtype, index, _) in enumerate(layout) if index is None and dtype == TENSOR_MAP]
         offsets = [0] * len(layout)
         convert, exact, end = ["="], ["="], 0
         for _, dtype, c in user:
@@ -66,12 +75,21 @@ class ParamBuffer:
             offsets[c] = end
             fixed_at.append((end, dtype, value))
             end += size
-        self.storage = bytearray(max(end, 1))
+        for c in maps:
+            end += -end % TENSOR_MAP_ALIGN
+            offsets[c] = end
+            end += TENSOR_MAP_BYTES
+        self.map_offsets = tuple(offsets[c] for c in maps)
+        # numpy's views pin the bytearray (it cannot be resized while they exist) and tell its
+        # address; with tensor maps, the storage is the view of it that starts 64-byte aligned
+        raw = bytearray(max(end, 1) + (TENSOR_MAP_ALIGN - 1 if maps else 0))
+        data = numpy.frombuffer(raw, numpy.uint8)
+        base = data.__array_interface__["data"][0]
+        shift = -base % TENSOR_MAP_ALIGN if maps else 0
+        base += shift
+        self.storage: bytearray | memoryview = memoryview(raw)[shift : shift + max(end, 1)] if maps else raw
         for offset, dtype, value in fixed_at:
             struct.pack_into("=" + EXACT[dtype], self.storage, offset, value)
-        # numpy's views pin the bytearray (it cannot be resized while they exist) and tell its address
-        data = numpy.frombuffer(self.storage, numpy.uint8)
-        base = data.__array_interface__["data"][0]
         pointers = numpy.array([base + offset for offset in offsets], numpy.uint64)
         self.address = pointers.__array_interface__["data"][0] if len(offsets) else 0
         self._keep = (data, pointers)

@@ -13,9 +13,11 @@ Per kernel K, under a namespace ns (the hook's `torch-namespace`, by default the
 
 `operators` derives both from the declaration (a `KernelDecl`) alone, so the build's stub (wheel/stub.py) and the
 registration agree. A schema takes the kernel's arguments in declared order (tensors, of any
-dtype: the kernel's checks name a wrong one; scalars as `int`, `float` (bfloat16 and FP8
-included), `complex` or `bool` by dtype), then its constants, keyword-only; `(a0!)` marks what
-it writes.
+dtype: the kernel's checks name a wrong one; `Tensor?` for an optional array; scalars as `int`,
+`float` (bfloat16 and FP8 included), `complex` or `bool` by dtype), then its constants,
+keyword-only; `(a0!)` marks what it writes. Tensors reach the kernel as they are: a strided one
+on an argument declared with strides is not made contiguous (its operator is tagged to keep the
+caller's exact strides under torch.compile; the others' to get contiguous ones).
 
 Each operator has three implementations: the call (the kernel's own checks, then the launch on
 PyTorch's current stream, where the kernel launches for PyTorch tensors anyway), a fake one for
@@ -66,7 +68,7 @@ def operators(decl: KernelDecl) -> tuple[Operator, ...]:
     user = decl.user_args
     outs = tuple(a.name for a in user if a.is_array and a.intent == "out")
     written = tuple(a.name for a in user if a.writes)
-    keywords = _constants_schema(decl.constants)
+    keywords = _constants_schema(decl.call_constants)  # those the call sets from a layout are not passed
     as_declared = _schema(user, written, type_params, keywords, "()")
     names = tuple(a.name for a in user)
     if not outs:
@@ -93,6 +95,15 @@ def functional_blocker(decl: KernelDecl) -> str | None:
             return f"key dim {k.name} is read from `out` array {k.source!r}, so the outputs' sizes are not known before the call"
     if not inputs:
         return "it has no array but its `out` arrays, so no tensor says which device they go on"
+    if all(a.optional for a in inputs):
+        return "every array but its `out` arrays is optional, so no tensor surely says which device they go on"
+    for dim in decl.dims:
+        bare = ["n", dim]
+        sources = [a.name for a in decl.args if a.shape is not None and not a.optional and any(list(t) == bare for t in a.shape)]
+        if sources and all(s in outs for s in sources):
+            return (
+                f"free dim {dim} is read only from `out` arrays ({', '.join(sources)}), so the outputs' sizes are not known before the call"
+            )
     fixed = {a.dtype for a in inputs}
     for name, a in outs.items():
         tp = a.dtype
@@ -118,7 +129,8 @@ def _schema(user: Sequence[ArgDecl], written: Sequence[str], type_params: Mappin
     for a in user:
         name = a.name
         if a.is_array:
-            params.append(f"Tensor(a{written.index(name)}!) {name}" if name in written else f"Tensor {name}")
+            optional = "?" if a.optional else ""
+            params.append(f"Tensor(a{written.index(name)}!){optional} {name}" if name in written else f"Tensor{optional} {name}")
         else:
             params.append(f"{scalar_type(a.dtype, type_params)} {name}")
     return f"({', '.join(params + ([keywords] if keywords else []))}) -> {returns}"
@@ -195,9 +207,13 @@ def register(library: Library, namespace: str) -> dict[str, Any]:
         held.library = library
         return dict(held.packets)
     reg = _Registration(library.module, schemas, library, torch.library.Library(namespace, "FRAGMENT"))
-    tag = getattr(torch.Tag, "needs_contiguous_strides", None) or getattr(torch.Tag, "needs_fixed_stride_order", None)
+    contiguous = getattr(torch.Tag, "needs_contiguous_strides", None) or getattr(torch.Tag, "needs_fixed_stride_order", None)
+    exact = getattr(torch.Tag, "needs_exact_strides", None) or getattr(torch.Tag, "needs_fixed_stride_order", None)
     for op in ops:
-        impl = _Implementation(torch, reg, op, library.kernels[op.kernel])
+        kernel = library.kernels[op.kernel]
+        impl = _Implementation(torch, reg, op, kernel)
+        # what Inductor hands the operator: a strided argument takes the caller's own strides
+        tag = exact if any(a.strided for a in kernel.declaration.args) else contiguous
         try:
             reg.torch_library.define(op.name + op.schema, tags=(tag,) if tag is not None else ())
         except RuntimeError as exc:
@@ -221,6 +237,7 @@ class _Implementation:
         decl = kernel.declaration
         declared = {a.name: a for a in decl.args}
         self.arrays = [i for i, n in enumerate(op.params) if declared[n].is_array]  # positions of the tensors
+        self.optional = any(declared[op.params[i]].optional for i in self.arrays)  # a tensor may be None
         self.scalars = [(i, n, declared[n].dtype) for i, n in enumerate(op.params) if not declared[n].is_array]
         self.key_scalars = [i for i, n in enumerate(op.params) if any(k.source == n and k.axis is None for k in decl.key)]
         self.out_dtypes = [declared[n].dtype for n in op.returns]
@@ -238,9 +255,15 @@ class _Implementation:
         """A functional operator: its outputs allocated where its first tensor is, then the
         kernel's call (checks and all) with them. Shapes and dtypes are memoised per signature,
         whose first call checks the arguments before anything is allocated."""
+        tensors = [args[i] for i in self.arrays]
+        present: tuple[bool, ...] = ()
+        if self.optional:  # which optional tensors the call has: part of the signature
+            present = tuple(t is not None for t in tensors)
+            tensors = [t for t in tensors if t is not None]
         signature = (
-            *[args[i].shape for i in self.arrays],
-            *[args[i].dtype for i in self.arrays],
+            *present,
+            *[t.shape for t in tensors],
+            *[t.dtype for t in tensors],
             *[args[i] for i in self.key_scalars],
             *constants.items(),
         )
@@ -250,7 +273,7 @@ class _Implementation:
             if len(self.memo) >= CACHE_LIMIT:
                 self.memo.clear()
             self.memo[signature] = outputs
-        device = args[self.arrays[0]].device
+        device = tensors[0].device
         empty = self.torch.empty
         made = [empty(shape, dtype=dtype, device=device) for shape, dtype in outputs]
         everything = (*args, *made)
@@ -265,7 +288,7 @@ class _Implementation:
         outputs = self._outputs(args, constants)
         if not self.op.returns:
             return None
-        device = args[self.arrays[0]].device
+        device = next(args[i] for i in self.arrays if args[i] is not None).device
         made = [self.torch.empty(shape, dtype=dtype, device=device) for shape, dtype in outputs]
         return made[0] if len(made) == 1 else tuple(made)
 
@@ -275,8 +298,9 @@ class _Implementation:
         kernel = self.reg.library.kernels[self.kernel_name]
         values = dict(zip(self.op.params, args))
         views = {}
-        for i in self.arrays:  # tensors, as the schema says: fake, meta or real
-            views[self.op.params[i]] = torch_view(args[i], memory=False)
+        for i in self.arrays:  # tensors, as the schema says: fake, meta or real (None: an optional one left out)
+            if args[i] is not None:
+                views[self.op.params[i]] = torch_view(args[i], memory=False)
         types, key, env = kernel.checks.check_views(values, views, constants, pointers=False)
         for i, name, dtype in self.scalars:
             if type(args[i]) in (int, float, complex, bool):  # a symbolic one (torch.compile's) is checked at the call

@@ -13,6 +13,10 @@ for a complex output.
 Every dtype is a NumPy dtype through `dtypes.numpy_dtype` (ml_dtypes' for bfloat16 and FP8): a
 hook's arrays of those dtypes are ml_dtypes arrays (`x.astype(ml_dtypes.bfloat16)`).
 
+Shapes may use the kernel's free dims, at the sizes `dims` gives them; an optional array is
+always made (tuning runs the kernel with it present). An array of an argument declared with
+strides is a strided view into a larger buffer (input_layout.py), whatever made its values.
+
 Whatever a hook does wrong (its module or function missing, an exception, a result of the wrong
 names, shapes or dtypes) is an InputError, a BuildError: one message that names the kernel, the
 hook as configured (`inputs = 'mod:fn'`), the bucket and what was expected.
@@ -35,6 +39,7 @@ from ..declare.config import KernelSpec
 from ..errors import BuildError
 from ..runtime.values import DTYPE_SIZES
 from .dtypes import dtype_name, kind, numpy_dtype, part_dtype
+from .input_layout import laid_out, span, tuning_layout, tuning_strides
 
 
 class InputError(BuildError, ValueError):
@@ -95,8 +100,9 @@ def resolved_dtype(dtype: str, types: Mapping[str, str]) -> str:
 
 
 def shapes(spec: KernelSpec, key: Mapping[str, int], types: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Each array's shape at a bucket, for an instance (shapes may use its constants)."""
-    env = {**key, **spec.type_env(types)}
+    """Each array's shape at a bucket, for an instance (shapes may use its constants and the
+    free dims, at their declared sizes)."""
+    env = {**spec.dims, **key, **spec.type_env(types)}
     return {a.name: tuple(int(e(env)) for e in a.shape or ()) for a in spec.args if a.is_array}
 
 
@@ -210,20 +216,32 @@ class ArgRecipe:
     intent: str
     position: int  # among every declared argument: a random array is drawn from (seed, position)
     key_dim: str | None = None
+    strides: tuple[int, ...] | None = None  # a strided argument's array: its view's element strides (input_layout.py)
 
     @property
     def is_array(self) -> bool:
         return self.shape is not None
 
+    def nbytes(self) -> int:
+        """What the array's buffer holds, in bytes (its padding included); 0 for a scalar."""
+        if self.shape is None:
+            return 0
+        elements = math.prod(self.shape) if self.strides is None else span(self.shape, self.strides)
+        return elements * DTYPE_SIZES[self.dtype]
+
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": None if self.shape is None else list(self.shape),
-                "intent": self.intent, "position": self.position, "key_dim": self.key_dim}  # fmt: skip
+        out = {"name": self.name, "dtype": self.dtype, "shape": None if self.shape is None else list(self.shape),
+               "intent": self.intent, "position": self.position, "key_dim": self.key_dim}  # fmt: skip
+        if self.strides is not None:
+            out["strides"] = list(self.strides)
+        return out
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> ArgRecipe:
-        shape = raw["shape"]
+        shape, strides = raw["shape"], raw.get("strides")
         dims = None if shape is None else tuple(int(d) for d in shape)
-        return cls(str(raw["name"]), str(raw["dtype"]), dims, str(raw["intent"]), int(raw["position"]), raw["key_dim"])
+        laid = None if strides is None else tuple(int(s) for s in strides)
+        return cls(str(raw["name"]), str(raw["dtype"]), dims, str(raw["intent"]), int(raw["position"]), raw["key_dim"], laid)
 
 
 @dataclass(frozen=True)
@@ -248,6 +266,7 @@ class InputRecipe:
     def of(cls, spec: KernelSpec, types: Mapping[str, Any], key: Mapping[str, int], root: Path | str, seed: int) -> InputRecipe:
         arr_shapes = shapes(spec, key, types)
         key_sources = {k.source: k.name for k in spec.key if k.axis is None}
+        layout = {a.unit_stride_constant for a in spec.args}  # set from the arrays, not the reference's business
         args = tuple(
             ArgRecipe(
                 a.name,
@@ -256,13 +275,16 @@ class InputRecipe:
                 a.intent or "in",
                 position,
                 None if a.is_array else key_sources.get(a.name),
+                tuning_strides(arr_shapes[a.name], resolved_dtype(a.dtype, types), tuning_layout(a, types), a.align)
+                if a.is_array
+                else None,
             )
             for position, a in enumerate(spec.args)
-            if a.value is None
+            if not a.computed
         )
         return cls(
             spec.name, dict(types), dict(key), int(seed), args, str(root), spec.inputs, spec.reference,
-            tuple(c for c in types if c in spec.constants), tuple(a.name for a in spec.args if a.value is not None),
+            tuple(c for c in types if c in spec.constants and c not in layout), tuple(a.name for a in spec.args if a.computed),
         )  # fmt: skip
 
     @property
@@ -271,7 +293,7 @@ class InputRecipe:
 
     def nbytes(self) -> int:
         """What the arrays hold, in bytes (the scheduler's cost estimate; nothing is made)."""
-        return sum(math.prod(a.shape) * DTYPE_SIZES[a.dtype] for a in self.args if a.shape is not None)
+        return sum(a.nbytes() for a in self.args)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -314,11 +336,12 @@ class InputRecipe:
         out: dict[str, Any] = {}
         for a in self.args:
             if a.shape is not None:
-                out[a.name] = (
+                values = (
                     np.zeros(a.shape, numpy_dtype(a.dtype))
                     if a.intent == "out"
                     else _random_array(a.shape, a.dtype, (self.seed, a.position))
                 )
+                out[a.name] = laid_out(values, a.strides)
             elif a.key_dim is not None:
                 out[a.name] = self.key[a.key_dim]
             else:
@@ -349,7 +372,7 @@ class InputRecipe:
                         f"a {value.dtype} array of shape {value.shape}" if isinstance(value, np.ndarray) else f"a {type(value).__name__}"
                     )
                     raise InputError(f"{where}: argument {a.name!r} must be a {a.dtype} array of shape {a.shape}, got {found}")
-                out[a.name] = np.ascontiguousarray(value)  # uploaded as raw bytes in C order
+                out[a.name] = laid_out(np.ascontiguousarray(value), a.strides)  # uploaded as raw bytes: C order, or its buffer
                 continue
             wanted = _scalar_problem(a.dtype, value)
             if wanted is not None:

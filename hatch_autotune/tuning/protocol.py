@@ -57,17 +57,29 @@ class Limits:
     max_threads_per_block: int
     max_registers_per_block: int
     max_shared_memory_per_block: int
+    # what a block may use once its function opts in (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+    # 0 (not given): max_shared_memory_per_block, as a device that allows no more
+    max_shared_memory_per_block_optin: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.max_shared_memory_per_block_optin:
+            object.__setattr__(self, "max_shared_memory_per_block_optin", self.max_shared_memory_per_block)
 
     def to_json(self) -> dict[str, int]:
-        return {
+        out = {
             "max_threads_per_block": self.max_threads_per_block,
             "max_registers_per_block": self.max_registers_per_block,
             "max_shared_memory_per_block": self.max_shared_memory_per_block,
         }
+        if self.max_shared_memory_per_block_optin != self.max_shared_memory_per_block:  # written only when it says more
+            out["max_shared_memory_per_block_optin"] = self.max_shared_memory_per_block_optin
+        return out
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Limits:
-        return cls(int(raw["max_threads_per_block"]), int(raw["max_registers_per_block"]), int(raw["max_shared_memory_per_block"]))
+        shared = int(raw["max_shared_memory_per_block"])
+        optin = int(raw.get("max_shared_memory_per_block_optin", shared))  # absent in a reply of an older worker
+        return cls(int(raw["max_threads_per_block"]), int(raw["max_registers_per_block"]), shared, optin)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..runtime import CudaCallError, check_cuda
+from .input_layout import buffer_bytes, element_strides
 
 
 class DeviceArray:
@@ -18,53 +19,66 @@ class DeviceArray:
     Every variant starts from the bucket's inputs and poisoned outputs. An input keeps a pristine
     copy on the device, so that resetting it is a device-to-device copy instead of an upload from
     pageable host memory (GB/s, and per config: on an H200 it was most of a tuning run, 2026-11-26);
-    where the device has no room for the copy, it is uploaded again."""
+    where the device has no room for the copy, it is uploaded again.
+
+    A strided view (the array of an argument declared with strides, input_layout.py) is uploaded
+    with its whole buffer, padding included, and exposes the view's strides: `contiguous` is
+    False, and `download()` gives its elements as a C-contiguous array. Such an output is
+    compared on the host: a device comparison reads a dense array."""
 
     def __init__(self, driver: Any, host: Any, keep_pristine: bool) -> None:
         from .verify import poison_byte
 
         self._driver, self._host = driver, host
-        self.nbytes = max(int(host.nbytes), 1)
+        self._bytes = buffer_bytes(host)  # what is uploaded, reset and poisoned: the view's buffer
+        self.nbytes = max(self._bytes, 1)
         self.ptr = check_cuda(driver.cuMemAlloc(self.nbytes), "cuMemAlloc")
         self._poison = poison_byte(host.dtype)
         self._pristine = None
-        if keep_pristine and host.nbytes:
+        if keep_pristine and self._bytes:
             try:
                 self._pristine = check_cuda(driver.cuMemAlloc(self.nbytes), "cuMemAlloc (pristine copy)")
             except CudaCallError:  # out of memory: reset() uploads from the host instead
                 self._pristine = None
             else:
-                check_cuda(driver.cuMemcpyHtoD(self._pristine, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
+                check_cuda(driver.cuMemcpyHtoD(self._pristine, host.ctypes.data, self._bytes), "cuMemcpyHtoD")
         self.shape, self.dtype = host.shape, host.dtype
+        self.strides = element_strides(host)  # None: C-contiguous
+        self.contiguous = self.strides is None
         self.__cuda_array_interface__ = {
             "shape": tuple(host.shape),
             "typestr": host.dtype.str,
             "data": (int(self.ptr), False),
-            "strides": None,
+            "strides": None if self.strides is None else tuple(host.strides),
             "version": 3,
         }
 
     def reset(self, poisoned: bool, stream: Any) -> None:
         """Poison the buffer or restore the bucket's input, ordered on `stream`; the caller
         synchronises the context before the kernel runs (a host upload is not stream-ordered)."""
-        if not self._host.nbytes:
+        size = self._bytes
+        if not size:
             return
         if poisoned:
-            check_cuda(self._driver.cuMemsetD8Async(self.ptr, self._poison, self._host.nbytes, stream), "cuMemsetD8Async (poison)")
+            check_cuda(self._driver.cuMemsetD8Async(self.ptr, self._poison, size, stream), "cuMemsetD8Async (poison)")
         elif self._pristine is not None:
-            check_cuda(
-                self._driver.cuMemcpyDtoDAsync(self.ptr, self._pristine, self._host.nbytes, stream), "cuMemcpyDtoDAsync (restore input)"
-            )
+            check_cuda(self._driver.cuMemcpyDtoDAsync(self.ptr, self._pristine, size, stream), "cuMemcpyDtoDAsync (restore input)")
         else:
-            check_cuda(self._driver.cuMemcpyHtoD(self.ptr, self._host.ctypes.data, self._host.nbytes), "cuMemcpyHtoD")
+            check_cuda(self._driver.cuMemcpyHtoD(self.ptr, self._host.ctypes.data, size), "cuMemcpyHtoD")
 
     def download(self) -> Any:
+        """The array's elements, C-contiguous (a strided view's read out of its buffer)."""
         import numpy as np
 
-        out = np.empty(self.shape, self.dtype)
-        if out.nbytes:
-            check_cuda(self._driver.cuMemcpyDtoH(out.ctypes.data, self.ptr, out.nbytes), "cuMemcpyDtoH")
-        return out
+        if self.strides is None:
+            out = np.empty(self.shape, self.dtype)
+            if out.nbytes:
+                check_cuda(self._driver.cuMemcpyDtoH(out.ctypes.data, self.ptr, out.nbytes), "cuMemcpyDtoH")
+            return out
+        buffer = np.empty(self._bytes, np.uint8)
+        check_cuda(self._driver.cuMemcpyDtoH(buffer.ctypes.data, self.ptr, self._bytes), "cuMemcpyDtoH")
+        view = np.lib.stride_tricks.as_strided(buffer.view(self.dtype), self.shape, tuple(self._host.strides))
+        return np.ascontiguousarray(view)
 
     def free(self) -> None:
         check_cuda(self._driver.cuMemFree(self.ptr), "cuMemFree")
@@ -90,7 +104,10 @@ class Expected:
             return None
 
     def keep_device(self, name: str, source: DeviceArray, stream: Any) -> bool:
-        """Copy an output on the device (a variant's run); False when there is no room."""
+        """Copy an output on the device (a variant's run); False when there is no room, or
+        when the output is a strided view (compared on the host, see DeviceArray)."""
+        if not source.contiguous:
+            return False
         ptr = self._room(source.nbytes)
         if ptr is None:
             return False

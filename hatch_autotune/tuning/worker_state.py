@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..lock import Status
-from ..runtime import Binaries, CudaApi, CudaCallError, Kernel, KernelTable, Variant, check_cuda, cuda_api
+from ..runtime import Binaries, CudaApi, CudaCallError, Kernel, KernelTable, Variant, check_cuda, cuda_api, cuda_seam
+from ..runtime.launching import variant_launch
 from .inputs import InputRecipe
 from .protocol import (
     DeviceInfo,
@@ -90,7 +91,7 @@ class _Bucket:
     settings: Any  # TuningSpec: the timer's settings
     comparer: DeviceComparer | None  # None: verification on the host
     pairs: frozenset[tuple[str, str]]  # the (got, expected) dtypes it compares
-    handles: dict[str, Any] = field(default_factory=dict)  # variant id -> its loaded kernel
+    launches: dict[str, Any] = field(default_factory=dict)  # variant id -> its launch (runtime.launching.variant_launch)
 
 
 _Inputs = tuple[dict[str, Any], dict[str, Any] | None, float]  # the inputs, the user's reference outputs, seconds
@@ -111,6 +112,7 @@ class WorkerState:
 
     def __init__(self) -> None:
         self.cuda: CudaApi | None = None  # set by hello
+        self.device = 0  # the device's ordinal, set by hello
         self.arch = ""
         self.timer: Any = None
         self.bucket: _Bucket | None = None
@@ -128,7 +130,10 @@ class WorkerState:
         self.arch = f"sm_{major}{minor}"
         self.timer = GpuTimer(device.device_id, msg.flush_l2)
         version = check_cuda(cuda.driver.cuDriverGetVersion(), "cuDriverGetVersion")
-        limits = Limits(int(props.max_threads_per_block), int(props.max_registers_per_block), int(props.max_shared_memory_per_block))
+        self.device = int(device.device_id)
+        optin = cuda_seam.current.shared_limit(self.device)  # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        shared = int(props.max_shared_memory_per_block)
+        limits = Limits(int(props.max_threads_per_block), int(props.max_registers_per_block), shared, max(optin, shared))
         cuda_version = f"{version // 1000}.{(version % 1000) // 10}"
         return HelloReply(DeviceInfo(device.name, (major, minor), cuda_version, limits, driver_release()))
 
@@ -169,7 +174,7 @@ class WorkerState:
         if user_reference is not None:
             expected = Expected(cuda.driver)
             for name, ref in user_reference.items():
-                if (str(arrays[name].dtype), str(ref.dtype)) not in pairs or not expected.upload(name, ref):
+                if (str(arrays[name].dtype), str(ref.dtype)) not in pairs or not arrays[name].contiguous or not expected.upload(name, ref):
                     expected.host[name] = ref
         check_cuda(cuda.driver.cuCtxSynchronize(), "cuCtxSynchronize after uploading inputs")
         t2 = time.perf_counter()
@@ -214,22 +219,22 @@ class WorkerState:
             self.bucket = None
 
     def _launcher(self, vid: str) -> Any:
-        """A function launching variant `vid` on a stream with the bucket's device arrays."""
-        cuda = self._started()
+        """A function launching variant `vid` on a stream (the timer's cuda.core Stream) with the
+        bucket's device arrays, made by the runtime's own code (runtime.launching.variant_launch:
+        the function loaded as the wheel loads it, its shared memory opt-in, a cluster launch,
+        tensor maps, a parameter buffer), so that a variant is tuned as the wheel launches it.
+        Made once per variant and bucket: the arrays stay, only the stream is given per launch."""
+        self._started()
         b = self.bucket
         assert b is not None
-        kernel = b.kernel
-        handle = b.handles.get(vid)
-        if handle is None:
-            cubin = b.cubins.cubin(vid)
-            handle = b.handles[vid] = cuda.ObjectCode.from_cubin(cubin).get_kernel(kernel.entry)
-        config = kernel.variants[vid].config
-        grid, block, shared = kernel.geometry(config, b.types, b.key)
-        constants = {c: b.types[c] for c in kernel.constants}  # the instance's, by keyword as a caller passes them
-        call = kernel.prepare(**{**b.arrays, **b.scalars, **constants})
-        launch_config = cuda.LaunchConfig(grid=grid, block=block, shmem_size=shared)
-        launch = cuda.launch
-        return lambda stream: launch(stream, launch_config, handle, *call.c_args)
+        launch = b.launches.get(vid)
+        if launch is None:
+            kernel = b.kernel
+            # the instance's, by keyword as a caller passes them (the layout's own are set from the arrays)
+            constants = {c: b.types[c] for c in kernel.declaration.call_constants}
+            call = kernel.prepare(**{**b.arrays, **b.scalars, **constants})
+            launch = b.launches[vid] = variant_launch(kernel, vid, call, self.device)
+        return launch
 
     def _run_once(self, vid: str) -> None:
         """Fresh inputs, poisoned outputs, one launch; the outputs stay on the device."""

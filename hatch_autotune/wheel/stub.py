@@ -9,7 +9,8 @@ kernel's parameters, and the module attribute `<name>: _<name>_kernel`:
     def select(self, arch: _Arch = None, *, n: int, T: _Literal["float32", "float16"]) -> _Selection
 
 Arrays are typed structurally (anything with `__cuda_array_interface__` or `__dlpack__`, as the
-runtime accepts); their dtypes and shapes, which no type checker can see, are in the docstrings.
+runtime accepts; `| None` for an optional one); their dtypes and shapes, which no type checker
+can see, are in the docstrings.
 Every name the stub defines itself starts with `_`, which no kernel name does (config.py), and
 the builtins it uses are reached through `_builtins` when a kernel is named like one of them.
 """
@@ -175,6 +176,12 @@ def _scalar_type(arg: ArgDecl, decl: KernelDecl, b: _Builtins) -> str:
     return "_SupportsIndex" if all(d in INT_RANGES for d in dtypes) else "_SupportsFloat"
 
 
+def _array_type(arg: ArgDecl) -> str:
+    """An array argument: any GPU array; None too where it is optional (the kernel then gets a
+    null pointer). No default: a positional argument stays positional."""
+    return "_GpuArray | None" if arg.optional else "_GpuArray"
+
+
 def _docstring(text: str, indent: str) -> str:
     """A docstring literal for any text: backslashes and control characters escaped, and each
     quote that would close the literal (a third in a row, or one at the end)."""
@@ -201,9 +208,9 @@ def _docstring(text: str, indent: str) -> str:
 def _kernel_class(decl: KernelDecl, b: _Builtins) -> str:
     user = decl.user_args
     key_names = [k.name for k in decl.key]
-    constants = [_choice(c, v, b) for c, v in decl.constants.items()]
+    constants = [_choice(c, v, b) for c, v in decl.call_constants.items()]  # a call sets the layout constants itself
     types = [_choice(t, v, b) for t, v in decl.type_params.items()]
-    params = [f"{a.name}: {'_GpuArray' if a.is_array else _scalar_type(a, decl, b)}" for a in user]
+    params = [f"{a.name}: {_array_type(a) if a.is_array else _scalar_type(a, decl, b)}" for a in user]
     self_ = "self"  # config.py refuses `self`, `stream` and `arch` where a call or select() takes them
 
     def signature(positional: list[str], keywords: list[str]) -> str:
@@ -212,7 +219,8 @@ def _kernel_class(decl: KernelDecl, b: _Builtins) -> str:
     call_sig = signature(params, [*constants, "stream: _Stream = None"])
     prepare_sig = signature(params, constants)
     key_params = [f"{k}: {b('int')}" for k in key_names]
-    select_sig = signature(["arch: _Arch = None"], [*key_params, *types, *constants])
+    chosen = [_choice(c, v, b) for c, v in decl.constants.items()]  # select() names the layout constants too
+    select_sig = signature(["arch: _Arch = None"], [*key_params, *types, *chosen])
     i1, i2 = "    ", "        "
     summary = decl.summary()
     int_, str_ = b("int"), b("str")
