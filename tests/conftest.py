@@ -56,6 +56,7 @@ STENCIL_KIT = ROOT / "tests" / "consumers" / "stencil_kit"  # constants, shapes 
 LONG_FILES = (
     "test_cluster.py",  # 130-150 s, mostly waiting on Ray and the fake workers: beside the compiles
     "test_headers.py",  # 100 s cold: llm_kit for six archs, with the toolkit's headers
+    "test_llm_kit_launch.py",  # 100-140 s cold: llm_kit built again, its new kernels called over the stand-in
     "test_sgemm_template.py",  # 115 s: every config of the space, on all cores
     "test_softmax_template.py",  # 70 s: likewise
     "test_damage.py",  # 87 s

@@ -144,6 +144,16 @@ def untimed(log: str) -> str:
         ("fp8_quant", "sm_80", set(), {"F2FP"}),  # before sm_89, emulated
         ("argmax", "sm_90", {"SHFL.BFLY"}, set()),  # cooperative groups' reduce over the warp
         ("rmsnorm", "sm_90", {"SHFL.DOWN", "BAR.SYNC", "HMUL2.BF16_V2"}, set()),  # CUB's BlockReduce, cuda_bf16.h's __hmul
+        # issue #52's kernels (each config's own SASS: tests/test_llm_kit_launch.py)
+        (
+            "rope_inplace",
+            "sm_90",
+            {"LDG.E.U16", "STG.E.U16"},
+            {"LDG.E.64", "LDG.E.128", "STG.E.64", "STG.E.128"},
+        ),  # a strided row: 2-byte accesses only
+        ("bias_gelu", "sm_90", {"ISETP.NE.AND.EX"}, set()),  # the optional bias: one 64-bit test of the pointer against null
+        ("tma_copy", "sm_90a", {"UTMALDG.2D", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK.TRANS64.TRYWAIT"}, set()),  # TMA and its mbarrier
+        ("tma_copy", "sm_89", set(), {"UTMALDG", "SYNCS.ARRIVE.TRANS64"}),  # before sm_90: the guarded plain loads
     ],
 )
 def test_the_sass_shows_what_the_headers_are_for(llm_kit, kernel, arch, expected, absent):
