@@ -265,3 +265,36 @@ def test_show_of_a_lock_reads_the_recorded_exclusions(tmp_path, capsys):
     assert main(["show", str(root / "autotune.lock.json")]) == 0
     out = capsys.readouterr().out
     assert f"scale on sm_90 at n=4032: {ODD}: 4 configs" in out, out
+
+
+def test_a_call_whose_own_sizes_break_its_buckets_config_runs_one_that_holds_or_is_refused(tmp_path):
+    """A key constraint holds at the bucket's value; a call mapped to that bucket may have other
+    sizes. The runtime checks it at the call's own: another shipped variant where one holds, else
+    an error naming the constraint, never the bucket's config silently."""
+    import importlib
+    import sys
+
+    from hatch_autotune.wheel.payload import write_package
+
+    root = project_with(tmp_path)
+    result = build(root, tmp_path / "cache")
+    site = tmp_path / "site"
+    (site / "tinypkg").mkdir(parents=True)
+    (site / "tinypkg" / "__init__.py").write_text("")
+    write_package(site / "tinypkg" / "kernels", load_project(root), result)
+    sys.path.insert(0, str(site))
+    try:
+        scale = importlib.import_module("tinypkg.kernels").scale
+        at_bucket = scale.select("sm_90", n=1024)
+        assert at_bucket.config["BLOCK"] == 128 and at_bucket.bucket == {"n": 1024}
+        moved = scale.select("sm_90", n=1088)  # bucket 1024; 1088 % 128 != 0, 1088 % 64 == 0
+        assert moved.bucket == {"n": 1024} and moved.config["BLOCK"] == 64 and moved.tuned is False, moved
+        with pytest.raises(ValueError, match=r"no variant the wheel ships for sm_90 satisfies the constraint 'n % BLOCK == 0' at n=1000"):
+            scale.select("sm_90", n=1000)
+        assert scale.declaration.key_constraints == (
+            ["cmp", ["%", ["n", "n"], ["n", "BLOCK"]], ["==", 0]],
+        )  # arch-only ones: decided at build
+    finally:
+        sys.path.remove(str(site))
+        for name in [m for m in sys.modules if m.startswith("tinypkg")]:
+            del sys.modules[name]

@@ -48,4 +48,5 @@ def kernel_decl(spec: KernelSpec) -> KernelDecl:
             cluster=None if spec.cluster is None else tuple(e.tree for e in spec.cluster),
         ),
         dims=dict(spec.dims),
+        key_constraints=tuple(c.tree for _, c in spec.point_constraints if any(k.name in c.names for k in spec.key)),
     )

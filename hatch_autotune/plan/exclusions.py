@@ -19,7 +19,8 @@ from ..declare.config import KernelSpec
 from ..declare.kernel import ARCH_NAME
 from ..errors import BuildError
 from ..runtime import ExpressionError, short_repr
-from .limits import CLUSTER_MIN_ARCH, arch_number, shared_optin_limit
+from ..runtime.selection import arch_number
+from .limits import CLUSTER_MIN_ARCH, shared_optin_limit
 
 
 @dataclass(frozen=True)

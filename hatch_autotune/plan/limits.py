@@ -6,7 +6,7 @@ the tuner and the runtime check the device's own figure again."""
 
 from __future__ import annotations
 
-from ..runtime import parse_arch
+from ..runtime.selection import arch_number
 
 # The per-block opt-in limit of dynamic shared memory in bytes, by compute capability
 # (major * 10 + minor), from the CUDA C++ Programming Guide's table of technical specifications.
@@ -27,12 +27,6 @@ SHARED_OPTIN: dict[int, int] = {
 # Without the opt-in, a block gets at most 48 KiB of shared memory (static and dynamic).
 SHARED_DEFAULT = 48 * 1024
 CLUSTER_MIN_ARCH = 90  # thread-block clusters: compute capability 9.0 and newer
-
-
-def arch_number(arch: str) -> int:
-    """'sm_90a' -> 90, 'sm_100f' -> 100: the value a constraint reads as `arch`."""
-    _, major, minor, _ = parse_arch(arch)
-    return major * 10 + minor
 
 
 def shared_optin_limit(arch: str | int) -> int:

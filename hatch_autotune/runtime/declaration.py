@@ -14,7 +14,7 @@ JSON form (inside table.json's schema 1, per kernel):
              "tensor_map"?: {"array", "box": [tree], "swizzle", "l2_promotion", "oob_fill"}}],
    "key": [{"name", "from", "axis": int|null, "buckets": [int], "mapping"}],
    "type_params": {name: [dtype]}, "constants": [{"name", "values": [int|bool]}],
-   "dims"?: {name: int},
+   "dims"?: {name: int}, "key_constraints"?: [tree],
    "launch": {"grid": [tree], "block": [tree], "shared": tree, "cluster"?: [tree]}}
 Keys marked ? are written only when they say something (a kernel without them reads as before).
 """
@@ -264,7 +264,7 @@ class KernelDecl(Record):
     """What a kernel is to its callers: its entry, arguments, key, type parameters, constants
     and launch geometry. The variants and what each bucket selects are the table's, not this."""
 
-    __slots__ = ("name", "entry", "doc", "args", "key", "type_params", "constants", "launch", "dims")
+    __slots__ = ("name", "entry", "doc", "args", "key", "type_params", "constants", "launch", "dims", "key_constraints")
     name: str
     entry: str  # the `extern "C"` function's name in every variant's binary
     doc: str
@@ -274,6 +274,7 @@ class KernelDecl(Record):
     constants: Mapping[str, tuple[Any, ...]]  # name -> the values a caller may pass, declared order
     launch: LaunchDecl
     dims: Mapping[str, int]  # free dims (array axes not in the key) -> the size tuning uses
+    key_constraints: tuple[Any, ...]  # the constraints that read key dims, as trees: checked at a call's sizes
 
     def __init__(
         self,
@@ -286,6 +287,7 @@ class KernelDecl(Record):
         constants: Mapping[str, tuple[Any, ...]],
         launch: LaunchDecl,
         dims: Mapping[str, int] | None = None,
+        key_constraints: tuple[Any, ...] = (),
     ):
         super().__init__(
             name=name,
@@ -297,6 +299,7 @@ class KernelDecl(Record):
             constants=constants,
             launch=launch,
             dims=dict(dims or {}),
+            key_constraints=tuple(key_constraints),
         )
 
     @property
@@ -329,6 +332,7 @@ class KernelDecl(Record):
             "constants": [{"name": c, "values": list(values)} for c, values in self.constants.items()],  # a list: declared order
             "launch": self.launch.to_json(),
             **({"dims": dict(self.dims)} if self.dims else {}),
+            **({"key_constraints": list(self.key_constraints)} if self.key_constraints else {}),
         }
 
     @classmethod
@@ -345,6 +349,7 @@ class KernelDecl(Record):
             constants={str(c["name"]): tuple(c["values"]) for c in data.get("constants", [])},
             launch=LaunchDecl.from_json(data["launch"]),
             dims={str(d): int(v) for d, v in data.get("dims", {}).items()},
+            key_constraints=tuple(data.get("key_constraints", ())),
         )
 
     # ---- the kernel in prose: help() and the stubs show these ---------------------------------

@@ -8,10 +8,11 @@ from __future__ import annotations
 import re
 
 from .cuda_seam import current_device_cc
-from .errors import short_repr
+from .errors import ExpressionError, short_repr
+from .expr import compile_expr, tree_text
 from .record import Record
 from .scalars import as_constant
-from .values import MAX_SIZE, types_key
+from .values import MAX_SIZE, instance_env, types_key
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
@@ -236,6 +237,9 @@ class KernelSelector:
         self.name = decl.name
         self.binaries = binaries
         self.key_names = tuple(k.name for k in decl.key)
+        # The constraints that read key dims, checked at a call's own sizes: a bucket's config was
+        # chosen where they hold at the bucket's value, and a call mapped to it may have others.
+        self._key_checks = tuple((tree_text(t), compile_expr(t)) for t in decl.key_constraints)
 
     def variant(self, vid: str) -> Variant:
         return self.table.variants[vid]
@@ -327,21 +331,58 @@ class KernelSelector:
         if bucket is None:
             bucket = self.bucket(key)
         table_arch, binary = self.binaries.binary_for(cc)
-        entry = self.table.entry(types_key(types), table_arch, bucket)
-        variant = self.table.variants[entry.variant]
+        tkey = types_key(types)
+        entry = self.table.entry(tkey, table_arch, bucket)
+        vid, tuned = entry.variant, entry.tuned
+        if self._key_checks and self._broken(vid, types, key, table_arch):
+            vid, tuned = self._substitute(tkey, types, key, table_arch, bucket), False
+        variant = self.table.variants[vid]
         return Selection(
             kernel=self.name,
-            variant=entry.variant,
+            variant=vid,
             config=dict(variant.config),
             types={tp: types[tp] for tp in self.decl.type_params},
             constants={c: types[c] for c in self.decl.constants},
             bucket=dict(zip(self.key_names, bucket)),
-            tuned=entry.tuned,
+            tuned=tuned,
             arch=table_arch,
             binary=binary,
             reason=binary_reason(binary, cc),
         )
 
+    def _broken(self, vid: str, types: Mapping[str, Any], key: Mapping[str, int], arch: str) -> str | None:
+        """The first key constraint that variant `vid` breaks at a call's own sizes, or None."""
+        env = {**key, **self.table.variants[vid].config, **instance_env(types), "arch": arch_number(arch)}
+        for text, check in self._key_checks:
+            try:
+                if not check(env):
+                    return text
+            except ExpressionError:
+                return text
+        return None
+
+    def _substitute(self, tkey: str, types: Mapping[str, Any], key: Mapping[str, int], arch: str, bucket: tuple[int, ...]) -> str:
+        """The variant a call runs where its bucket's breaks a key constraint at the call's sizes:
+        the first that holds among those the instance ships for the arch (the buckets' choices, in
+        bucket order); a ValueError naming the constraint where none does."""
+        entry = self.table.entry(tkey, arch, bucket)
+        broken = self._broken(entry.variant, types, key, arch)
+        for vid in self.table.row_variants(tkey, arch):
+            if self._broken(vid, types, key, arch) is None:
+                return vid
+        sizes = ", ".join(f"{n}={v}" for n, v in key.items())
+        raise ValueError(
+            f"{self.name}(): no variant the wheel ships for {arch} satisfies the constraint {broken!r} at {sizes} (the bucket's "
+            f"config was chosen where it holds at {dict(zip(self.key_names, bucket))}); pass sizes that are buckets, or ask the "
+            "kernel's author for a bucket at these sizes or an `exact` mapping"
+        )
+
     def binary(self, selection: Selection) -> bytes:
         """The cubin (or PTX) bytes of a selection (a Library checks them against their sha256)."""
         return self.binaries.read(self.table, selection.variant, selection.binary)
+
+
+def arch_number(arch: str) -> int:
+    """`arch` as constraints read it: major * 10 + minor ('sm_90a' -> 90, 'sm_100f' -> 100)."""
+    _, major, minor, _ = parse_arch(arch)
+    return major * 10 + minor

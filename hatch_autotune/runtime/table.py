@@ -229,6 +229,11 @@ class KernelTable:
             found = rows[bucket] = TableEntry.from_json(found)
         return found
 
+    def row_variants(self, tkey: str, arch: str) -> list[str]:
+        """The variants an instance's buckets choose on an arch, in bucket order, each once."""
+        rows = self._rows[(tkey, arch)]
+        return list(dict.fromkeys(self.entry(tkey, arch, b).variant for b in sorted(rows)))
+
     def entries(self) -> Iterator[tuple[str, str, TableEntry]]:
         """(types key, arch, entry) of every bucket, sorted by types key, arch and bucket."""
         for tkey, arch in sorted(self._rows):
