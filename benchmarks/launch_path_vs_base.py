@@ -1,80 +1,87 @@
-"""The fast path's per-call cost, this tree against a base commit, side by side: did a change to
-the call path make a contiguous call slower?
+"""The fast path's per-call cost, this tree's runtime against a base commit's, side by side in one
+process: did a change to the call path make a contiguous call slower?
 
-Runs benchmarks/launch_path_cpu.py (the generated saxpy's fast path on the driver stand-in,
-against a raw pre-packed launch in the same process) alternately in a git worktree of the base
-commit and in this tree, `--rounds` times (the order rotated each round, so neither side is always
-first), and compares "our layer" (generated - raw, µs per call) per contender: medians over the
-rounds, and head / base. Each side's own raw launch is its reference, so a machine that is busier
-during one run moves both of its numbers.
+The base commit's runtime (from a git worktree) is loaded beside this tree's under another module
+name; both serve the same generated example_pkg table (saxpy), each over its own driver stand-in
+with the launch made a no-op, exactly as benchmarks/launch_path_cpu.py sets them up (its
+`setup`): a raw pre-packed cuLaunchKernel and the generated call with the stand-in's CAI arrays
+and imitations of CuPy arrays and PyTorch tensors. All contenders of both sides are interleaved
+within each repetition (the order rotated); "our layer" = generated - raw, per side; medians over
+the repetitions, and head / base.
 
-    python benchmarks/launch_path_vs_base.py [--base REV] [--rounds 3] [--out DIR]   # writes launch_path_vs_base.json
+    python benchmarks/launch_path_vs_base.py [--base REV] [--quick] [--out DIR]   # writes launch_path_vs_base.json
 """
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from _common import ROOT, commit, machine, options, write_result
+from _common import ROOT, commit, example_project, import_generated, machine, options, write_result
 
 BASE = "362fbf3"  # main before issue #52 (strided arrays, free dims, optional arrays, launch features)
+CALLS, REPEATS = 20_000, 9
 
 
-def run_once(tree: Path, out: Path) -> dict[str, float]:
-    """One quick launch_path_cpu run in `tree`: its "our layer" µs per contender."""
-    out.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, str(tree / "benchmarks" / "launch_path_cpu.py"), "--quick", "--out", str(out)],
-        check=True,
-        cwd=tree,
-        env={**_env(), "PYTHONPATH": str(tree)},
-        stdout=subprocess.DEVNULL,
-    )
-    return json.loads((out / "launch_path_cpu.json").read_text())["our_layer_us"]
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+def load_runtime(name: str, folder: Path):
+    """A runtime package's folder imported under another module name, beside this tree's."""
+    spec = importlib.util.spec_from_file_location(name, folder / "__init__.py", submodule_search_locations=[str(folder)])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:
     ap = options(__doc__)
     ap.add_argument("--base", default=BASE, help=f"the commit to compare against (default {BASE})")
-    ap.add_argument("--rounds", type=int, default=3)
     opts = ap.parse_args()
-    host = machine()
+    calls, repeats = (CALLS // 10, 5) if opts.quick else (CALLS, REPEATS)
+    sys.path.insert(0, str(ROOT / "tests"))
+    import launch_path_cpu as bench
+    import pytest
+
+    host = machine()  # before the stand-in is installed
     scratch = Path(tempfile.mkdtemp(prefix="launch-vs-base-"))
     base_tree = scratch / "base"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base_tree), opts.base], check=True, capture_output=True)
     try:
-        sides = {"base": base_tree, "head": ROOT}
-        samples: dict[str, dict[str, list[float]]] = {"base": {}, "head": {}}
-        for r in range(opts.rounds):
-            order = ["base", "head"] if r % 2 == 0 else ["head", "base"]
-            for side in order:
-                got = run_once(sides[side], scratch / f"{side}-{r}")
-                for name, us in got.items():
-                    samples[side].setdefault(name, []).append(us)
-                print(f"  round {r + 1}/{opts.rounds} {side}: " + ", ".join(f"{n} {v:.3f}" for n, v in got.items()), flush=True)
+        base_rt = load_runtime("hatch_autotune_base_runtime", base_tree / "hatch_autotune" / "runtime")
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_tree)], check=False, capture_output=True)
-    medians = {side: {n: statistics.median(v) for n, v in per.items()} for side, per in samples.items()}
-    shared = [n for n in medians["head"] if n in medians["base"]]
+    kernels = import_generated(example_project(), Path(tempfile.mkdtemp()))
+    patch = pytest.MonkeyPatch()
+    contenders = {}
+    for side, rt in (("head", kernels._runtime), ("base", base_rt)):
+        for name, fn in bench.setup(rt, kernels, 1, patch).items():
+            contenders[f"{side}:{name}"] = fn
+    samples = bench.interleaved(contenders, calls, repeats, "head and base")
+    patch.undo()
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    ours = {
+        side: {
+            name.split(":", 1)[1].removeprefix("generated_"): us - medians[f"{side}:raw_prepacked"]
+            for name, us in medians.items()
+            if name.startswith(f"{side}:generated_")
+        }
+        for side in ("head", "base")
+    }
     payload = {
         "what": __doc__.strip().splitlines()[0],
         "base": opts.base,
         "head": commit(),
-        "rounds": opts.rounds,
-        "our_layer_us_median": medians,
-        "head_over_base": {n: medians["head"][n] / medians["base"][n] for n in shared},
-        "head_minus_base_us": {n: medians["head"][n] - medians["base"][n] for n in shared},
+        "calls_per_loop": calls,
+        "repeats": repeats,
+        "quick": opts.quick,
+        "results_us_per_call_median": medians,
+        "our_layer_us": ours,
+        "head_over_base": {n: ours["head"][n] / ours["base"][n] for n in ours["head"]},
+        "head_minus_base_us": {n: ours["head"][n] - ours["base"][n] for n in ours["head"]},
         "samples_us": samples,
         "machine": host,
     }
