@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import tune_over_standin
@@ -69,13 +70,18 @@ def scale_rows(x):
 """
 
 
-def test_each_unit_stride_variant_is_tuned_on_its_own_layout_and_verified(tmp_path):
-    root = tmp_path / "p"
+def write_project(root: Path) -> Path:
+    """The project: its pyproject.toml, template and reference module."""
     (root / "rowpkg").mkdir(parents=True)
     (root / "rowpkg" / "__init__.py").write_text("")
     (root / "rowpkg" / "ref.py").write_text(REFERENCE)
     (root / "scale_rows.cu.j2").write_text(TEMPLATE)
     (root / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
+    return root
+
+
+def test_each_unit_stride_variant_is_tuned_on_its_own_layout_and_verified(tmp_path):
+    root = write_project(tmp_path / "p")
     logs: list[str] = []
     tune_over_standin(root, tmp_path / "cache", log=logs.append)
     lock = json.loads((root / "autotune.lock.json").read_text())
@@ -100,12 +106,7 @@ def test_the_unit_variant_on_a_non_unit_layout_is_wrong_and_rejected(tmp_path, m
     import hatch_autotune.tuning.inputs as inputs
 
     monkeypatch.setattr(inputs, "tuning_layout", input_layout.tuning_layout)
-    root = tmp_path / "p"
-    (root / "rowpkg").mkdir(parents=True)
-    (root / "rowpkg" / "__init__.py").write_text("")
-    (root / "rowpkg" / "ref.py").write_text(REFERENCE)
-    (root / "scale_rows.cu.j2").write_text(TEMPLATE)
-    (root / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
+    root = write_project(tmp_path / "p")
     logs: list[str] = []
     with pytest.raises(TuningError) as info:  # every config of the unit variant is wrong: its bucket has no winner
         tune_over_standin(root, tmp_path / "cache", log=logs.append)
