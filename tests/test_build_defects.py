@@ -92,6 +92,7 @@ def test_a_cluster_that_divides_the_grid_passes(good):
 
 # ---- (b) a bad array dtype and the key that names the array ----------------------------------------
 
+
 def test_a_bad_dtype_of_the_key_array_is_its_only_error(good):
     root, table = good
     k = table["kernels"]["scale"]
