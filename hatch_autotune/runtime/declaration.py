@@ -10,7 +10,7 @@ inspection readers read these records, never the JSON by key.
 JSON form (inside table.json's schema 1, per kernel):
   {"entry": str, "doc": str,
    "args": [{"name", "dtype", "kind": "array"|"scalar"|"tensor-map", "shape": [tree], "intent", "align"?,
-             "strides"?: "inner"|"any", "optional"?: true, "value"?: tree,
+             "strides"?: "inner"|"any", "optional"?: true, "unit_stride_variants"?: true, "value"?: tree,
              "tensor_map"?: {"array", "box": [tree], "swizzle", "l2_promotion", "oob_fill"}}],
    "key": [{"name", "from", "axis": int|null, "buckets": [int], "mapping"}],
    "type_params": {name: [dtype]}, "constants": [{"name", "values": [int|bool]}],
@@ -430,11 +430,7 @@ class KernelDecl(Record):
         return "\n".join(lines)
 
 
-_LAYOUT_TEXT = {
-    "contiguous": "C-contiguous",
-    "inner": "any strides with the innermost one 1",
-    "any": "any strides",
-}
+_LAYOUT_TEXT = {"contiguous": "C-contiguous", "inner": "any strides with the innermost one 1", "any": "any strides"}
 
 
 def _scalar_note(dtypes: tuple[str, ...]) -> str:
