@@ -125,6 +125,26 @@ def test_a_batch_leaves_no_precompiled_headers_behind(monkeypatch, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ptx_is_compiled_without_precompiled_headers(monkeypatch, tmp_path):
+    """A compile that loads a PCH declares the headers' template globals in another order than
+    the one that made it (seen in CI: staged_scale's compute_120 PTX from two builds on one
+    cache); the cubins are the same, the PTX text is not. So a PTX job never takes part in a PCH,
+    and a cache key always says what its PTX is."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen: list[int] = []
+    prune = pch_mod.prune_pch
+    monkeypatch.setattr(pch_mod, "prune_pch", lambda folder: (prune(folder), seen.append(len(os.listdir(folder)))))
+    spec = load_project(LLM_KIT, OFFLINE).kernels["rmsnorm"]
+    (variants,) = render_kernel(spec).values()
+    ptx = [v.compile_job("compute_90", spec.entry, spec.nvrtc_options) for v in variants[:3]]
+    results = compile_all(ptx, None, workers=1)
+    assert all(r.ok for r in results) and seen == []
+    cubins = [v.compile_job("sm_90", spec.entry, spec.nvrtc_options) for v in variants[:2]]
+    assert all(r.ok for r in compile_all(cubins, None, workers=1)) and len(seen) == 2  # cubin siblings still share one
+
+
 def untimed(log: str) -> str:
     """A compile log without ptxas's timings, which differ from run to run."""
     return "\n".join(line for line in log.splitlines() if "Compile time" not in line)

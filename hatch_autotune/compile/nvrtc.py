@@ -218,6 +218,14 @@ def parse_ptxas_log(log: str, entry: str) -> Resources:
     return Resources(**values)
 
 
+def _may_use_pch(job: CompileJob) -> bool:
+    """A cubin job with header sets. Not PTX: a compile that loads a PCH declares the globals of
+    the headers' templates in another order than one that makes it (the cubins are the same),
+    so which sibling made the PCH would show in the PTX's bytes, and a cache key would not say
+    what its PTX is."""
+    return bool(job.header_sets) and not job.is_ptx
+
+
 def _pch_group(job: CompileJob) -> tuple[tuple[str, ...], str, tuple[str, ...], str]:
     """What jobs share a PCH by: their header sets, arch and options, and the kernel (whose
     variants begin with the same #includes)."""
@@ -303,12 +311,12 @@ def compile_all(
     # Precompiled headers for the jobs that have a sibling to reuse one (a kernel's variants for
     # one arch), in a folder removed when the batch is done; siblings side by side, so that a
     # worker's chunk of jobs shares its PCH.
-    groups = collections.Counter(_pch_group(job) for _, job in todo if job.header_sets)
+    groups = collections.Counter(_pch_group(job) for _, job in todo if _may_use_pch(job))
     with pch.pch_folder(on_main and read_pch() and any(c > 1 for c in groups.values())) as pch_root:
         if pch_root is not None:
             todo.sort(key=lambda item: (bool(item[1].header_sets), _pch_group(item[1])))
         todo_jobs = [job for _, job in todo]
-        pch_roots = [pch_root if job.header_sets and groups[_pch_group(job)] > 1 else None for job in todo_jobs]
+        pch_roots = [pch_root if _may_use_pch(job) and groups[_pch_group(job)] > 1 else None for job in todo_jobs]
         if n > 1 and len(todo) >= PARALLEL_THRESHOLD and on_main:
             method = start_method()
             with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context(method)) as pool:
