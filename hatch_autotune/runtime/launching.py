@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any, Protocol
 
-    from .args import ArrayView, PreparedCall
+    from .args import PreparedCall
     from .checks import CallChecks
     from .cuda_seam import GpuState
     from .declaration import KernelDecl, TensorMapDecl
@@ -208,7 +208,7 @@ class FastPlan:
                 view = call.arrays.get(decl.array)
                 if view is None:
                     raise ValueError(f"{what} is encoded from array {decl.array!r}, which was passed as None")
-                maps.append((offset, user, encoder(head.gpu, head.device, what, decl, view.dtype, view.shape, _strides(view), box)))
+                maps.append((offset, user, encoder(head.gpu, head.device, what, decl, view.dtype, view.shape, view.strides, box)))
         self.maps: tuple[tuple[int, int, TensorMapEncoder], ...] = tuple(maps)
         self.special = bool(maps) or self.cluster is not None
         # Buffers not in use: cuLaunchKernel reads a buffer while it runs (without the GIL), so a
@@ -251,12 +251,6 @@ class FastPlan:
             gpu.launch(device, self.head, stream, params.address, self.kernel)
         else:
             gpu.launch_ex(device, params.launch_config, stream, self.head[0], params.address, self.kernel)
-
-
-def _strides(view: ArrayView) -> tuple[int, ...] | None:
-    """An array's element strides, None for C-contiguous (derived from the shape by the encoder)."""
-    strides = getattr(view, "strides", None)  # ArrayView.strides arrives with the strided call path
-    return None if strides is None else tuple(strides)
 
 
 def variant_launch(launcher: Launcher, vid: str, call: PreparedCall, device: int) -> Callable[[Any], None]:
