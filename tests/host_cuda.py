@@ -59,9 +59,16 @@ _F16_ASM = (
 )
 
 
+# The toolkit headers whose 16-bit types and conversions the emulator defines itself.
+_TOOLKIT_16_BIT = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<cuda_(?:fp16|bf16)\.h>[ \t]*$", re.MULTILINE)
+
+
 def emulation_source(code: str) -> str:
     """The code with each dynamic shared declaration bound to the emulator's per-launch buffer,
-    and _dtypes.cuh's half conversions done by the emulator. Any other inline PTX fails to build."""
+    _dtypes.cuh's half conversions done by the emulator, and `#include <cuda_fp16.h>` /
+    `<cuda_bf16.h>` dropped (the emulator defines __half, __nv_bfloat16 and their conversions).
+    Any other inline PTX fails to build."""
+    code = _TOOLKIT_16_BIT.sub("// (the emulator's 16-bit types)", code)
 
     def bind(m: re.Match[str]) -> str:
         ctype = _ALIGN.sub("", m.group(1)).strip()
@@ -72,13 +79,26 @@ def emulation_source(code: str) -> str:
     return _DYNAMIC_SHARED.sub(bind, code)
 
 
-def _c_type(dtype: np.dtype, has_half: bool) -> str:
+def _c_type(dtype: np.dtype, half: str) -> str:
+    """The C type of a parameter of `dtype`; `half`: the source's float16 type (see run_kernel)."""
     name = dtype.name
+    if name == "bfloat16":  # ml_dtypes' bfloat16: the toolkit's type, which the emulator defines
+        return "__nv_bfloat16"
     if name not in _CTYPES:
         raise TypeError(f"no C type for dtype {name}")
-    if name == "float16" and not has_half:
-        return "unsigned short"  # raw bits, where the source has no at_half
-    return _CTYPES[name]
+    if name == "float16":
+        return half
+    ctype = _CTYPES[name]
+    assert ctype is not None, f"no C type for dtype {name} without the toolkit's headers"
+    return ctype
+
+
+def _half_type(texts: Sequence[str]) -> str:
+    """The source's float16 type: the toolkit's `__half` where it includes cuda_fp16.h or
+    cuda_bf16.h (a kernel with the `cuda` header set), `at_half` of _dtypes.cuh, else raw bits."""
+    if any(_TOOLKIT_16_BIT.search(text) for text in texts):
+        return "__half"
+    return "at_half" if any("at_half" in text for text in texts) else "unsigned short"
 
 
 def _main(entry: str, params: Sequence[tuple[bool, str]]) -> str:
@@ -89,10 +109,10 @@ def _main(entry: str, params: Sequence[tuple[bool, str]]) -> str:
         "static void at_read(void* p, size_t n) {",
         '    if (n && std::fread(p, 1, n, at_in) != n) { std::fprintf(stderr, "at_emu harness: short args file\\n"); std::_Exit(2); }',
         "}",
-        "template <class T> static T* at_array(size_t& nbytes) {",
-        "    unsigned long long nb; at_read(&nb, 8); nbytes = nb;",
-        "    void* p = ::operator new[](nb, std::align_val_t(256)); at_read(p, nb);",
-        "    return static_cast<T*>(p);",
+        "template <class T> static T* at_array(size_t& nbytes, unsigned char*& buffer) {",
+        "    unsigned long long nb, off; at_read(&nb, 8); at_read(&off, 8); nbytes = nb;",
+        "    buffer = static_cast<unsigned char*>(::operator new[](nb, std::align_val_t(256))); at_read(buffer, nb);",
+        "    return reinterpret_cast<T*>(buffer + off);",
         "}",
         "int main(int argc, char** argv) {",
         "    if (argc != 4) return 2;",
@@ -106,7 +126,7 @@ def _main(entry: str, params: Sequence[tuple[bool, str]]) -> str:
     names = []
     for i, (is_array, ctype) in enumerate(params):
         if is_array:
-            lines.append(f"    size_t at_n{i}; {ctype}* at_p{i} = at_array<{ctype}>(at_n{i});")
+            lines.append(f"    size_t at_n{i}; unsigned char* at_b{i}; {ctype}* at_p{i} = at_array<{ctype}>(at_n{i}, at_b{i});")
         else:
             lines.append(f"    {ctype} at_p{i}; at_read(&at_p{i}, sizeof at_p{i});")
         names.append(f"at_p{i}")
@@ -116,7 +136,7 @@ def _main(entry: str, params: Sequence[tuple[bool, str]]) -> str:
         '    FILE* at_out = std::fopen((at_dir + "/out.bin").c_str(), "wb");',
         "    if (!at_out) return 2;",
     ]
-    lines += [f"    if (at_n{i}) std::fwrite(at_p{i}, 1, at_n{i}, at_out);" for i, (is_array, _) in enumerate(params) if is_array]
+    lines += [f"    if (at_n{i}) std::fwrite(at_b{i}, 1, at_n{i}, at_out);" for i, (is_array, _) in enumerate(params) if is_array]
     lines += ["    std::fclose(at_out);", "    return 0;", "}", ""]
     return "\n".join(lines)
 
@@ -189,6 +209,33 @@ def build(
     return exe
 
 
+def _storage(p: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """Where a kernel's array argument lives: (the bytes the emulation gets, the byte offset of
+    the argument's first element in them, where they start in the array that owns the memory).
+    A C-contiguous array is its own bytes. A view with other strides (a transpose, a column
+    slice, a padded leading dimension) is passed as the bytes of its owner from the view's first
+    element to its last, so the kernel walks them by the view's strides; the bytes start at the
+    owner's start rounded down the view's offset to 256, so that a view that is misaligned in its
+    owner is misaligned on the emulator too, and ASan still reports any access past the view's end."""
+    if p.flags.c_contiguous or p.size == 0:
+        return np.ascontiguousarray(p).reshape(-1).view(np.uint8), 0, -1
+    if any(s < 0 for s in p.strides):
+        raise ValueError("the emulator takes views with non-negative strides only")
+    owner = p
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    memory = owner if owner.flags.c_contiguous else owner.T  # a Fortran-ordered owner: its transpose
+    if not memory.flags.c_contiguous:
+        raise ValueError("a view's owning array must be dense (C- or Fortran-contiguous)")
+    flat = memory.reshape(-1).view(np.uint8)
+    start = p.ctypes.data - owner.ctypes.data
+    end = start + sum((n - 1) * s for n, s in zip(p.shape, p.strides)) + p.itemsize
+    if start < 0 or end > flat.size:
+        raise ValueError("a view outside its owning array")
+    first = start - start % 256
+    return flat[first:end], start - first, first
+
+
 def _dims(value: int | Sequence[int]) -> tuple[int, int, int]:
     dims = (int(value),) if isinstance(value, (int, np.integer)) else tuple(int(v) for v in value)
     if not 1 <= len(dims) <= 3 or any(d < 0 for d in dims):
@@ -219,16 +266,19 @@ def run_kernel(
     g, b = _dims(grid), _dims(block)
     if 0 in g:
         return
-    has_half = any("at_half" in text for text in [source, *(t for _, t in headers)])
+    half = _half_type([source, *(t for _, t in headers)])
     kinds: list[tuple[bool, str]] = []
     payload = [struct.pack("<6IQ", *g, *b, int(shared_bytes))]
+    stores: list[tuple[np.ndarray, np.ndarray, int]] = []  # (argument, its bytes, where they start in its owner)
     for i, p in enumerate(params):
         if isinstance(p, np.ndarray):
-            data = np.ascontiguousarray(p).tobytes()
-            kinds.append((True, _c_type(p.dtype, has_half)))
-            payload += [struct.pack("<Q", len(data)), data]
+            buffer, offset, first = _storage(p)
+            data = buffer.tobytes()
+            stores.append((p, buffer, first))
+            kinds.append((True, _c_type(p.dtype, half)))
+            payload += [struct.pack("<QQ", len(data), offset), data]
         elif isinstance(p, np.generic):
-            kinds.append((False, _c_type(p.dtype, has_half)))
+            kinds.append((False, _c_type(p.dtype, half)))
             payload.append(p.tobytes())
         else:
             raise TypeError(f"parameter {i} of {entry}: expected a NumPy array or a NumPy scalar (np.int32(5)), got {type(p).__name__}")
@@ -256,12 +306,14 @@ def run_kernel(
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     pos = 0
-    for p in params:
-        if isinstance(p, np.ndarray):
-            n = p.nbytes
-            if p.flags.writeable and n:
+    for p, buffer, first in stores:
+        n = buffer.size
+        if p.flags.writeable and n:
+            if first < 0:
                 p[...] = np.frombuffer(result[pos : pos + n], dtype=p.dtype).reshape(p.shape)
-            pos += n
+            else:  # a view: the kernel's writes land in its owner's bytes
+                buffer[...] = np.frombuffer(result[pos : pos + n], dtype=np.uint8)
+        pos += n
     assert pos == len(result), f"{entry}: the emulation wrote {len(result)} bytes of arrays, expected {pos}"
 
 
@@ -277,7 +329,11 @@ def launch_of(
         given = args[k.source]
         key[k.name] = int(given.shape[k.axis]) if k.axis is not None else int(given)
     instance = spec.type_env(types)
-    env = {**key, **instance}
+    env: dict[str, Any] = {**key, **instance}
+    for a in spec.args:  # strided arrays' strides in elements, for computed scalars (x_stride0, ...)
+        arr = args.get(a.name)
+        for axis, name in enumerate(a.stride_names()):
+            env[name] = int(arr.strides[axis]) // arr.itemsize if arr is not None else 0
     params: list[Any] = []
     for a in spec.args:
         dtype = np.dtype(types[a.dtype] if a.dtype in spec.types else a.dtype)

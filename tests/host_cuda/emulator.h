@@ -135,12 +135,15 @@ extern unsigned char* dynamic_shared_ptr;  // the block's dynamic shared memory 
 
 void syncthreads();
 
-constexpr int OP_SYNCWARP = 1, OP_SHFL = 2, OP_VOTE = 3;
+constexpr int OP_SYNCWARP = 1, OP_SHFL = 2, OP_VOTE = 3, OP_LDMATRIX = 4, OP_MMA = 5;
+constexpr int GATHER = -2;       // warp_op's src: every lane's value
+constexpr size_t SLOT_BYTES = 32;  // the most one lane publishes in one warp op
 
-// One warp-wide step of the calling lane: publish `bytes` of `value`, wait for every live lane
-// of the warp, check that they all did the same op with the same mask naming them all, then copy
-// lane `src`'s value into `out` (none when src == -1; an absent or exited src aborts). `ballot`
-// (if not null) gets the lanes whose published int is non-zero. Returns the live lanes.
+// One warp-wide step of the calling lane: publish `bytes` (<= SLOT_BYTES) of `value`, wait for
+// every live lane of the warp, check that they all did the same op with the same mask naming them
+// all, then copy lane `src`'s value into `out` (none when src == -1; an absent or exited src
+// aborts; src == GATHER: every lane's, lane l's at out + l * bytes, zeros for lanes not live).
+// `ballot` (if not null) gets the lanes whose published int is non-zero. Returns the live lanes.
 unsigned warp_op(int op, unsigned mask, const void* value, size_t bytes, int src, void* out, unsigned* ballot, const char* what);
 
 // Run fn(arg) on every thread of every block of the grid; blocks one at a time, in order. A block
@@ -269,6 +272,22 @@ inline void at_emu_cp_async_wait_all() {
     at_emu_cp_async_wait(0);
 }
 
+// ---- tensor-core warp collectives (templates/_mma.cuh) --------------------------------------
+// Both are .sync.aligned: every lane of a whole warp (32 threads, none exited) executes them
+// together, else the emulator aborts naming the op. Each is one warp op: the lanes' operands
+// are gathered, then each lane computes its own registers from them.
+//
+// ldmatrix.sync.aligned.m8n8.x{num}{.trans}.shared.b16: lanes 8q .. 8q+7 give the addresses of
+// the 8 rows (16 bytes each, 16-byte aligned) of matrix q < num; lane l gets in out[q] the
+// elements (l/4, 2(l%4)) and (l/4, 2(l%4)+1) of matrix q, low half first; with .trans, those
+// of its transpose.
+void at_emu_ldmatrix(unsigned* out, int num, bool trans, const void* row);
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32: d = A (16 x 16) B (16 x 8)
+// + c, the fragments laid out as the PTX ISA says (a: 4 registers of 2 elements, b: 2, c and d:
+// 4 floats; row g = lane/4, column pair 2 (lane%4)). The products are exact in float (8 or 11
+// bit significands); the sum is taken in float, k in order, after c.
+void at_emu_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, const float* c, bool bf16);
+
 // ---- float16 conversions (bit exact, as the GPU's cvt) -------------------------------------
 inline float at_emu_f16_to_f32(unsigned short h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -302,6 +321,30 @@ inline unsigned short at_emu_f32_to_f16_rn(float f) {
     return (unsigned short)(sign | h);
 }
 
+
+// ---- cuda_fp16.h / cuda_bf16.h: the types and conversions the templates use ------------------
+// A template that #includes <cuda_fp16.h> or <cuda_bf16.h> gets these instead on the emulator
+// (tests/host_cuda.py drops those two includes): the storage types, and the conversions, bit
+// exact as the GPU's cvt (round to nearest even; NaN to the canonical 0x7fff / 0x7fff).
+struct alignas(2) __half {
+    unsigned short __x;
+};
+struct alignas(2) __nv_bfloat16 {
+    unsigned short __x;
+};
+inline float __half2float(__half h) { return at_emu_f16_to_f32(h.__x); }
+inline __half __float2half_rn(float f) { return __half{at_emu_f32_to_f16_rn(f)}; }
+inline __half __float2half(float f) { return __float2half_rn(f); }
+inline float __bfloat162float(__nv_bfloat16 h) { return std::bit_cast<float>((uint32_t)h.__x << 16); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    const uint32_t x = std::bit_cast<uint32_t>(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return __nv_bfloat16{0x7fff};
+    const uint32_t rounded = x + 0x7fffu + ((x >> 16) & 1u);  // ties to even; a carry into the exponent is right
+    return __nv_bfloat16{(unsigned short)(rounded >> 16)};
+}
+inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
+
 #endif  // AT_EMULATOR_H
 
 // =============================================================================================
@@ -324,7 +367,7 @@ struct Warp {
     std::barrier<> bar;
     // Double-buffered exchange slots: op k writes buffer k % 2, so a lane's next write never
     // hits a slot that a slower lane may still read (all passed op k+1's barrier first).
-    alignas(16) unsigned char slot[2][32][16] = {};
+    alignas(16) unsigned char slot[2][32][SLOT_BYTES] = {};
     int op[2][32] = {};
     unsigned mask[2][32] = {};
     uint64_t seq[2][32] = {};  // which warp op of the lane wrote the slot: it took part iff it equals ours
@@ -359,7 +402,12 @@ struct ThreadCtx {
 thread_local ThreadCtx ctx;
 
 const char* op_name(int op) {
-    return op == OP_SYNCWARP ? "__syncwarp" : op == OP_SHFL ? "a shuffle" : op == OP_VOTE ? "a vote (__ballot_sync, __any_sync, __all_sync)" : "?";
+    return op == OP_SYNCWARP ? "__syncwarp"
+           : op == OP_SHFL   ? "a shuffle"
+           : op == OP_VOTE   ? "a vote (__ballot_sync, __any_sync, __all_sync)"
+           : op == OP_LDMATRIX ? "ldmatrix"
+           : op == OP_MMA      ? "mma.sync"
+                               : "?";
 }
 
 void do_copy(const Copy& c) {
@@ -451,6 +499,8 @@ unsigned warp_op(int op, unsigned mask, const void* value, size_t bytes, int src
     const unsigned p = ctx.parity;
     ctx.parity ^= 1u;
     const uint64_t seq = ++ctx.seq;
+    if (bytes > SLOT_BYTES)
+        fail("%s publishes %zu bytes; a warp op moves at most %zu", what, bytes, SLOT_BYTES);
     if (bytes)
         std::memcpy(w.slot[p][ctx.lane], value, bytes);
     w.op[p][ctx.lane] = op;
@@ -474,7 +524,14 @@ unsigned warp_op(int op, unsigned mask, const void* value, size_t bytes, int src
             if (w.mask[p][l] != mask)
                 fail("%s: lanes %d and %d of warp %d pass different masks (0x%08x, 0x%08x)", what, ctx.lane, l, ctx.warp, mask, w.mask[p][l]);
         }
-    if (src != -1) {
+    if (src == GATHER) {
+        for (int l = 0; l < 32; ++l) {
+            if (l < w.nlanes && ((live >> l) & 1u))
+                std::memcpy(static_cast<unsigned char*>(out) + l * bytes, w.slot[p][l], bytes);
+            else
+                std::memset(static_cast<unsigned char*>(out) + l * bytes, 0, bytes);
+        }
+    } else if (src != -1) {
         if (src < 0 || src >= w.nlanes || !((live >> src) & 1u))
             fail("%s in lane %d reads lane %d of warp %d, which %s", what, ctx.lane, src, ctx.warp,
                  src < 0 || src >= 32 ? "does not exist" : src >= w.nlanes ? "is past the block's last thread" : "has exited");
@@ -565,6 +622,69 @@ void at_emu_cp_async(void* dst, const void* src, int cp_bytes, int src_bytes) {
     else
         std::memset(dst, 0xff, cp_bytes);
     ctx.open.push_back(c);
+}
+
+namespace {
+
+// Every lane of the calling warp takes part (mma.sync and ldmatrix are .aligned): else abort.
+void require_full_warp(unsigned live, const char* what) {
+    using namespace at_emu;
+    if (live != 0xffffffffu)
+        fail("%s with live lanes 0x%08x: it needs all 32 lanes of a full warp", what, live);
+}
+
+float half_bits_to_float(unsigned short h, bool bf16) {
+    return bf16 ? std::bit_cast<float>((uint32_t)h << 16) : at_emu_f16_to_f32(h);
+}
+
+}  // namespace
+
+void at_emu_ldmatrix(unsigned* out, int num, bool trans, const void* row) {
+    using namespace at_emu;
+    if (num != 1 && num != 2 && num != 4)
+        fail("ldmatrix .x%d: only x1, x2 or x4", num);
+    const void* rows[32];
+    const char* what = trans ? "ldmatrix .trans" : "ldmatrix";
+    require_full_warp(warp_op(OP_LDMATRIX, 0xffffffffu, &row, sizeof row, GATHER, rows, nullptr, what), what);
+    for (int l = 0; l < 8 * num; ++l)
+        if (reinterpret_cast<uintptr_t>(rows[l]) % 16)
+            fail("%s: lane %d gives row address %p, not 16-byte aligned", what, l, rows[l]);
+    const int lane = ctx.lane, g = lane / 4, t = lane % 4;
+    auto at = [&](int q, int r, int c) {  // element (r, c) of matrix q as stored
+        unsigned short v;
+        std::memcpy(&v, static_cast<const unsigned char*>(rows[8 * q + r]) + 2 * c, 2);
+        return (unsigned)v;
+    };
+    for (int q = 0; q < num; ++q)
+        out[q] = trans ? at(q, 2 * t, g) | at(q, 2 * t + 1, g) << 16 : at(q, g, 2 * t) | at(q, g, 2 * t + 1) << 16;
+}
+
+void at_emu_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, const float* c, bool bf16) {
+    using namespace at_emu;
+    unsigned mine[6], all[32][6];
+    std::memcpy(mine, a, 16);
+    std::memcpy(mine + 4, b, 8);
+    const char* what = bf16 ? "mma.sync m16n8k16 bf16" : "mma.sync m16n8k16 f16";
+    require_full_warp(warp_op(OP_MMA, 0xffffffffu, mine, sizeof mine, GATHER, all, nullptr, what), what);
+    // A[r][k] and B[k][n] from the lanes' fragments: lane l holds rows l/4 and l/4+8 of A and
+    // column l/4 of B, at k = 2 (l%4) + {0, 1, 8, 9}.
+    auto half = [&](unsigned reg, int hi) { return half_bits_to_float((unsigned short)(hi ? reg >> 16 : reg & 0xffffu), bf16); };
+    auto A = [&](int r, int k) {
+        const int l = (r % 8) * 4 + (k % 8) / 2;
+        return half(all[l][(r / 8) + 2 * (k / 8)], k % 2);
+    };
+    auto B = [&](int k, int n) {
+        const int l = n * 4 + (k % 8) / 2;
+        return half(all[l][4 + k / 8], k % 2);
+    };
+    const int g = ctx.lane / 4, t = ctx.lane % 4;
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + 8 * (i / 2), n = 2 * t + i % 2;
+        float acc = c[i];
+        for (int k = 0; k < 16; ++k)
+            acc += A(r, k) * B(k, n);
+        d[i] = acc;
+    }
 }
 
 void at_emu_cp_async_commit() {
