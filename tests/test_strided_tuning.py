@@ -1,13 +1,14 @@
 """Tuning follows the declared layout (issue #52), through the real worker process over the
 driver stand-in (tests/standin_worker.py emulates `scale_rows`): an in-place kernel on an array
 declared `strides = "any"` with `unit-stride-variants` is tuned per variant on inputs laid out as
-that variant takes them (padded rows with a unit innermost stride; every other element), its
+that variant takes them (padded rows with a unit innermost stride; column-major), its
 strides reaching it as computed scalars; each variant is verified against a NumPy reference and
 wins its bucket. Timings are SYNTHETIC."""
 
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -110,4 +111,4 @@ def test_the_unit_variant_on_a_non_unit_layout_is_wrong_and_rejected(tmp_path, m
     logs: list[str] = []
     with pytest.raises(TuningError) as info:  # every config of the unit variant is wrong: its bucket has no winner
         tune_over_standin(root, tmp_path / "cache", log=logs.append)
-    assert "x_unit_stride=true" in str(info.value) and "wrong result: x: 192 element(s) differ" in str(info.value), info.value
+    assert "x_unit_stride=true" in str(info.value) and re.search(r"wrong result: x: \d+ element\(s\) differ", str(info.value)), info.value

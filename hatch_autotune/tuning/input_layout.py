@@ -7,7 +7,9 @@ verified and timed, not only its contiguous case.
 - `strides = "any"`: transposed (column-major) from two dims on, every other element for one
   dim; with `align` (vector loads) the padded rows of "inner" instead, which keep each row aligned;
 - with `unit-stride-variants`, the variant for a unit innermost stride gets the padded rows of
-  "inner", the other every other element of each row (NON_UNIT).
+  "inner", the other (NON_UNIT) a transposed matrix from two dims on (the non-unit layout kernels
+  meet most: `W.T` of a row-major weight, a column-major operand, which their fast paths serve)
+  and every other element for one dim.
 
 The host array is a NumPy view into a larger buffer whose other elements are the poison byte (a
 kernel that reads outside its view reads NaN or an unlikely integer, and fails verification);
@@ -23,8 +25,8 @@ from ..declare.args import ArgSpec
 from ..runtime.values import DTYPE_SIZES
 
 PAD_BYTES = 256  # "inner" rows start on this boundary: the alignment of a pitched allocation
-# The layout of an array's variant for a non-unit innermost stride (`unit-stride-variants`): every
-# other element of each row, rows one after another.
+# The layout of an array's variant for a non-unit innermost stride (`unit-stride-variants`):
+# column-major from two dims on, every other element for one dim.
 NON_UNIT = "non-unit"
 
 
@@ -42,13 +44,7 @@ def tuning_strides(shape: Sequence[int], dtype: str, layout: str, align: int | N
     "contiguous" argument, an empty array, or one whose layout has nothing to vary)."""
     if layout == "contiguous" or not shape or 0 in shape:
         return None
-    if layout == NON_UNIT:
-        strides, step = [], 2
-        for size in reversed(shape):
-            strides.append(step)
-            step *= size
-        return tuple(reversed(strides))
-    if layout == "any" and not align:
+    if layout == NON_UNIT or (layout == "any" and not align):
         if len(shape) == 1:
             return (2,)
         strides, step = [], 1
