@@ -289,10 +289,12 @@ def _bare(tree: Any, name: str) -> bool:
 def _unit_stride(view: ArrayView | None) -> bool:
     """Whether an array's innermost stride is one element (a size of 1 has no stride that
     matters); an array the call does not have (None passed, or an output the operator
-    allocates C-contiguous) counts as unit."""
+    allocates C-contiguous) counts as unit. bool(): under torch.compile with dynamic shapes a
+    stride is symbolic and `== 1` a SymBool; bool() decides it and guards the graph on it, as the
+    choice of variant depends on it."""
     if view is None or not view.shape or view.shape[-1] <= 1:
         return True
-    return view.strides is not None and view.strides[-1] == 1
+    return view.strides is not None and bool(view.strides[-1] == 1)
 
 
 def _not_contiguous(kernel: str, a: ArgDecl) -> str:
