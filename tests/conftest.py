@@ -54,6 +54,7 @@ STENCIL_KIT = ROOT / "tests" / "consumers" / "stencil_kit"  # constants, shapes 
 # Seconds: one file alone on the 2-core VM (2026-11-28). The others follow as xdist orders them by
 # default: most tests first.
 LONG_FILES = (
+    "test_gemm_template.py",  # 170 s: the space of one instance and every default, then the emulator
     "test_cluster.py",  # 130-150 s, mostly waiting on Ray and the fake workers: beside the compiles
     "test_headers.py",  # 100 s cold: llm_kit for six archs, with the toolkit's headers
     "test_llm_kit_launch.py",  # 100-140 s cold: llm_kit built again, its new kernels called over the stand-in

@@ -15,7 +15,7 @@ K = f"{P}.kernels.scale"
 
 def test_example_pkg_config_is_valid():
     project = parse_project(hook_table(EXAMPLE), EXAMPLE)
-    assert set(project.kernels) == {"saxpy", "row_softmax", "sgemm"}
+    assert set(project.kernels) == {"saxpy", "row_softmax", "sgemm", "gemm", "rmsnorm", "add_rmsnorm"}
     for spec in project.kernels.values():
         for types in spec.type_instances():
             assert len(spec.configs(types)) >= 12, spec.name

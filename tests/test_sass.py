@@ -123,6 +123,38 @@ TABLE: dict[str, Row] = {
                 {"BM": 256, "BN": 64, "BK": 8, "WM": 64, "WN": 32, "TM": 8, "TN": 8, "STAGES": 4, "UNROLL": 32},
             ),
         ),
+        Row(
+            "gemm",
+            expect=(
+                Expect(
+                    "16-byte cp.async global -> shared, ldmatrix, tensor-core MMAs with float accumulation",
+                    has=("LDGSTS.128", "LDSM.16", "HMMA.16816.F32"),
+                    lacks=("LDL", "STL"),
+                ),
+                Expect(
+                    "k-contiguous tiles (A row-major, B = W.T) are read with plain ldmatrix",
+                    when=lambda env: bool(env["A_unit_stride"]) or not env["B_unit_stride"],
+                    has=("LDSM.16.M88.4",),
+                ),
+                Expect(
+                    "the other tiles (A column-major, B row-major) with ldmatrix .trans",
+                    when=lambda env: not env["A_unit_stride"] or bool(env["B_unit_stride"]),
+                    has=("LDSM.16.MT88.4",),
+                ),
+            ),
+            samples=(
+                {"T": "bfloat16", "BM": 16, "BN": 128, "BK": 64, "WM": 16, "WN": 32, "STAGES": 3},
+                {"T": "float16", "BM": 256, "BN": 128, "BK": 32, "WM": 64, "WN": 64, "STAGES": 4},
+            ),
+        ),
+        *(
+            Row(
+                kernel,
+                expect=(Expect("the vector path moves rows 16 bytes at a time", has=("LDG.E.128", "STG.E.128")),),
+                samples=({"BLOCK": 128, "ROWS": 4, "ITEMS": 8}, {"BLOCK": 1024, "ROWS": 1, "ITEMS": 2}),
+            )
+            for kernel in ("rmsnorm", "add_rmsnorm")
+        ),
     )
 }
 

@@ -81,8 +81,15 @@ def test_example_pkg_stub_declares_each_kernel_call_and_select():
     assert sig(tree, "row_softmax", "select") == "(self, arch: _Arch=None, *, rows: int, cols: int) -> _Selection"
     assert sig(tree, "sgemm", "select") == "(self, arch: _Arch=None, *, m: int, n: int, k: int) -> _Selection"
     assert sig(tree, "sgemm", "binary") == "(self, selection: _Selection) -> bytes"
-    assert "saxpy: _saxpy_kernel\nrow_softmax: _row_softmax_kernel\nsgemm: _sgemm_kernel\n" in text
-    assert '__all__ = ["saxpy", "row_softmax", "sgemm", "provenance"]' in text
+    assert "saxpy: _saxpy_kernel\nrow_softmax: _row_softmax_kernel\nsgemm: _sgemm_kernel\ngemm: _gemm_kernel\n" in text
+    assert '__all__ = ["saxpy", "row_softmax", "sgemm", "gemm", "rmsnorm", "add_rmsnorm", "provenance"]' in text
+    # a type parameter and two unit-stride constants: select() takes all three, the call none of the constants
+    assert sig(tree, "gemm", "__call__") == "(self, A: _GpuArray, B: _GpuArray, C: _GpuArray, *, stream: _Stream=None) -> None"
+    assert sig(tree, "gemm", "select").startswith("(self, arch: _Arch=None, *, m: int, n: int, k: int, T: ")
+    assert "A_unit_stride" in sig(tree, "gemm", "select") and "B_unit_stride" in sig(tree, "gemm", "select")
+    assert sig(tree, "add_rmsnorm", "__call__") == (
+        "(self, x: _GpuArray, residual: _GpuArray, w: _GpuArray, y: _GpuArray, residual_out: _GpuArray, eps: _SupportsFloat, *, stream: _Stream=None) -> None"
+    )
     assert "provenance: dict[str, _Any]" in text
     assert (
         "from ._runtime import KernelDecl as _KernelDecl, PreparedCall as _PreparedCall, Selection as _Selection, Variant as _Variant"

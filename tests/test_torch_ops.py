@@ -55,6 +55,12 @@ SCHEMAS = {
     "example_pkg::row_softmax_out": "(Tensor x, Tensor(a0!) y) -> ()",
     "example_pkg::sgemm": "(Tensor A, Tensor B) -> Tensor",
     "example_pkg::sgemm_out": "(Tensor A, Tensor B, Tensor(a0!) C) -> ()",
+    "example_pkg::gemm": "(Tensor A, Tensor B) -> Tensor",
+    "example_pkg::gemm_out": "(Tensor A, Tensor B, Tensor(a0!) C) -> ()",
+    "example_pkg::rmsnorm": "(Tensor x, Tensor w, float eps) -> Tensor",
+    "example_pkg::rmsnorm_out": "(Tensor x, Tensor w, Tensor(a0!) y, float eps) -> ()",
+    "example_pkg::add_rmsnorm": "(Tensor x, Tensor residual, Tensor w, float eps) -> (Tensor, Tensor)",
+    "example_pkg::add_rmsnorm_out": "(Tensor x, Tensor residual, Tensor w, Tensor(a0!) y, Tensor(a1!) residual_out, float eps) -> ()",
     "stencil_kit::stencil": "(Tensor x, *, int RADIUS, bool PERIODIC) -> Tensor",
     "stencil_kit::stencil_out": "(Tensor x, Tensor(a0!) y, *, int RADIUS, bool PERIODIC) -> ()",
     "stencil_kit::halo_sum": "(Tensor x, *, int RADIUS) -> Tensor",
@@ -254,15 +260,26 @@ def test_the_direct_call_words_bad_input_the_same(example_kernels, stencil_kit, 
     assert str(through.value) == str(direct.value) == "row_softmax(): argument 'x' is in host memory; expected a GPU array"
 
 
-@pytest.mark.parametrize("op", ["row_softmax", "row_softmax_out", "saxpy", "sgemm", "sgemm_out"])
+BF16 = torch.bfloat16
+OPCHECK_ARGS = {
+    "row_softmax": lambda: (meta(30, 100),),
+    "row_softmax_out": lambda: (meta(30, 100), meta(30, 100)),
+    "saxpy": lambda: (2.0, meta(64), meta(64)),
+    "sgemm": lambda: (meta(8, 4), meta(4, 6)),
+    "sgemm_out": lambda: (meta(8, 4), meta(4, 6), meta(8, 6)),
+    # the tensor-core showcase (issue #53): bfloat16 and float16, B = W.T of a weight, views with padded rows
+    "gemm": lambda: (meta(8, 64, dtype=BF16), meta(48, 64, dtype=BF16).t()),
+    "gemm_out": lambda: (meta(8, 64, dtype=torch.float16), meta(64, 48, dtype=torch.float16), meta(8, 48, dtype=torch.float16)),
+    "rmsnorm": lambda: (meta(6, 4096, dtype=BF16), meta(4096, dtype=BF16), 1e-6),
+    "rmsnorm_out": lambda: (meta(6, 160, dtype=BF16)[:, :100], meta(100, dtype=BF16), meta(6, 100, dtype=BF16), 1e-6),
+    "add_rmsnorm": lambda: (meta(6, 512, dtype=torch.float16), meta(6, 512, dtype=torch.float16), meta(512, dtype=torch.float16), 1e-5),
+    "add_rmsnorm_out": lambda: (meta(6, 512), meta(6, 512), meta(512), meta(6, 512), meta(6, 512), 1e-5),
+}
+
+
+@pytest.mark.parametrize("op", list(OPCHECK_ARGS))
 def test_opcheck_passes_on_meta_tensors(ops, op):
-    args = {
-        "row_softmax": (meta(30, 100),),
-        "row_softmax_out": (meta(30, 100), meta(30, 100)),
-        "saxpy": (2.0, meta(64), meta(64)),
-        "sgemm": (meta(8, 4), meta(4, 6)),
-        "sgemm_out": (meta(8, 4), meta(4, 6), meta(8, 6)),
-    }[op]
+    args = OPCHECK_ARGS[op]()
     result = torch.library.opcheck(getattr(ops, op).default, args)
     assert set(result.values()) == {"SUCCESS"}, result
 
@@ -300,6 +317,59 @@ def test_torch_compile_fullgraph_traces_three_operators_without_a_break(ops):
     assert {"example_pkg.row_softmax", "example_pkg.sgemm", "example_pkg.saxpy"} <= set(targets), targets
     explained = torch._dynamo.explain(model)(meta(16, 32), meta(32, 8))
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
+class DecoderStep(torch.nn.Module):
+    """An LLM layer's skeleton on the showcase operators: the residual add fused with the norm,
+    then a projection by an nn.Linear-style weight W [out, in] (B = W.T: a strided view)."""
+
+    def __init__(self, ops, weight: torch.Tensor, norm_weight: torch.Tensor):
+        super().__init__()
+        self.ops, self.weight, self.norm_weight = ops, weight, norm_weight
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        normed, residual = self.ops.add_rmsnorm(x, residual, self.norm_weight, 1e-6)
+        return self.ops.gemm(normed, self.weight.t()), residual
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_torch_compile_fullgraph_traces_the_tensor_core_operators(ops, dynamic):
+    """bfloat16 operators with a two-output norm and a transposed weight: one graph, no break,
+    the shapes and dtypes of the declarations (symbolic sizes too)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    step = DecoderStep(ops, meta(256, 128, dtype=torch.bfloat16), meta(128, dtype=torch.bfloat16))
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend=backend, dynamic=dynamic)
+    for tokens in (16, 7):
+        out, residual = compiled(meta(tokens, 128, dtype=torch.bfloat16), meta(tokens, 128, dtype=torch.bfloat16))
+        assert (tuple(out.shape), out.dtype, tuple(residual.shape), residual.dtype) == (
+            (tokens, 256),
+            torch.bfloat16,
+            (tokens, 128),
+            torch.bfloat16,
+        )
+    targets = {str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"}
+    assert {"example_pkg.add_rmsnorm", "example_pkg.gemm"} <= targets, targets
+    explained = torch._dynamo.explain(step)(meta(16, 128, dtype=torch.bfloat16), meta(16, 128, dtype=torch.bfloat16))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
+def test_the_tensor_core_operators_refuse_what_their_kernels_refuse(ops):
+    """While tracing, with the call's own words: a float32 gemm (no such type instance), a weight
+    of the wrong length, operands of different types."""
+    with FakeTensorMode():
+        with pytest.raises(TypeError, match=r"gemm\(\): argument 'A' has dtype float32; expected one of \[?'?bfloat16"):
+            ops.gemm(torch.empty(8, 16, device="cuda"), torch.empty(16, 8, device="cuda"))
+        with pytest.raises(ValueError, match=r"rmsnorm\(\): argument 'w' has shape \(99,\); expected \(100,\)"):
+            ops.rmsnorm(torch.empty(4, 100, device="cuda", dtype=BF16), torch.empty(99, device="cuda", dtype=BF16), 1e-6)
+        with pytest.raises(TypeError, match=r"add_rmsnorm\(\): argument 'residual' has dtype float16 but 'x' has bfloat16"):
+            h = torch.empty(4, 64, device="cuda", dtype=torch.float16)
+            ops.add_rmsnorm(torch.empty(4, 64, device="cuda", dtype=BF16), h, torch.empty(64, device="cuda", dtype=BF16), 1e-6)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])

@@ -94,7 +94,10 @@ def test_wheel_is_pure_and_reproducible(example_wheels):
     assert "warning: sgemm: 18 untuned entries use the default config (no lock entry): sgemm|-|sm_80|m=256,n=256,k=256, " in log1
     assert "stale lock entry" not in log1
     assert "hatch-autotune: 30 entries use tuned winners from autotune.lock.json" in log1
-    assert "hatch-autotune: 60 entries: 30 tuned, 30 on the default config" in log1
+    assert "hatch-autotune: 284 entries: 30 tuned, 254 on the default config" in log1
+    # the tensor-core kernels: no lock entry yet (not tuned on a GPU), both archs on their defaults
+    assert "warning: gemm: 128 untuned entries use the default config (no lock entry): " in log1
+    assert "warning: rmsnorm: 48 untuned entries use the default config (no lock entry): " in log1
     assert f"`hatch-autotune show {first.name}`" in log1
 
 
@@ -123,7 +126,7 @@ def test_wheel_ships_exactly_the_referenced_binaries_each_valid(example_wheels):
         shipped = {n for n in names if n.startswith("example_pkg/kernels/bin/")}
         assert shipped == referenced
         assert table["archs"] == ["sm_80", "sm_90"] and table["ptx"] == {"sm_90": "compute_90"}
-        assert set(table["kernels"]) == {"saxpy", "row_softmax", "sgemm"}
+        assert set(table["kernels"]) == {"saxpy", "row_softmax", "sgemm", "gemm", "rmsnorm", "add_rmsnorm"}
         outcome = json.loads(zf.read("example_pkg/kernels/outcome.json"))
     # the build's outcome, recorded: every entry of the table, why it is untuned, nothing failed
     selected = {
@@ -133,9 +136,11 @@ def test_wheel_ships_exactly_the_referenced_binaries_each_valid(example_wheels):
         for a, es in per.items()
         for e in es
     }
-    assert len(outcome["entries"]) == len(selected) == 60
+    assert len(outcome["entries"]) == len(selected) == 284
     by_arch = {(e["id"].split("|")[2], e["status"], e["reason"]) for e in outcome["entries"]}
-    assert by_arch == {("sm_80", "default", "no lock entry"), ("sm_90", "tuned", "")}, by_arch
+    assert by_arch == {("sm_80", "default", "no lock entry"), ("sm_90", "tuned", ""), ("sm_90", "default", "no lock entry")}, by_arch
+    untuned_sm_90 = {e["id"].split("|")[0] for e in outcome["entries"] if e["status"] == "default" and e["id"].split("|")[2] == "sm_90"}
+    assert untuned_sm_90 == {"gemm", "rmsnorm", "add_rmsnorm"}
     assert {e["id"].split("|")[0] for e in outcome["entries"] if e["status"] == "tuned"} == {"saxpy", "row_softmax", "sgemm"}
     assert outcome["failures"] == [] and outcome["shipped"] == len(shipped) >= 12
 

@@ -415,8 +415,12 @@ def test_isolated_build_from_a_repacked_wheelhouse_then_a_runtime_only_venv(tmp_
     wheel, text, _wall = wc.build_example(src, house, out, cache, 600, mode="offline")
     assert "Installing build dependencies: finished with status 'done'" in text and "hatch_autotune-0.1.0" in text
     counts = wc.build_counts(wheel, text)
-    assert (counts["entries"], counts["tuned"], counts["default"]) == (60, 0, 60)
-    assert counts["by_arch"] == {"sm_80": {"default": 30}, "sm_90": {"default": 30}}
+    assert (counts["entries"], counts["tuned"], counts["default"]) == (
+        284,
+        0,
+        284,
+    )  # 30 FP32 ones, 112 of the tensor-core kernels, per arch
+    assert counts["by_arch"] == {"sm_80": {"default": 142}, "sm_90": {"default": 142}}
     with pytest.raises(wc.CheckError, match="tuned nothing"):
         wc.check_tuned(counts, ["sm_80", "sm_90"], "sm_90")
 

@@ -1,0 +1,363 @@
+"""The tensor-core GEMM template (templates/gemm.cu.j2, sm_80+ mma.sync) without a GPU.
+
+1. Its space against NVRTC: every config the constraints keep compiles for sm_80 and sm_90
+   with no spills, no stack, registers x threads within a block's 64K and its dynamic shared
+   memory within what every sm_80+ arch lets a block opt into; so the constraints, not the
+   tuner's pruning, keep the space launchable. The whole space for one instance (bfloat16,
+   row-major A and B), the default for every type and layout.
+2. The constraints refuse the tilings the template cannot build, by name.
+3. Its results on the host emulator (tests/host_cuda.py: real threads, barriers, cp.async that
+   lands late or at once, ldmatrix and mma.sync emulated as warp collectives, AddressSanitizer
+   on every array) against a float64 NumPy reference, for configs that span the axes, both
+   types, A and B row-major, column-major, with a padded leading dimension, misaligned by one
+   element and every other column, at sizes that are not multiples of any tile (k < BK, k == 0,
+   m == 1), and with 16-byte cp.async and the gather path both taken.
+   The emulator's ldmatrix (x1, x2, x4, .trans) and mma.sync are checked register by register
+   against the PTX ISA's fragment layouts, written out independently here.
+4. SASS of the default and two other configs per arch: HMMA in the main loop, LDSM, LDGSTS,
+   no local memory, registers within a block's register file.
+On a GPU, tests/test_gpu_showcase.py-style tests run every config against a float32 reference.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import host_cuda
+import ml_dtypes
+import numpy as np
+import pytest
+import sass
+from conftest import EXAMPLE, geometry_envs, load_project, threads_per_block
+
+from hatch_autotune.compile.cache import CompileCache
+from hatch_autotune.compile.nvrtc import compile_all
+from hatch_autotune.compile.render import render_config, render_kernel
+from hatch_autotune.plan.limits import shared_optin_limit
+from hatch_autotune.tuning.bucket import prune_reason
+from hatch_autotune.tuning.protocol import Limits
+
+PROJECT = load_project(EXAMPLE)
+SPEC = PROJECT.kernels["gemm"]
+ARCHS = ("sm_80", "sm_90")
+FAST: dict[str, Any] = {"T": "bfloat16", "A_unit_stride": True, "B_unit_stride": True}  # the instance compiled in full
+DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+MISSING = sass.missing_tools()
+
+
+def _instance_label(types: dict[str, Any]) -> str:
+    return f"{types['T']}-A{'row' if types['A_unit_stride'] else 'any'}-B{'row' if types['B_unit_stride'] else 'any'}"
+
+
+def _shared(types: dict[str, Any], config: dict[str, Any]) -> int:
+    return max(int(SPEC.shared(env)) for env in geometry_envs(SPEC, types, config))
+
+
+# ---- 1. the space against NVRTC -----------------------------------------------------------------
+
+
+def _problems(jobs: list[tuple[dict[str, Any], dict[str, Any], str]], cache_dir: Path) -> list[str]:
+    """Why each (types, config, arch) could not launch: what the tuner would prune (no compile,
+    registers x threads, shared memory over the arch's opt-in limit, spills) or a stack frame."""
+    rendered = [render_config(SPEC, types, config)[0] for types, config, _ in jobs]
+    results = compile_all(
+        [v.compile_job(arch, SPEC.entry, SPEC.nvrtc_options) for v, (_, _, arch) in zip(rendered, jobs)], CompileCache(cache_dir)
+    )
+    out = []
+    for (types, config, arch), r in zip(jobs, results):
+        optin = shared_optin_limit(arch)
+        limits = Limits(1024, 65536, 48 * 1024, optin)
+        res = r.resources if r.ok else None
+        why = prune_reason(config, res, partial(threads_per_block, SPEC, types), partial(_shared, types), limits, True)
+        if why is None and res is not None and res.stack_bytes:
+            why = f"a stack frame of {res.stack_bytes} B (local memory)"
+        if why is not None:
+            out.append(f"{arch} {_instance_label(types)} {config}: {why}" + (f"\n{r.log[-500:]}" if not r.ok else ""))
+    return out
+
+
+def test_every_config_compiles_within_a_blocks_resources(session_cache: Path) -> None:
+    configs = SPEC.configs(FAST)
+    assert 40 <= len(configs) <= 64, f"{len(configs)} configs: the space should span tiles and stages and stay compilable in CI"
+    assert {c["BM"] for c in configs} >= {16, 32, 64, 128, 256} and {c["BN"] for c in configs} >= {32, 256}, (
+        "skinny (decode) and large tiles"
+    )
+    smallest_optin = min(shared_optin_limit(a) for a in ("sm_80", "sm_86", "sm_89", "sm_90"))
+    assert max(_shared(FAST, c) for c in configs) <= smallest_optin, "a config no sm_80+ arch can launch"
+    jobs = [(FAST, c, arch) for c in configs for arch in ARCHS]
+    jobs += [(types, dict(SPEC.default), arch) for types in SPEC.type_instances() if types != FAST for arch in ARCHS]
+    problems = _problems(jobs, session_cache)
+    assert not problems, f"{len(problems)} configs the constraints keep cannot launch:\n" + "\n".join(problems[:20])
+
+
+# ---- 2. the constraints -------------------------------------------------------------------------
+
+
+def test_the_constraints_refuse_what_the_template_cannot_build() -> None:
+    """The constraints, not a compile error, exclude a bad tiling: these configs break one each."""
+    base = dict(SPEC.default)  # 128 x 128 x 32, warps 64 x 64, 4 stages
+    for change, why in [
+        ({"WM": 32, "WN": 32}, "16 warps of 32 x 32: more than 256 threads"),
+        ({"BM": 64, "WM": 128}, "a warp tile larger than the block tile"),
+        ({"BN": 256, "BK": 64, "STAGES": 3}, "3 x (128 + 256) x 64 x 2 B = 144 KiB: over the 96 KiB every sm_80+ arch allows"),
+        ({"BK": 32, "STAGES": 2}, "a pipeline 64 deep along k: too shallow to hide DRAM"),
+        ({"BM": 16, "WM": 16, "WN": 64}, "a skinny tile of 16 x 64 warp tiles: skinny warps are 32 wide"),
+        ({"BM": 16, "BN": 256, "WM": 16, "WN": 32}, "a skinny tile 256 wide: half as many blocks along n"),
+        ({"BM": 256, "BN": 32, "BK": 32, "WM": 64, "WN": 32}, "a big tile 32 wide: B's tile too narrow to reuse A's"),
+        ({"BM": 16, "BN": 32, "WM": 16, "WN": 32}, "accepted: one warp, the decode tile for n = 4096 on 128 blocks"),
+        ({"BM": 16, "BN": 128, "WM": 16, "WN": 32}, "accepted: the decode tile, 4 warps side by side"),
+        ({"BK": 64, "STAGES": 2}, "64 x 64 warp tiles with BK = 64: ptxas spills on sm_80"),
+        ({"BM": 256, "BN": 128, "BK": 32, "STAGES": 4}, "accepted: 8 warps of 64 x 64, 96 KiB"),
+    ]:
+        config = {**base, **change}
+        kept = all(c(config) for c in SPEC.constraints)
+        assert kept == why.startswith("accepted"), (config, why)
+
+
+# ---- 3. results on the host emulator -------------------------------------------------------------
+
+# (config changes from the default, type): spanning block and warp tiles (skinny 16 and 32 rows,
+# 2 to 8 warps, 64 x 32 warps), BK 32 and 64 and 2 to 5 stages; the default runs both types.
+CONFIGS = [
+    ({}, "bfloat16"),
+    ({}, "float16"),
+    ({"BM": 16, "BN": 64, "BK": 64, "WM": 16, "WN": 32, "STAGES": 2}, "float16"),
+    ({"BM": 32, "BN": 32, "BK": 64, "WM": 32, "WN": 32, "STAGES": 3}, "bfloat16"),
+    ({"BM": 32, "BN": 128, "BK": 32, "WM": 32, "WN": 32, "STAGES": 5}, "bfloat16"),
+    ({"BM": 64, "BN": 128, "BK": 64, "WM": 64, "WN": 32, "STAGES": 3}, "float16"),
+    ({"BM": 256, "BN": 64, "BK": 32, "WM": 64, "WN": 64, "STAGES": 4}, "bfloat16"),
+]
+
+# (m, n, k): several blocks and partial ones on both axes, k not a multiple of BK; then every
+# size a multiple of 8 (16-byte copies of row-major A and B, column-major ones when m, n % 8 ==
+# 0) with k not a multiple of 64; k < 16 with m == 1; k == 0 (C is zeros).
+SIZES = [(133, 70, 37), (72, 136, 80), (1, 9, 3), (20, 17, 0)]
+
+# How A [m, k] and B [k, n] are laid out: (A's layout, B's layout) pairs, each taking one of the
+# four variants, the gather path (misaligned, every other column) and the cp.async path; C's
+# view for each pair takes the 4-byte pair stores and the 2-byte ones (see _run).
+LAYOUTS = [("row", "row"), ("col", "padded"), ("padded", "col"), ("misaligned", "strided")]
+
+
+def layout(a: np.ndarray, how: str) -> np.ndarray:
+    """`a` (a 2-D array) as a view of the given layout with the same values."""
+    rows, cols = a.shape
+    if how == "row":
+        return np.ascontiguousarray(a)
+    if how == "col":  # column-major: strides (1, rows); B = W.T for a row-major W [n, k]
+        return np.asfortranarray(a)
+    if how in ("padded", "misaligned"):  # rows 8 elements longer; the misaligned view starts one element in
+        start = 1 if how == "misaligned" else 0
+        big = np.zeros((rows, cols + 8), a.dtype)
+        big[:, start : start + cols] = a
+        return big[:, start : start + cols]
+    if how == "strided":  # every other column: no unit stride at all
+        big = np.zeros((rows, 2 * cols), a.dtype)
+        big[:, ::2] = a
+        return big[:, ::2]
+    raise ValueError(how)
+
+
+def unit_stride(x: np.ndarray) -> bool:
+    """The variant the runtime picks: rows of unit stride (or of one element)."""
+    return x.shape[1] <= 1 or x.strides[1] == x.itemsize
+
+
+def check(c: np.ndarray, a: np.ndarray, b: np.ndarray, dtype_name: str) -> None:
+    """C against float64 A @ B: within rounding to the output type (2^-8 relative for bfloat16,
+    2^-11 for float16) plus float32 accumulation error, bounded by |A| @ |B|."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want, scale = a64 @ b64, np.abs(a64) @ np.abs(b64)
+    got = c.astype(np.float64)
+    eps = 2.0**-8 if dtype_name == "bfloat16" else 2.0**-11
+    bound = eps * np.abs(want) + 2.0**-18 * scale + 1e-30
+    assert np.isfinite(got).all(), f"{np.count_nonzero(~np.isfinite(got))} elements of C not written (or not finite)"
+    excess = np.abs(got - want) / bound
+    worst = np.unravel_index(excess.argmax(), excess.shape) if excess.size else ()
+    assert excess.size == 0 or excess.max() <= 1.0, f"error {excess.max():.2f}x the bound at {worst}: {got[worst]} != {want[worst]}"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if host_cuda.CXX is None:
+        pytest.skip("needs g++ for the host emulator")
+    return tmp_path_factory.mktemp("gemm-emulated")
+
+
+def _run(
+    workdir: Path, config: dict[str, Any], dtype_name: str, a: np.ndarray, b: np.ndarray, mode: str, c_view: str = "even"
+) -> np.ndarray:
+    """C = A @ B on the emulator, C a view of a wider NaN-filled matrix: its rows 2 elements
+    apart more than n ("even": pairs of columns stored 4 bytes at a time where n is even), 3
+    ("odd": 2-byte stores), or 2 and starting one element in ("shifted": misaligned pairs)."""
+    m, n = a.shape[0], b.shape[1]
+    pad, start = {"even": (2, 0), "odd": (3, 0), "shifted": (2, 1)}[c_view]
+    c_big = np.full((m, n + pad), np.nan, DTYPES[dtype_name])
+    c = c_big[:, start : start + n]
+    types = {"T": dtype_name, "A_unit_stride": unit_stride(a), "B_unit_stride": unit_stride(b)}
+    host_cuda.run_variant(SPEC, types, config, {"A": a, "B": b, "C": c}, workdir=workdir, mode=mode)
+    outside = np.ones(c_big.shape, bool)
+    outside[:, start : start + n] = False
+    assert np.isnan(c_big[outside].astype(np.float32)).all(), "the kernel wrote outside C's columns"
+    return c
+
+
+@pytest.mark.parametrize(
+    ("change", "dtype_name"),
+    CONFIGS,
+    ids=[f"{c.get('BM', 128)}x{c.get('BN', 128)}x{c.get('BK', 32)}-s{c.get('STAGES', 4)}-{t}" for c, t in CONFIGS],
+)
+def test_results_match_numpy_at_odd_sizes(workdir: Path, change: dict[str, Any], dtype_name: str) -> None:
+    config = {**SPEC.default, **change}
+    assert all(c(config) for c in SPEC.constraints), f"{config} is not in the space"
+    rng = np.random.default_rng(11)
+    dtype = DTYPES[dtype_name]
+    for i, (m, n, k) in enumerate(SIZES):
+        for j, (a_how, b_how) in enumerate(LAYOUTS):
+            mode = host_cuda.MODES[(i + j) % 2]  # both cp.async modes over the grid of cases
+            a = layout(rng.standard_normal((m, k)).astype(dtype), a_how)
+            b = layout(rng.standard_normal((k, n)).astype(dtype), b_how)
+            c = _run(workdir, config, dtype_name, a, b, mode, ("even", "odd", "even", "shifted")[j])
+            try:
+                check(c, a, b, dtype_name)
+            except AssertionError as exc:
+                raise AssertionError(f"m, n, k = {m}, {n}, {k}, A {a_how}, B {b_how}, {mode} cp.async: {exc}") from None
+
+
+def test_an_element_the_tiles_drop_is_caught(workdir: Path) -> None:
+    """The check can fail: the same kernel with k one too small (the last slice's last column
+    of A and row of B left out) misses the reference."""
+    config = dict(SPEC.default)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((40, 33)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((33, 24)).astype(ml_dtypes.bfloat16)
+    c = _run(workdir, config, "bfloat16", a[:, :32], b[:32], "immediate")
+    with pytest.raises(AssertionError, match="the bound"):
+        check(c, a, b, "bfloat16")
+
+
+# ---- the emulator's tensor-core collectives, against the PTX ISA's fragment layouts -------------
+
+# One warp: ldmatrix x1, x2, x4 (plain and .trans) of a 16 x 16 matrix S in shared memory, an
+# x2.trans of a 16 x 8 B [k][n], and mma.sync of the x4 fragments (A = S) with B's: every
+# register and D written out. `shift` moves each row address by that many elements.
+PROBE = """
+#include <cuda_bf16.h>
+{mma}
+extern "C" __global__ void probe(const unsigned short* src, const unsigned short* b_src, unsigned* regs, float* d, int shift)
+{{
+    __shared__ __align__(16) unsigned short s[16][16];
+    __shared__ __align__(16) unsigned short sb[16][8];
+    const int lane = threadIdx.x;
+    for (int i = lane; i < 256; i += 32) s[i / 16][i % 16] = src[i];
+    for (int i = lane; i < 128; i += 32) sb[i / 8][i % 8] = b_src[i];
+    __syncwarp();
+    unsigned x1[1], x2[2], x4[4], t4[4], b[2];
+    at_ldmatrix<1, false>(x1, &s[lane % 8][shift]);
+    at_ldmatrix<2, false>(x2, &s[lane % 16][0]);
+    at_ldmatrix<4, false>(x4, &s[lane % 16][lane / 16 * 8]);
+    at_ldmatrix<4, true>(t4, &s[lane % 16][lane / 16 * 8]);
+    at_ldmatrix<2, true>(b, &sb[lane % 16][0]);
+    const unsigned all[13] = {{x1[0], x2[0], x2[1], x4[0], x4[1], x4[2], x4[3], t4[0], t4[1], t4[2], t4[3], b[0], b[1]}};
+    for (int i = 0; i < 13; ++i) regs[lane * 13 + i] = all[i];
+    float acc[4] = {{0.5f, 0.5f, 0.5f, 0.5f}};
+    at_mma_m16n8k16<true>(acc, x4, b);
+    for (int i = 0; i < 4; ++i) d[lane * 4 + i] = acc[i];
+}}
+"""
+
+
+def _probe(workdir: Path, shift: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    mma = (Path(__file__).resolve().parents[1] / "templates" / "_mma.cuh").read_text()
+    s = (np.arange(256) % 97 - 40).astype(ml_dtypes.bfloat16).reshape(16, 16)  # small integers: exact products and sums
+    b = (np.arange(128) % 13 - 6).astype(ml_dtypes.bfloat16).reshape(16, 8)
+    regs = np.zeros(32 * 13, np.uint32)
+    d = np.zeros(32 * 4, np.float32)
+    params = [s.view(np.uint16), b.view(np.uint16), regs, d, np.int32(shift)]
+    host_cuda.run_kernel(PROBE.format(mma=mma), [], "probe", params, 1, 32, workdir=workdir)
+    return s, b, regs.reshape(32, 13), d.reshape(32, 4)
+
+
+def test_the_emulated_ldmatrix_and_mma_follow_the_ptx_fragment_layouts(workdir: Path) -> None:
+    """The PTX ISA's layouts, written out here independently of the emulator: lane l (g = l/4,
+    t = l%4) gets elements (g, 2t) and (g, 2t+1) of each 8x8 matrix (of its transpose with
+    .trans), matrix q from the rows lanes 8q..8q+7 address; mma's A fragment a0..a3 is A's
+    8x8 blocks (0,0), (1,0), (0,1), (1,1), B's b0, b1 are k rows 2t, 2t+1 and 2t+8, 2t+9 of column
+    g, and D's d0..d3 are (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)."""
+    s, b, regs, d = _probe(workdir, 0)
+    bits, b_bits = s.view(np.uint16).astype(np.uint32), b.view(np.uint16).astype(np.uint32)
+
+    def pair(m: np.ndarray, g: int, t: int) -> int:  # this lane's two elements of an 8 x 8 matrix
+        return int(m[g, 2 * t] | m[g, 2 * t + 1] << 16)
+
+    blocks = [bits[r : r + 8, c : c + 8] for r, c in ((0, 0), (8, 0), (0, 8), (8, 8))]  # as x4 addresses them
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        want = [pair(blocks[0], g, t), pair(blocks[0], g, t), pair(blocks[1], g, t)]
+        want += [pair(m, g, t) for m in blocks] + [pair(m.T, g, t) for m in blocks]
+        want += [pair(b_bits[0:8].T, g, t), pair(b_bits[8:16].T, g, t)]
+        assert list(regs[lane]) == want, f"lane {lane}: {list(regs[lane])} != {want}"
+    full = s.astype(np.float32) @ b.astype(np.float32) + 0.5
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        want_d = [full[g, 2 * t], full[g, 2 * t + 1], full[g + 8, 2 * t], full[g + 8, 2 * t + 1]]
+        assert list(d[lane]) == want_d, f"lane {lane}: D {list(d[lane])} != {want_d}"
+
+
+def test_a_misaligned_ldmatrix_row_is_refused(workdir: Path) -> None:
+    """A row address that is not 16-byte aligned faults on a GPU: the emulator stops, naming it."""
+    with pytest.raises(AssertionError, match="not 16-byte aligned"):
+        _probe(workdir, 1)
+
+
+# ---- 4. SASS -------------------------------------------------------------------------------------
+
+SASS_CONFIGS = [
+    dict(SPEC.default),
+    {**SPEC.default, "BM": 16, "BN": 128, "BK": 64, "WM": 16, "WN": 32, "STAGES": 3},
+    {**SPEC.default, "BM": 256, "BN": 128, "BK": 32, "WM": 64, "WN": 64, "STAGES": 4},
+]
+
+
+def _mma_loop(code: list[sass.Instruction]) -> sass.Loop | None:
+    """The loop with the most HMMA, the smaller on ties: the k-slice loop. Not necessarily an
+    innermost one: the gather path of the copies (not unrolled) is a loop inside it."""
+    best = max(sass.loops(code), key=lambda lp: (sass.count(lp.body, "HMMA"), -lp.size), default=None)
+    return best if best is not None and sass.count(best.body, "HMMA") else None
+
+
+@pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sass_has_tensor_core_main_loop_and_no_local_memory(session_cache: Path, arch: str) -> None:
+    jobs = [(types, c) for c in SASS_CONFIGS for types in (FAST, {**FAST, "B_unit_stride": False})]
+    assert all(all(k(c) for k in SPEC.constraints) for _, c in jobs), "a SASS config left the space"
+    variants = [render_config(SPEC, types, c)[0] for types, c in jobs]
+    results = compile_all([v.compile_job(arch, SPEC.entry, SPEC.nvrtc_options) for v in variants], CompileCache(session_cache))
+    for (types, config), r in zip(jobs, results):
+        assert r.ok and r.binary is not None, r.log[-2000:]
+        code = sass.function_sass(r.binary, SPEC.entry)
+        usage = sass.resource_usage(r.binary)[SPEC.entry]
+        what = f"{arch} {_instance_label(types)} {config}: {sass.opcodes(code)}"
+        loop = _mma_loop(code)
+        mi, ni = config["WM"] // 16, config["WN"] // 8
+        assert loop is not None, f"no loop with HMMA.16816: {what}"
+        assert sass.count(loop.body, "HMMA.16816.F32") >= mi * ni * config["BK"] // 16, f"the main loop lacks MMAs: {what}"
+        # ldmatrix: plain for k-contiguous tiles ([m][k] A, [n][k] B), .trans (MT88) for [k][n] B
+        assert sass.count(loop.body, "LDSM.16.M88.4"), f"no ldmatrix.x4 in the main loop: {what}"
+        if types["B_unit_stride"]:
+            assert sass.count(loop.body, "LDSM.16.MT88.4"), f"no ldmatrix.x4.trans of B [k][n]: {what}"
+        assert sass.count(code, "LDGSTS.128"), f"no 16-byte cp.async: {what}"
+        assert not usage.local and not usage.stack, f"local memory: {usage} {what}"
+        assert not any(i.base in ("LDL", "STL") for i in code), f"local loads or stores: {what}"
+        threads = threads_per_block(SPEC, types, config)
+        assert usage.registers <= 255 and usage.registers * threads <= 65536, f"{usage.registers} registers x {threads} threads: {what}"
+
+
+def test_the_space_renders_one_source_per_variant() -> None:
+    """Every instance renders (the two unit-stride constants and both types): 8 instances."""
+    rendered = render_kernel(SPEC)
+    assert len(rendered) == 8 and all(len(vs) == len(SPEC.configs(FAST)) for vs in rendered.values())
+    sources = {v.source for vs in rendered.values() for v in vs}
+    assert len(sources) == sum(len(vs) for vs in rendered.values())
