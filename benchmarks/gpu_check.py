@@ -68,7 +68,7 @@ LOCK = EXAMPLE / "autotune.lock.json"
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 
 OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
-BENCHMARKS = ("search_live", "launch_overhead", "first_call", "roofline", "tune_vs_kernel_tuner")
+BENCHMARKS = ("search_live", "launch_overhead", "first_call", "roofline", "tensor_core", "tune_vs_kernel_tuner")
 # (full, --quick) timeouts in seconds; each is also capped by what is left of --budget-s
 TIMEOUTS = {
     "wheels": (120, 120),
@@ -81,6 +81,7 @@ TIMEOUTS = {
     "launch_overhead": (150, 75),
     "first_call": (120, 60),
     "roofline": (180, 90),
+    "tensor_core": (240, 150),  # bf16 gemm against cuBLAS, the norms against the streaming ceiling and PyTorch
     "tune_vs_kernel_tuner": (540, 420),  # 3 interleaved repetitions of both tools, both verifying
 }
 STAGES = tuple(TIMEOUTS)
@@ -523,7 +524,7 @@ class Check:
     def stage_showcase(self, st: Stage) -> None:
         """Every config of the showcase kernels compiled and checked against NumPy: a stage of its
         own, as it compiles about 450 variants (its junit stays in the work dir: OUTDIR is full)."""
-        self._pytest(st, ["tests/test_gpu_showcase.py"], self.work / "junit-showcase.xml")
+        self._pytest(st, ["tests/test_gpu_showcase.py", "tests/test_gpu_tensor_core.py"], self.work / "junit-showcase.xml")
 
     def _pytest(self, st: Stage, files: list[str], junit: Path, extra: Sequence[str] = (), note: str = "") -> None:
         """pytest in one process (one GPU) over `files`, its junit counted into the stage's line
@@ -878,11 +879,29 @@ def _line_search_live(p: dict[str, Any]) -> str:
     return f"exhaustive {p['exhaustive_wall_s']:.0f} s; " + "; ".join(parts) + ("; goals MISSED" if missed else "; goals met")
 
 
+def _line_tensor_core(p: dict[str, Any]) -> str:
+    """gemm against cuBLAS at 4096³ and the skinny shapes (bf16, row-major B), the norms as a
+    share of the streaming ceiling and against PyTorch eager; results found wrong."""
+    parts = []
+    for r in p["rows"]:
+        if "vs_cublas" in r and r["dtype"] == "bfloat16" and r["layout"] == "NN" and r.get("vs_cublas"):
+            parts.append(f"gemm {r['m']}x{r['n']}x{r['k']} {r['vs_cublas']['median']:.2f}x cuBLAS")
+        elif r.get("of_streaming"):
+            torch_ratio = (r.get("vs_torch") or {}).get("median")
+            parts.append(
+                f"{r['kernel']} {r['cols']} {r['of_streaming']['median']:.0%} of streaming"
+                + (f", {torch_ratio:.2f}x torch" if torch_ratio else "")
+            )
+    wrong = p.get("wrong") or []
+    return "; ".join(parts or ["no results"]) + (f"; WRONG: {', '.join(wrong)}" if wrong else "")
+
+
 BENCH_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
     "search_live": _line_search_live,
     "launch_overhead": _line_launch,
     "first_call": _line_first_call,
     "roofline": _line_roofline,
+    "tensor_core": _line_tensor_core,
     "tune_vs_kernel_tuner": _line_kt,
 }
 

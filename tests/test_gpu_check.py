@@ -51,7 +51,18 @@ def test_gpu_check_without_a_gpu_fails_every_gpu_stage_and_goes_on(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final"] is True
     stages = {s["name"]: s for s in summary["stages"]}
-    gpu_stages = ["tests", "tune", "wheel", "search_live", "showcase", "launch_overhead", "first_call", "roofline", "tune_vs_kernel_tuner"]
+    gpu_stages = [
+        "tests",
+        "tune",
+        "wheel",
+        "search_live",
+        "showcase",
+        "launch_overhead",
+        "first_call",
+        "roofline",
+        "tensor_core",
+        "tune_vs_kernel_tuner",
+    ]
     assert list(stages) == ["wheels", "env", *gpu_stages]
     assert stages["wheels"]["status"] == "skipped" and "does not exist" in stages["wheels"]["result"]
     assert stages["env"]["status"] == "FAILED" and "no CUDA GPU" in stages["env"]["result"]
@@ -64,7 +75,7 @@ def test_gpu_check_without_a_gpu_fails_every_gpu_stage_and_goes_on(tmp_path):
         assert "nothing ran" in stages[name]["result"] and "needs a CUDA GPU" in stages[name]["result"], stages[name]
     assert "GPU" in stages["tune"]["result"]  # hatch-autotune's own message
     assert "no CUDA GPU answers" in stages["wheel"]["result"], stages["wheel"]
-    for name in ("search_live", "launch_overhead", "first_call", "roofline", "tune_vs_kernel_tuner"):
+    for name in ("search_live", "launch_overhead", "first_call", "roofline", "tensor_core", "tune_vs_kernel_tuner"):
         assert "needs a CUDA GPU" in stages[name]["result"], stages[name]
     assert summary["failed"] == ["env", *gpu_stages]
 
@@ -75,7 +86,7 @@ def test_gpu_check_without_a_gpu_fails_every_gpu_stage_and_goes_on(tmp_path):
     assert len(table) == 1 + len(stages)
     assert re.search(r"\| tune_vs_kernel_tuner +\| FAILED +\| +[0-9.]+ \| ", md)
     logs = (out / "logs.txt").read_text()
-    assert "===== [11/11] tune_vs_kernel_tuner" in logs and "===== tune: FAILED" in logs
+    assert "===== [12/12] tune_vs_kernel_tuner" in logs and "===== tune: FAILED" in logs
 
 
 def test_gpu_check_rejects_an_unknown_stage(tmp_path):
@@ -175,3 +186,35 @@ def test_roofline_line_summarises_what_roofline_writes():
     }
     text = rl.table(payload)
     assert "<- streaming ceiling" in text and "bucket saxpy float32 n=4096" in text and "WRONG" in text
+
+
+def test_tensor_core_line_summarises_what_tensor_core_writes():
+    """tensor_core.py's rows, built by its own `rows_of` from made-up timings (no GPU): gemm as
+    our rate over cuBLAS's, the norms as a share of the fastest correct streaming shape (bytes
+    counted once) and against PyTorch eager; gpu_check's line says each, and names a wrong one."""
+    tc, gc = load_benchmark("tensor_core"), load_benchmark("gpu_check")
+    big, rounds = tc.BIG_BYTES, (1.0, 0.98, 1.03)
+    meta, samples, checks = {}, {}, {}
+    samples["stream:fast"], checks["stream:fast"] = [2 * big / 4.0e9 * j for j in rounds], {"ok": True}  # 4000 GB/s
+    samples["stream:wrong"], checks["stream:wrong"] = [1e-3 * j for j in rounds], {"ok": False}  # faster, but wrong: no ceiling
+    meta["stream:fast"] = meta["stream:wrong"] = {"kind": "streaming", "bytes": 2 * big}
+    gemm = {"m": 4096, "n": 4096, "k": 4096, "dtype": "bfloat16", "layout": "NN", "flop": 2.0 * 4096**3}
+    meta["gemm a"] = {**gemm, "kind": "gemm", "peer": "cublas a"}
+    meta["cublas a"] = {**gemm, "kind": "cublas"}
+    samples["gemm a"], samples["cublas a"] = [0.25 * j for j in rounds], [0.2 * j for j in rounds]
+    checks["gemm a"] = {"ok": True}
+    norm = {"rows": 131072, "cols": 8192, "dtype": "bfloat16", "kernel": "rmsnorm", "bytes": 2 * big}
+    meta["rmsnorm 8192"], meta["torch rmsnorm 8192"] = {**norm, "kind": "ours"}, {**norm, "kind": "torch"}
+    samples["rmsnorm 8192"] = [2 * big / 3.6e9 * j for j in rounds]  # 3600 GB/s: 90% of 4000
+    samples["torch rmsnorm 8192"] = [2 * big / 1.8e9 * j for j in rounds]
+    checks["rmsnorm 8192"] = {"ok": False}
+    rows, ceiling = tc.rows_of(meta, samples, checks)
+    assert ceiling["name"] == "stream:fast"
+    by_name = {r["name"]: r for r in rows}
+    assert set(by_name) == {"gemm a", "rmsnorm 8192"}
+    assert abs(by_name["gemm a"]["vs_cublas"]["median"] - 0.8) < 1e-9
+    assert abs(by_name["gemm a"]["tflops"]["median"] - 2.0 * 4096**3 / 0.25 / 1e9) < 1e-6
+    assert abs(by_name["rmsnorm 8192"]["of_streaming"]["median"] - 0.9) < 1e-9
+    assert abs(by_name["rmsnorm 8192"]["vs_torch"]["median"] - 2.0) < 1e-9
+    line = gc._line_tensor_core({"rows": rows, "wrong": ["rmsnorm 8192"]})
+    assert line == "gemm 4096x4096x4096 0.80x cuBLAS; rmsnorm 8192 90% of streaming, 2.00x torch; WRONG: rmsnorm 8192", line

@@ -8,14 +8,11 @@ same kernels run on the host emulator (tests/test_sgemm_template.py, test_softma
 
 from __future__ import annotations
 
-import host_cuda
+import gpu_launch
 import numpy as np
 import pytest
 from conftest import EXAMPLE, load_project
 
-from hatch_autotune.compile.cache import CompileCache
-from hatch_autotune.compile.nvrtc import compile_all
-from hatch_autotune.compile.render import render_kernel
 from hatch_autotune.plan.devices import detect_gpu_arch
 
 GPU_ARCH = detect_gpu_arch()
@@ -32,32 +29,13 @@ def cp():
 @pytest.fixture(scope="module")
 def compiled(session_cache, tmp_path_factory):
     """kernel -> [(types, config, cubin path)] for every config of its space, built for this GPU."""
-    out: dict[str, list] = {}
-    folder = tmp_path_factory.mktemp("showcase-cubins")
-    for name in ("saxpy", "row_softmax", "sgemm"):
-        spec = PROJECT.kernels[name]
-        variants = [v for vs in render_kernel(spec).values() for v in vs]
-        results = compile_all([v.compile_job(GPU_ARCH, spec.entry, spec.nvrtc_options) for v in variants], CompileCache(session_cache))
-        out[name] = []
-        for i, (v, r) in enumerate(zip(variants, results)):
-            assert r.ok, f"{name} {v.config_dict}: {r.log[-500:]}"
-            path = folder / f"{name}_{i}.cubin"
-            path.write_bytes(r.binary)
-            out[name].append((v.types_dict, v.config_dict, path))
-    return out
-
-
-_FUNCTIONS: dict = {}
+    return gpu_launch.compile_every_config(
+        PROJECT, ("saxpy", "row_softmax", "sgemm"), GPU_ARCH, session_cache, tmp_path_factory.mktemp("showcase-cubins")
+    )
 
 
 def launch(cp, name: str, types, config, cubin, args) -> None:
-    spec = PROJECT.kernels[name]
-    params, grid, block, shared = host_cuda.launch_of(spec, types, config, args)
-    if cubin not in _FUNCTIONS:
-        _FUNCTIONS[cubin] = cp.RawModule(path=str(cubin)).get_function(spec.entry)
-    function = _FUNCTIONS[cubin]
-    if 0 not in grid:
-        function(tuple(grid), tuple(block), tuple(params), shared_mem=shared)
+    gpu_launch.launch(cp, PROJECT.kernels[name], types, config, cubin, args)
 
 
 def misaligned(cp, host: np.ndarray):
