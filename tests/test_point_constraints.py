@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import EXAMPLE, build, load_project, tune_over_fake_worker, write_tiny_project
+from conftest import EXAMPLE, build, errors_for, hook_table, load_project, tune_over_fake_worker, write_tiny_project
 
 from hatch_autotune.cli import main
 from hatch_autotune.errors import BuildError
@@ -298,3 +298,42 @@ def test_a_call_whose_own_sizes_break_its_buckets_config_runs_one_that_holds_or_
         sys.path.remove(str(site))
         for name in [m for m in sys.modules if m.startswith("tinypkg")]:
             del sys.modules[name]
+
+
+def test_a_constraint_tells_arch_specific_and_family_targets_from_plain_ones(tmp_path):
+    """`arch` is 90 on sm_90 and sm_90a alike; `arch_specific` (an `a` target) and `arch_family`
+    (`a` or `f`) tell them apart, as NVRTC's __CUDA_ARCH_SPECIFIC__ and
+    __CUDA_ARCH_FAMILY_SPECIFIC__ do: a wgmma config belongs on sm_90a only."""
+    from hatch_autotune.runtime.selection import arch_env
+
+    assert arch_env("sm_90") == {"arch": 90, "arch_specific": 0, "arch_family": 0}
+    assert arch_env("sm_90a") == {"arch": 90, "arch_specific": 1, "arch_family": 1}
+    assert arch_env("sm_100f") == {"arch": 100, "arch_specific": 0, "arch_family": 1}
+    extra = 'constraints = ["arch_specific or FACTOR == 2", "arch_family or BLOCK != 256"]'
+    project = load_project(project_with(tmp_path, extra=extra), env={"HATCH_AUTOTUNE_ARCHS": "sm_90,sm_90a,sm_100f"})
+    plan = make_plan(project, project.archs, log=quiet, compiler="13.0", lock=LockFile())
+    (inst,) = plan.instances
+    points = {(p.id.arch, p.key[0]): p for ps in inst.points.values() for p in ps}
+    specific, family = "constraints[0] 'arch_specific or FACTOR == 2'", "constraints[1] 'arch_family or BLOCK != 256'"
+    assert summary(inst.excluded(points["sm_90", 1024])) == {f"{specific} on sm_90": 3, f"{family} on sm_90": 1}
+    assert summary(inst.excluded(points["sm_90a", 1024])) == {}
+    assert summary(inst.excluded(points["sm_100f", 1024])) == {f"{specific} on sm_100f": 3}
+    assert project.kernels["scale"].point_constraints == tuple(enumerate(project.kernels["scale"].constraints))
+
+
+def test_the_arch_names_are_reserved_where_a_constraint_may_read_them(tmp_path):
+    root = project_with(
+        tmp_path,
+        extra='constraints = ["arch >= 80"]',
+        space="space = { BLOCK = [64, 128, 256], FACTOR = [2, 3], BAD = [false], arch_family = [0] }",
+    )
+    text = (
+        (root / "pyproject.toml")
+        .read_text()
+        .replace(
+            "default = { BLOCK = 128, FACTOR = 2, BAD = false }", "default = { BLOCK = 128, FACTOR = 2, BAD = false, arch_family = 0 }"
+        )
+    )
+    (root / "pyproject.toml").write_text(text)
+    errors = errors_for(root, hook_table(root))
+    assert any("the target's 'arch_family' has the same name as axis arch_family; rename one" in e for e in errors), errors

@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..runtime import INT_RANGES, MAX_SIZE, ExpressionError, short_repr, value_text
+from ..runtime.selection import ARCH_NAMES
 from . import space as space_mod
 from .args import TOOLKIT_CTYPES, TOOLKIT_ONLY
 from .expr import Expr
-from .kernel import ARCH_NAME, KernelSpec
+from .kernel import KernelSpec
 from .space import MAX_VARIANTS, ConstraintError, SpaceTooLarge, bucket_points, corner_points, count_points, enumerate_configs, size_problem
 from .validate import Table
 
@@ -184,7 +185,7 @@ def name_clashes(spec: KernelSpec) -> str | None:
             return f"constant {name!r} has the same name as argument {name}; rename one"
     strides = [n for a in spec.args for n in a.stride_names()]
     named = (("constant", spec.constants), ("axis", spec.space), ("key dim", [k.name for k in spec.key]), ("free dim", spec.dims))
-    for kind, names in (*named, ("stride", strides), ("`arch`", ["arch"] if spec.point_constraints else [])):
+    for kind, names in (*named, ("stride", strides), ("the target's", ARCH_NAMES if spec.point_constraints else ())):
         for name in names:
             if name in owners:
                 return f"{kind} {name!r} has the same name as {owners[name]}; rename one"
@@ -208,7 +209,7 @@ def check_geometry(spec: KernelSpec, types: Mapping[str, str], configs: list[dic
         pairs = itertools.chain(((p, c) for p in corners for c in configs), ((p, dict(spec.default)) for p in points))
     type_env = spec.type_env(types)
     names = [k.name for k in spec.key]
-    per_point = [(i, c) for i, c in spec.point_constraints if ARCH_NAME not in c.names]
+    per_point = [(i, c) for i, c in spec.point_constraints if not c.names & set(ARCH_NAMES)]
     cluster = spec.cluster or ()
     for point, config in pairs:
         key = dict(zip(names, point))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime import instance_env
+from ..runtime.selection import ARCH_NAMES
 from .args import ArgSpec
 from .expr import Expr
 from .headers import HeaderSetSpec
@@ -17,8 +18,6 @@ from .search import SearchSpec
 from .space import enumerate_configs
 
 DEFAULT_MAX_CONFIGS = 100_000  # axis combinations before constraints, per kernel (`max-configs`)
-# The name a constraint reads the target arch by: major * 10 + minor (90 for sm_90 and sm_90a).
-ARCH_NAME = "arch"
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ class KernelSpec:
         return tuple((i, c) for i, c in enumerate(self.constraints) if self.is_point_constraint(c))
 
     def is_point_constraint(self, c: Expr) -> bool:
-        return ARCH_NAME in c.names or any(k.name in c.names for k in self.key)
+        return any(n in c.names for n in ARCH_NAMES) or any(k.name in c.names for k in self.key)
 
     @property
     def toolkit_headers(self) -> bool:

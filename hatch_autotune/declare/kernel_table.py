@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime import INT_RANGES, MAX_SIZE, short_repr
+from ..runtime.selection import ARCH_NAMES
 from . import expr as expr_mod
 from .args import DTYPES, ArgSpec, parse_args
 from .checks import check_kernel
 from .headers import TOOLKIT_SET, HeaderSetSpec, v_header_names
-from .kernel import ARCH_NAME, DEFAULT_MAX_CONFIGS, KernelSpec
+from .kernel import DEFAULT_MAX_CONFIGS, KernelSpec
 from .keys import KeyDim, parse_keys
 from .layout import check_layout
 from .search import SearchSpec, parse_search
@@ -224,10 +225,16 @@ def _launch(
     """`constraints` (over the space, and per bucket and arch over the key dims and `arch`),
     then the launch geometry `grid`, `block`, `shared` and `cluster` (over the key, the free
     dims, the space, <T>_size and the constants)."""
-    constraint_names = config_names | type_size_names | constant_names | key_names | {ARCH_NAME}
+    constraint_names = config_names | type_size_names | constant_names | key_names | set(ARCH_NAMES)
     constraints = t.get(
         "constraints",
-        v_list(v_expr(constraint_names, "constraints may use the space axes, <T>_size, constants, key dims and `arch`"), nonempty=False),
+        v_list(
+            v_expr(
+                constraint_names,
+                "constraints may use the space axes, <T>_size, constants, key dims, `arch`, `arch_specific` and `arch_family`",
+            ),
+            nonempty=False,
+        ),
         default=(),
     )
     geometry_names = config_names | key_names | type_size_names | constant_names | dim_names

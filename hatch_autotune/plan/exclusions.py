@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..declare.config import KernelSpec
-from ..declare.kernel import ARCH_NAME
 from ..errors import BuildError
 from ..runtime import ExpressionError, short_repr
-from ..runtime.selection import arch_number
+from ..runtime.selection import ARCH_NAMES, arch_env, arch_number
 from .limits import CLUSTER_MIN_ARCH, shared_optin_limit
 
 
@@ -40,6 +39,7 @@ class PointRules:
     def __init__(self, spec: KernelSpec, types: Mapping[str, Any], configs: Sequence[Mapping[str, Any]], arch: str):
         self.spec, self.configs, self.arch = spec, configs, arch
         self.number = arch_number(arch)
+        self.arch_env = arch_env(arch)
         self.limit = shared_optin_limit(self.number)
         self.env = {**dict(getattr(spec, "dims", {}) or {}), **spec.type_env(types)}
         self.constraints: tuple[tuple[int, Any], ...] = tuple(getattr(spec, "point_constraints", ()))
@@ -89,11 +89,11 @@ class PointRules:
                 yield i
 
     def _judge(self, config: Mapping[str, Any], bucket: Mapping[str, int]) -> Exclusion | None:
-        env = {**self.env, **bucket, **config, ARCH_NAME: self.number}
+        env = {**self.env, **bucket, **config, **self.arch_env}
         for i, c in self.constraints:
             if not self._value(c, env, config, bucket, f"constraints[{i}] {c.text!r}"):
                 at = ", ".join(f"{n}={bucket[n]}" for n in bucket if n in c.names)
-                where = (f" at {at}" if at else "") + (f" on {self.arch}" if ARCH_NAME in c.names else "")
+                where = (f" at {at}" if at else "") + (f" on {self.arch}" if c.names & set(ARCH_NAMES) else "")
                 text = f"constraints[{i}] {c.text!r}{where}"
                 return Exclusion(text, f"fails {text}")
         if self.cluster is not None:

@@ -352,7 +352,7 @@ class KernelSelector:
 
     def _broken(self, vid: str, types: Mapping[str, Any], key: Mapping[str, int], arch: str) -> str | None:
         """The first key constraint that variant `vid` breaks at a call's own sizes, or None."""
-        env = {**key, **self.table.variants[vid].config, **instance_env(types), "arch": arch_number(arch)}
+        env = {**key, **self.table.variants[vid].config, **instance_env(types), **arch_env(arch)}
         for text, check in self._key_checks:
             try:
                 if not check(env):
@@ -386,3 +386,16 @@ def arch_number(arch: str) -> int:
     """`arch` as constraints read it: major * 10 + minor ('sm_90a' -> 90, 'sm_100f' -> 100)."""
     _, major, minor, _ = parse_arch(arch)
     return major * 10 + minor
+
+
+# What a point constraint reads of a target arch (arch_env); `arch` alone cannot tell sm_90a's
+# wgmma from plain sm_90, so the suffix is read as NVRTC's two macros say it.
+ARCH_NAMES = ("arch", "arch_specific", "arch_family")
+
+
+def arch_env(arch: str) -> dict[str, int]:
+    """The names ARCH_NAMES of a target: `arch` (arch_number), `arch_specific` (1 on an `a` target,
+    where NVRTC defines __CUDA_ARCH_SPECIFIC__) and `arch_family` (1 on `a` and `f` targets, where it
+    defines __CUDA_ARCH_FAMILY_SPECIFIC__); 0 otherwise."""
+    _, major, minor, suffix = parse_arch(arch)
+    return {"arch": major * 10 + minor, "arch_specific": int(suffix == "a"), "arch_family": int(suffix in ("a", "f"))}
