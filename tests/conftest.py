@@ -55,6 +55,7 @@ STENCIL_KIT = ROOT / "tests" / "consumers" / "stencil_kit"  # constants, shapes 
 # default: most tests first.
 LONG_FILES = (
     "test_gemm_template.py",  # 170 s: the space of one instance and every default, then the emulator
+    "test_norm_templates.py",  # 180 s: every config of both norms for two archs, then the emulator
     "test_cluster.py",  # 130-150 s, mostly waiting on Ray and the fake workers: beside the compiles
     "test_headers.py",  # 100 s cold: llm_kit for six archs, with the toolkit's headers
     "test_llm_kit_launch.py",  # 100-140 s cold: llm_kit built again, its new kernels called over the stand-in
