@@ -363,7 +363,7 @@ def build_wheel(src: Path, out: Path, cache_dir: Path) -> tuple[bytes, str]:
 def clean(tmp_path_factory) -> SimpleNamespace:
     """example_pkg without a lock file, its wheel from a cold cache, and that cache."""
     tmp = tmp_path_factory.mktemp("clean")
-    src = copy_example(tmp / "src")
+    src = copy_example(tmp / "src", fp32_only=True)
     (src / "autotune.lock.json").unlink()  # the committed one (tuned on an H200); these builds start lockless
     wheel, printed = build_wheel(src, tmp / "out", tmp / "cache")
     assert "12 variant binaries compiled, 0 from the cache" in printed
@@ -400,7 +400,7 @@ def test_a_build_over_a_damaged_cache_recompiles_and_gives_the_same_wheel(clean,
 
 def test_a_damaged_lock_file_is_a_warning_and_the_wheel_is_the_lockless_one(clean, tmp_path):
     """A damaged lock is ignored, never half-trusted: the wheel is the one built without a lock."""
-    src = copy_example(tmp_path / "src")
+    src = copy_example(tmp_path / "src", fp32_only=True)
     lock_path = src / "autotune.lock.json"
     write_lock(src, build(src, clean.cache), {"BLOCK": 512, "VEC": 2, "ITEMS": 2})
     intact = lock_path.read_bytes()
