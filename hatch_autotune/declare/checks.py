@@ -209,7 +209,7 @@ def check_geometry(spec: KernelSpec, types: Mapping[str, str], configs: list[dic
         pairs = itertools.chain(((p, c) for p in corners for c in configs), ((p, dict(spec.default)) for p in points))
     type_env = spec.type_env(types)
     names = [k.name for k in spec.key]
-    per_point = [(i, c) for i, c in spec.point_constraints if not c.names & set(ARCH_NAMES)]
+    per_point = [(i, c) for i, c in spec.point_constraints if c.names.isdisjoint(ARCH_NAMES)]
     cluster = spec.cluster or ()
     for point, config in pairs:
         key = dict(zip(names, point))

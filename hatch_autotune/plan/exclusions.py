@@ -18,7 +18,7 @@ from typing import Any
 from ..declare.config import KernelSpec
 from ..errors import BuildError
 from ..runtime import ExpressionError, short_repr
-from ..runtime.selection import ARCH_NAMES, arch_env, arch_number
+from ..runtime.selection import ARCH_NAMES, arch_env
 from .limits import CLUSTER_MIN_ARCH, shared_optin_limit
 
 
@@ -38,8 +38,8 @@ class PointRules:
 
     def __init__(self, spec: KernelSpec, types: Mapping[str, Any], configs: Sequence[Mapping[str, Any]], arch: str):
         self.spec, self.configs, self.arch = spec, configs, arch
-        self.number = arch_number(arch)
         self.arch_env = arch_env(arch)
+        self.number = self.arch_env["arch"]
         self.limit = shared_optin_limit(self.number)
         self.env = {**dict(getattr(spec, "dims", {}) or {}), **spec.type_env(types)}
         self.constraints: tuple[tuple[int, Any], ...] = tuple(getattr(spec, "point_constraints", ()))
@@ -93,7 +93,7 @@ class PointRules:
         for i, c in self.constraints:
             if not self._value(c, env, config, bucket, f"constraints[{i}] {c.text!r}"):
                 at = ", ".join(f"{n}={bucket[n]}" for n in bucket if n in c.names)
-                where = (f" at {at}" if at else "") + (f" on {self.arch}" if c.names & set(ARCH_NAMES) else "")
+                where = (f" at {at}" if at else "") + ("" if c.names.isdisjoint(ARCH_NAMES) else f" on {self.arch}")
                 text = f"constraints[{i}] {c.text!r}{where}"
                 return Exclusion(text, f"fails {text}")
         if self.cluster is not None:

@@ -397,5 +397,5 @@ def arch_env(arch: str) -> dict[str, int]:
     """The names ARCH_NAMES of a target: `arch` (arch_number), `arch_specific` (1 on an `a` target,
     where NVRTC defines __CUDA_ARCH_SPECIFIC__) and `arch_family` (1 on `a` and `f` targets, where it
     defines __CUDA_ARCH_FAMILY_SPECIFIC__); 0 otherwise."""
-    _, major, minor, suffix = parse_arch(arch)
-    return {"arch": major * 10 + minor, "arch_specific": int(suffix == "a"), "arch_family": int(suffix in ("a", "f"))}
+    suffix = parse_arch(arch)[3]
+    return {"arch": arch_number(arch), "arch_specific": int(suffix == "a"), "arch_family": int(suffix in ("a", "f"))}
