@@ -444,6 +444,43 @@ def sm_count(cp: Any) -> int:
         return int(cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"])
 
 
+def streaming_contenders(
+    np: Any,
+    funcs: dict[str, Any],
+    src: Any,
+    dst: Any,
+    sms: int,
+    launches: int,
+    meta: dict[str, Any],
+    copy_check: Callable[[Callable[[], Any]], Callable[[], dict[str, Any]]],
+) -> list[Contender]:
+    """The streaming ceiling's contenders: each launch shape of STREAM_SHAPES whose kernel
+    compiled (`funcs`, from load_stream_kernels) copying float32 `src` to `dst`, checked by
+    `copy_check(launch)`; tensor_core.py measures its norms against the same ones."""
+    n4 = src.size // 4
+    out = []
+    for name, entry, block, per_sm in STREAM_SHAPES:
+        if entry not in funcs:
+            continue
+        unroll, hints = STREAM_KERNELS[entry]
+        grid = stream_grid(n4, block, per_sm, unroll, sms)
+        args = (src, dst, np.int64(n4))
+
+        def launch(fn: Any = funcs[entry], grid: int = grid, block: int = block, args: tuple = args) -> None:
+            fn((grid,), (block,), args)
+
+        shape = {
+            "entry": entry,
+            "grid": grid,
+            "block": block,
+            "blocks_per_sm": per_sm,
+            "float4_per_thread_step": unroll,
+            "cache_hints": hints,
+        }
+        out.append(Contender(f"stream:{name}", launch, launches, False, {**meta, "kind": "streaming", "shape": shape}, copy_check(launch)))
+    return out
+
+
 def big_section(
     cp: Any,
     np: Any,
@@ -489,28 +526,7 @@ def big_section(
     for entry, why in failed.items():  # its shapes are left out; not an error of what is measured
         not_compiled[entry] = why
         print(f"  [2GiB] streaming kernel {entry} did not compile, its shapes are left out: {why}", flush=True)
-    n4 = n // 4
-    for name, entry, block, per_sm in STREAM_SHAPES:
-        if entry not in funcs:
-            continue
-        unroll, hints = STREAM_KERNELS[entry]
-        grid = stream_grid(n4, block, per_sm, unroll, sms)
-        args = (src, dst, np.int64(n4))
-
-        def launch(fn: Any = funcs[entry], grid: int = grid, block: int = block, args: tuple = args) -> None:
-            fn((grid,), (block,), args)
-
-        shape = {
-            "entry": entry,
-            "grid": grid,
-            "block": block,
-            "blocks_per_sm": per_sm,
-            "float4_per_thread_step": unroll,
-            "cache_hints": hints,
-        }
-        contenders.append(
-            Contender(f"stream:{name}", launch, launches, False, {**copy_meta, "kind": "streaming", "shape": shape}, copy_check(launch))
-        )
+    contenders += streaming_contenders(np, funcs, src, dst, sms, launches, copy_meta, copy_check)
 
     # saxpy: float32 at n = big / 4 (big bytes per array), float16 at the same n
     for dtype in ("float32", "float16"):

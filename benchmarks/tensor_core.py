@@ -33,8 +33,6 @@ from typing import Any
 
 from _common import example_project, import_generated, machine, options, require_gpu, write_result
 from roofline import (
-    STREAM_KERNELS,
-    STREAM_SHAPES,
     Contender,
     GiB,
     Timer,
@@ -44,7 +42,7 @@ from roofline import (
     run_section,
     sm_count,
     spread,
-    stream_grid,
+    streaming_contenders,
 )
 
 GEMM_SHAPES = ((4096, 4096, 4096), (1024, 1024, 1024), (16, 4096, 4096), (128, 4096, 4096), (512, 4096, 4096))
@@ -121,21 +119,16 @@ def norm_section(torch: Any, cp: Any, np: Any, kernels: Any, timer: Timer, arch:
     src, dst = cp.random.RandomState(1).random_sample(n, dtype=cp.float32), cp.zeros(n, cp.float32)
     funcs, failed = load_stream_kernels(cp, arch)
     errors.update({f"stream {e}": why for e, why in failed.items()})
-    for name, entry, block, per_sm in STREAM_SHAPES:
-        if entry in funcs:
-            grid = stream_grid(n // 4, block, per_sm, STREAM_KERNELS[entry][0], sm_count(cp))
 
-            def stream_copy(fn: Any = funcs[entry], grid: int = grid, block: int = block) -> None:
-                fn((grid,), (block,), (src, dst, np.int64(n // 4)))
+    def copy_check(call: Any) -> Any:
+        def check() -> dict:
+            dst.fill(0)
+            call()
+            return {"ok": bool(cp.array_equal(dst, src))}
 
-            def copy_check(call: Any = stream_copy) -> dict:
-                dst.fill(0)
-                call()
-                return {"ok": bool(cp.array_equal(dst, src))}
+        return check
 
-            contenders.append(
-                Contender(f"stream:{name}", stream_copy, launches, False, {"kind": "streaming", "bytes": 2 * BIG_BYTES}, copy_check)
-            )
+    contenders += streaming_contenders(np, funcs, src, dst, sm_count(cp), launches, {"bytes": 2 * BIG_BYTES}, copy_check)
     for cols in NORM_COLS:
         rows = BIG_BYTES // (cols * 2)
         x = torch.empty((rows, cols), device="cuda", dtype=torch.bfloat16).normal_(generator=gen)
