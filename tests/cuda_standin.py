@@ -653,7 +653,8 @@ class StandIn:
         """Each parameter's bytes through the kernelParams pointers, as many and as large as the
         binary declares; refused: overlapping or null slots, and a CUtensorMap parameter (128
         bytes) that the cubin does not place 64-byte aligned, whose host bytes are not 64-byte
-        aligned, or that is not a tensor map this stand-in encoded."""
+        aligned, or that is neither a tensor map this stand-in encoded nor 128 zero bytes (the
+        parameter of a map the variant does not read: the driver never looks inside it)."""
         sizes = kernel.params
         if sizes and not int(params):
             raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: no kernelParams for {len(sizes)} parameters")
@@ -677,7 +678,7 @@ class StandIn:
                 raise self.refuse(
                     "CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: parameter {i} (a CUtensorMap) read from {addr:#x}, not 64-byte aligned"
                 )
-            if decode_tensor_map(value) is None:
+            if decode_tensor_map(value) is None and value != bytes(TENSOR_MAP_BYTES):  # zeros: a map the variant does not read (`when`)
                 raise self.refuse(
                     "CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: parameter {i} is 128 bytes but no tensor map this stand-in encoded"
                 )

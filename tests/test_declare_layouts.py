@@ -128,6 +128,10 @@ def test_bad_kernel_keys_are_refused_by_name(good, change, expected):
         (3, {"tensor-map": {"array": "q", "box": [1, 1, 1], "swizzle": "256B"}}, "tensor-map.swizzle: expected one of 'none', '32B'"),
         (3, {"tensor-map": {"array": "bias", "box": [1]}}, "'bias' is optional; a tensor map needs an array every call passes"),
         (3, {"tensor-map": {"array": "q", "box": [1, 1, 1], "mode": 1}}, "kernels.rope.args[3].tensor-map.mode: unknown key"),
+        (3, {"tensor-map": {"array": "q", "box": [1, 1, 1], "order": "fortran"}}, "tensor-map.order: expected one of 'declared', 'memory'"),
+        (3, {"tensor-map": {"array": "q", "box": [1, 1, 1], "when": "tokens > 64"}}, "kernels.rope.args[3].tensor-map.when: unknown name(s) tokens"),
+        (3, {"tensor-map": {"array": "q", "box": [1, 1, 1], "when": "ROWS >"}}, "kernels.rope.args[3].tensor-map.when"),
+        (3, {"tensor-map": {"array": "q", "box": [1, 1, 1], "when": "ROWS == 1"}}, "kernels.rope.default: the default config reads tensor map 'q_map'"),
     ],
 )  # fmt: skip
 def test_bad_arguments_are_refused_by_name(good, index, arg, expected):
@@ -152,6 +156,22 @@ def test_a_tensor_map_of_an_any_strided_array_is_refused(good):
     root, table = _table(good)
     table["kernels"]["rope"]["args"][0]["strides"] = "any"
     assert any('declared with strides = "any"' in e for e in errors_for(root, table))
+
+
+@pytest.mark.parametrize("extra", [{"order": "memory"}, {"when": "ROWS > 1 and arch_specific == 1"}])
+def test_a_map_in_memory_order_or_with_a_when_may_read_an_any_strided_array(good, extra):
+    """(The call checks TMA's rules; with a `when`, a call they refuse runs a variant that reads no map.)"""
+    root, table = _table(good)
+    table["kernels"]["rope"]["args"][0]["strides"] = "any"
+    table["kernels"]["rope"]["args"][3]["tensor-map"].update(extra)
+    spec = parse_project(table, root, env={}).kernels["rope"]
+    decl = kernel_decl(spec).arg("q_map").tensor_map
+    assert (decl.order, decl.when is not None) == (extra.get("order", "declared"), "when" in extra)
+    assert KernelDecl.from_json("rope", kernel_decl(spec).to_json()).arg("q_map").tensor_map == decl
+    table["kernels"]["rope"]["args"][3]["tensor-map"].update(when="ROWS == 4", order="memory")  # another when (and order)
+    other = parse_project(table, root, env={}).kernels["rope"]
+    checksum = lambda s: entry_checksum(s, "-", ["h"], "sm_90", {"tokens": 64, "heads": 8})  # noqa: E731
+    assert checksum(spec) != checksum(other)  # what a measurement depends on
 
 
 def test_a_key_dim_is_never_read_from_an_optional_array(good):

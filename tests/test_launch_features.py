@@ -100,8 +100,12 @@ def computed(name, value):
     return {"name": name, "dtype": "int32", "kind": "scalar", "value": tree(value)}
 
 
-def tensor_map(name, source, box, swizzle="none", oob_fill="zero"):
+def tensor_map(name, source, box, swizzle="none", oob_fill="zero", when=None, order=None):
     decl = {"array": source, "box": [tree(b) for b in box], "swizzle": swizzle, "l2_promotion": "none", "oob_fill": oob_fill}
+    if when is not None:
+        decl["when"] = tree(when)
+    if order is not None:
+        decl["order"] = order
     return {"name": name, "dtype": "", "kind": "tensor-map", "tensor_map": decl}
 
 
@@ -404,9 +408,14 @@ def test_a_strided_source_array_is_encoded_with_its_strides_and_checked(standin)
 
 
 def test_the_driver_rules_are_checked_in_the_driver_order():
-    decl = TensorMapDecl("a", (), "none", "none", "nan")
+    decl = TensorMapDecl("a", (), "none", "none", "nan", None, "declared")
     args = tensor_map_args(
-        "k(): tensor map 'm'", TensorMapDecl("a", (), "64B", "128B", "zero"), "bfloat16", (7, 5, 32), (320, 64, 1), (1, 4, 32)
+        "k(): tensor map 'm'",
+        TensorMapDecl("a", (), "64B", "128B", "zero", None, "declared"),
+        "bfloat16",
+        (7, 5, 32),
+        (320, 64, 1),
+        (1, 4, 32),
     )
     assert args == ("BFLOAT16", 3, (32, 5, 7), (128, 640), (32, 4, 1), "64B", "L2_128B", "NONE")
     with pytest.raises(ValueError, match="oob-fill 'nan' needs a floating-point array"):
@@ -447,7 +456,7 @@ def test_the_stand_in_checks_an_encode_as_the_driver_documents(standin):
         driver.cuTensorMapEncodeTiled(T.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, a.ptr, [64], [], [u32(32)], [u32(1)], 0, 0, 0, 0)
 
 
-def test_the_stand_in_refuses_128_bytes_that_are_no_encoded_map(standin):
+def test_the_stand_in_refuses_128_bytes_that_are_no_encoded_map_but_zeros(standin):
     k = tma_rows()
     a, out = DeviceArray.empty(standin, (1024, 64)), DeviceArray.empty(standin, (1024,))
     k(a, out)
@@ -457,8 +466,120 @@ def test_the_stand_in_refuses_128_bytes_that_are_no_encoded_map(standin):
     buffer = ParamBuffer([("pointer", 0, None), (TENSOR_MAP, None, None), ("pointer", 1, None), ("int32", 2, None), ("int32", 3, None)])
     buffer.convert.pack_into(buffer.storage, 0, a.ptr, out.ptr, 1024, 64)
     cuda_standin.FakeDevice(0).set_current()
+    assert driver.cuLaunchKernel(function, 8, 1, 1, 128, 1, 1, 0, 1, buffer.address, 0) == (R.CUDA_SUCCESS,)  # zeros: a map not read
+    offset = buffer.map_offsets[0]
+    buffer.storage[offset : offset + 128] = bytes(range(128))
     assert driver.cuLaunchKernel(function, 8, 1, 1, 128, 1, 1, 0, 1, buffer.address, 0) == (R.CUDA_ERROR_INVALID_VALUE,)
     assert standin.refused[-1].endswith("parameter 1 is 128 bytes but no tensor map this stand-in encoded")
+
+
+# ---- maps some variants read (`when`), maps in memory order, the fallback ------------------------
+
+
+def tma_rows_two(strides="any", order="memory", plain_row=True):
+    """tma_rows with two variants: TMA = 1 (reads a_map, the choice at m = 1024) and TMA = 0 (reads
+    no map: `when = "TMA == 1"`, the choice at m = 16), a in any strides, its map in memory order."""
+    args = [
+        array("a", ["m", "k"], strides=strides),
+        tensor_map("a_map", "a", ["BM", "BK"], when="TMA == 1", order=order),
+        array("out", ["m"], "out"),
+        computed("m", "m"),
+        computed("k", "k"),
+    ]
+    keys = [{"name": "m", "from": "a", "axis": 0, "buckets": [16, 1024], "mapping": "nearest"}, key("k", "a", 1, 64)]
+    rows = [
+        {"bucket": [16, 64], "variant": "plain" if plain_row else "tma", "tuned": True, "provenance": {}},
+        {"bucket": [1024, 64], "variant": "tma", "tuned": True, "provenance": {}},
+    ]
+    spec = {
+        "entry": "tma_rows", "doc": "", "args": args, "key": keys, "type_params": {}, "constants": [],
+        "launch": {"grid": [tree("cdiv(m, 128)")], "block": [128], "shared": 0},
+        "variants": {"plain": {"config": {"TMA": 0, "BM": 64, "BK": 32}, "binaries": {}}, "tma": {"config": {"TMA": 1, "BM": 64, "BK": 32}, "binaries": {}}},
+        "select": {"-": {"sm_80": rows, "sm_90": rows}},
+    }  # fmt: skip
+    return Kernel(KernelTable.from_json("tma_rows", spec), Cubins())
+
+
+def test_a_map_the_variant_does_not_read_is_zeros_and_never_encoded(standin):
+    k = tma_rows_two()
+    a, out = DeviceArray.empty(standin, (16, 64)), DeviceArray.empty(standin, (16,))
+    k(a, out)  # m = 16: the `plain` variant
+    assert standin.launches[-1].params[1] == bytes(128) and standin.encoded == 0
+    assert k.select(m=16, k=64, arch=(9, 0)).config["TMA"] == 0
+    big, out2 = DeviceArray.empty(standin, (1024, 64)), DeviceArray.empty(standin, (1024,))
+    k(big, out2)  # m = 1024: the `tma` variant, its map encoded
+    assert decode_tensor_map(standin.launches[-1].params[1])["address"] == big.ptr and standin.encoded == 1
+
+
+def test_a_map_in_memory_order_puts_the_unit_stride_axis_innermost(standin):
+    k = tma_rows_two()
+    store = DeviceArray.empty(standin, (64, 1024))  # a column-major [1024, 64]: a view of its transpose
+    out = DeviceArray.empty(standin, (1024,))
+    k(Cai(store.ptr, (1024, 64), strides=(4, 1024 * 4)), out)
+    found = decode_tensor_map(standin.launches[-1].params[1])
+    assert (found["dims"], found["strides"], found["box"]) == ([1024, 64], [1024 * 4], [64, 32])  # m innermost, then k
+    k(DeviceArray.empty(standin, (1024, 64)), out)  # row-major: the declared order
+    found = decode_tensor_map(standin.launches[-1].params[1])
+    assert (found["dims"], found["strides"], found["box"]) == ([64, 1024], [64 * 4], [32, 64])
+
+
+def test_the_driver_args_of_a_memory_order_map():
+    decl = TensorMapDecl("a", (), "none", "none", "zero", None, "memory")
+    args = tensor_map_args("k(): tensor map 'm'", decl, "bfloat16", (4096, 1024), (1, 4096), (128, 64))  # B = W.T, [k, n]
+    assert args[2:5] == ((4096, 1024), (4096 * 2,), (128, 64))  # k innermost: K-major boxes
+    with pytest.raises(ValueError, match=r"strides \(2, 8192\) \(elements\); a tensor map in memory order needs an axis of stride 1"):
+        tensor_map_args("k(): tensor map 'm'", decl, "bfloat16", (4096, 1024), (2, 8192), (128, 64))
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda s, base: Cai(base.ptr, (1024, 64), strides=(8, 2048 * 4)), "no unit-stride axis (every other row)"),
+        (lambda s, base: Cai(base.ptr, (1024, 60), strides=(61 * 4, 4)), "rows 244 bytes apart: not a multiple of 16"),
+        (lambda s, base: Cai(base.ptr + 4, (1024, 64)), "an address 4 bytes past 16-byte alignment"),
+    ],
+    ids=["no-unit-axis", "pitch", "misaligned"],
+)
+def test_a_call_tma_cannot_serve_runs_the_rows_variant_that_reads_no_map(standin, make, why):
+    k = tma_rows_two()
+    base = DeviceArray.empty(standin, (2048, 64))
+    out = DeviceArray.empty(standin, (1024,))
+    for _ in range(2):  # the checked path, then again: no fast plan of the fallback for this signature
+        k(make(standin, base), out)
+        assert standin.launches[-1].params[1] == bytes(128), why  # the `plain` variant: no map
+    assert standin.encoded == 0
+    calls = k.checked_calls
+    k(Cai(base.ptr, (1024, 64)), out)  # an aligned, row-major call of the bucket: its own variant, TMA
+    assert decode_tensor_map(standin.launches[-1].params[1]) is not None
+    k(Cai(base.ptr, (1024, 64)), out)
+    assert k.checked_calls == calls + 1, "the aligned call's plan is a fast one"
+    if why.startswith("an address"):
+        k(make(standin, base), out)  # misaligned again, with the aligned plan recorded: the checked path, the fallback
+        assert standin.launches[-1].params[1] == bytes(128) and k.checked_calls == calls + 2
+
+
+def test_without_a_variant_that_reads_no_map_the_call_is_an_error_naming_why(standin):
+    k = tma_rows_two(plain_row=False)  # both buckets chose the variant that reads the map
+    base = DeviceArray.empty(standin, (2048, 64))
+    with pytest.raises(
+        ValueError, match=r"variant tma reads a tensor map the call cannot give \(.*not 16-byte aligned\), and the wheel ships no variant"
+    ):
+        k(Cai(base.ptr + 4, (1024, 64)), DeviceArray.empty(standin, (1024,)))
+    assert standin.launches == []
+
+
+def test_the_tuner_launches_the_variant_it_names_and_never_falls_back(standin):
+    """runtime.launching.variant_launch (what the tuning worker times): `tma` with a layout TMA
+    cannot read is that variant's error, not a launch of another variant."""
+    from hatch_autotune.runtime.launching import variant_launch
+
+    k = tma_rows_two()
+    base, out = DeviceArray.empty(standin, (2048, 64)), DeviceArray.empty(standin, (1024,))
+    call = k.checks.prepare([Cai(base.ptr, (1024, 64), strides=(8, 2048 * 4)), out], runtime.cuda_seam.current.default_stream, {})
+    with pytest.raises(ValueError, match=r"tensor map 'a_map'.*a tensor map in memory order needs an axis of stride 1"):
+        variant_launch(k, "tma", call, 0)(0)
+    variant_launch(k, "plain", call, 0)(0)
+    assert len(standin.launches) == 1 and standin.launches[-1].params[1] == bytes(128)
 
 
 # ---- the tuning worker launches as the wheel does ------------------------------------------------

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runtime import DTYPE_SIZES, LAYOUTS, stride_name, unit_stride_constant
-from ..runtime.declaration import L2_PROMOTIONS, OOB_FILLS, SWIZZLES
+from ..runtime.declaration import L2_PROMOTIONS, MAP_ORDERS, OOB_FILLS, SWIZZLES
 from .expr import Expr
 from .validate import BAD, Table, problems_since, v_bool, v_choice, v_expr, v_ident, v_int, v_list
 
@@ -65,6 +65,8 @@ class TensorMapSpec:
     swizzle: str = "none"
     l2_promotion: str = "none"
     oob_fill: str = "zero"
+    when: Expr | None = None  # over the config, constants, <T>_size and the arch: the variants that read it (None: all)
+    order: str = "declared"  # MAP_ORDERS: the map's dims in the declared order, or the unit-stride axis innermost
 
 
 @dataclass(frozen=True)
@@ -205,8 +207,9 @@ def parse_arg(
 
 
 def _parse_tensor_map_arg(t: Table, name: Any, n: int) -> ArgSpec | None:
-    """`{ name, tensor-map = { array, box, swizzle?, l2-promotion?, oob-fill? } }`: the box's
-    names are checked with the launch geometry's (kernel_table.py), the array by checks.py."""
+    """`{ name, tensor-map = { array, box, swizzle?, l2-promotion?, oob-fill?, when?, order? } }`:
+    the box's and `when`'s names are checked with the launch geometry's (layout.py), the array
+    by layout.py."""
     errors = t.errors
     for key in ("dtype", "shape", "intent", "value", "align", "strides", "optional", "unit-stride-variants"):
         if key in t.data:
@@ -221,11 +224,15 @@ def _parse_tensor_map_arg(t: Table, name: Any, n: int) -> ArgSpec | None:
     swizzle = map_t.get("swizzle", v_choice(SWIZZLES), default="none")
     l2 = map_t.get("l2-promotion", v_choice(L2_PROMOTIONS), default="none")
     oob = map_t.get("oob-fill", v_choice(OOB_FILLS), default="zero")
+    when = map_t.get("when", v_expr(None), default=None)
+    order = map_t.get("order", v_choice(MAP_ORDERS), default="declared")
     map_t.finish()
     if box not in (None, BAD) and len(box) > 5:
         errors.append(f"{map_t.sub('box')}: a tensor map has 1 to 5 dims, got {len(box)}")
     if problems_since(errors, n):
         return None
     return ArgSpec(
-        name=name, dtype="", tensor_map=TensorMapSpec(array=array, box=tuple(box), swizzle=swizzle, l2_promotion=l2, oob_fill=oob)
+        name=name,
+        dtype="",
+        tensor_map=TensorMapSpec(array=array, box=tuple(box), swizzle=swizzle, l2_promotion=l2, oob_fill=oob, when=when, order=order),
     )

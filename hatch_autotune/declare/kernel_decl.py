@@ -27,6 +27,8 @@ def _arg_decl(a: ArgSpec) -> ArgDecl:
             swizzle=a.tensor_map.swizzle,
             l2_promotion=a.tensor_map.l2_promotion,
             oob_fill=a.tensor_map.oob_fill,
+            when=a.tensor_map.when.tree if a.tensor_map.when is not None else None,
+            order=a.tensor_map.order,
         ),
     )
 

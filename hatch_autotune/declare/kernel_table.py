@@ -16,7 +16,7 @@ from .checks import check_kernel
 from .headers import TOOLKIT_SET, HeaderSetSpec, v_header_names
 from .kernel import DEFAULT_MAX_CONFIGS, KernelSpec
 from .keys import KeyDim, parse_keys
-from .layout import check_layout
+from .layout import check_default_reads_no_conditional_map, check_layout
 from .search import SearchSpec, parse_search
 from .validate import (
     BAD,
@@ -109,6 +109,8 @@ def parse_kernel(
     geometry_names = set(space) | key_names | {f"{tp}_size" for tp in types} | set(constants) | set(dims)
     check_layout(t, args, key, dims, geometry_names, _declared_names(t))
     default = _default(t, space)
+    if default and not problems_since(errors, n_errors):
+        check_default_reads_no_conditional_map(t, args, default, types, constants)
     t.finish()
     if problems_since(errors, n_errors):
         return None

@@ -6,8 +6,12 @@ launch geometry may use. Each problem is one line naming its key."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+from ..runtime import DTYPE_SIZES, ExpressionError
+from ..runtime.selection import ARCH_NAMES, arch_env
 from .args import ArgSpec
 from .keys import KeyDim
 from .validate import Table
@@ -21,6 +25,8 @@ def check_layout(
     (nothing is said about those twice)."""
     errors = t.errors
     by_name = {a.name: a for a in args}
+    # what selects a variant, not what a call's sizes say: a map's `when` is decided per variant
+    when_names = (geometry_names - {k.name for k in key} - set(dims)) | set(ARCH_NAMES)
     arg_paths = {a.name: f"{t.sub('args')}[{i}]" for i, a in enumerate(args)}
     for dim in dims:
         bound_by = [a.name for a in args if a.shape is not None and not a.optional and any(e.tree == ["n", dim] for e in a.shape)]
@@ -46,11 +52,20 @@ def check_layout(
             arrays = ", ".join(b.name for b in args if b.shape is not None) or "none"
             errors.append(f"{path}.array: {a.tensor_map.array!r} is {what}; a tensor map describes an array argument (arrays: {arrays})")
             continue
-        if target.strides == "any":
+        tm = a.tensor_map
+        if target.strides == "any" and tm.when is None and tm.order == "declared":
             errors.append(
                 f'{path}.array: {target.name!r} is declared with strides = "any"; a tensor map needs the innermost stride to be '
-                'one element: declare it "inner" or "contiguous"'
+                'one element: declare it "inner" or "contiguous", give the map order = "memory" (its unit-stride axis '
+                "innermost), or a `when` (a call TMA cannot serve then runs a variant that reads no map)"
             )
+        if tm.when is not None:
+            unknown = sorted(tm.when.names - when_names)
+            if unknown:
+                errors.append(
+                    f"{path}.when: unknown name(s) {', '.join(unknown)} in {tm.when.text!r}; `when` may use space axes, "
+                    f"<T>_size, constants and {', '.join(ARCH_NAMES)}: {', '.join(sorted(when_names)) or 'none'}"
+                )
         if target.optional:
             errors.append(f"{path}.array: {target.name!r} is optional; a tensor map needs an array every call passes")
         if len(a.tensor_map.box) != len(target.shape):
@@ -65,3 +80,38 @@ def check_layout(
                     f"{path}.box[{i}]: unknown name(s) {', '.join(unknown)} in {e.text!r}; a box may use key dims, free dims, "
                     f"space axes, <T>_size and constants: {', '.join(sorted(geometry_names)) or 'none'}"
                 )
+
+
+# The archs a `when` is tried on for the default config: one of each kind a point constraint tells apart.
+_PROBE_ARCHS = ("sm_80", "sm_90", "sm_90a", "sm_100f")
+
+
+def check_default_reads_no_conditional_map(
+    t: Table, args: Sequence[ArgSpec], default: Mapping[str, Any], types: Mapping[str, Any], constants: Mapping[str, Any]
+) -> None:
+    """A kernel whose maps have a `when` must have a default config that reads none of them: a
+    call TMA cannot serve falls back to a variant that reads no map, and the default is the one
+    every row of the wheel may end up with (an untuned entry runs it)."""
+    maps = [a for a in args if a.tensor_map is not None and a.tensor_map.when is not None]
+    if not maps:
+        return
+    names = [*types, *constants]
+    instances: list[dict[str, Any]] = [{}]
+    for name in names:
+        values = [(f"{name}_size", DTYPE_SIZES[v]) for v in types[name]] if name in types else [(name, v) for v in constants[name]]
+        instances = [{**o, k: v} for o in instances for k, v in values]
+    for a in maps:
+        assert a.tensor_map is not None and a.tensor_map.when is not None
+        when = a.tensor_map.when
+        for inst, arch in itertools.product(instances, _PROBE_ARCHS):
+            try:
+                reads = bool(when({**default, **inst, **arch_env(arch)}))
+            except ExpressionError:
+                continue  # what cannot be evaluated here is reported with its names
+            if reads:
+                t.errors.append(
+                    f"{t.sub('default')}: the default config reads tensor map {a.name!r} (its when {when.text!r} holds for "
+                    f"{arch}); a kernel whose maps have a `when` needs a default that reads none of them, for the calls TMA "
+                    "cannot serve"
+                )
+                break

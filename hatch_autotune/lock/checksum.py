@@ -70,6 +70,9 @@ def _layout_fields(spec: KernelSpec) -> dict[str, object]:
             a.tensor_map.swizzle,
             a.tensor_map.l2_promotion,
             a.tensor_map.oob_fill,
+            # (only when set: the checksums of maps declared before `when` and `order` stay)
+            *([["when", a.tensor_map.when.tree]] if a.tensor_map.when is not None else []),
+            *([["order", a.tensor_map.order]] if a.tensor_map.order != "declared" else []),
         ]
         for a in spec.args
         if a.tensor_map is not None

@@ -11,7 +11,7 @@ JSON form (inside table.json's schema 1, per kernel):
   {"entry": str, "doc": str,
    "args": [{"name", "dtype", "kind": "array"|"scalar"|"tensor-map", "shape": [tree], "intent", "align"?,
              "strides"?: "inner"|"any", "optional"?: true, "unit_stride_variants"?: true, "value"?: tree,
-             "tensor_map"?: {"array", "box": [tree], "swizzle", "l2_promotion", "oob_fill"}}],
+             "tensor_map"?: {"array", "box": [tree], "swizzle", "l2_promotion", "oob_fill", "when"?: tree, "order"?: "memory"}}],
    "key": [{"name", "from", "axis": int|null, "buckets": [int], "mapping"}],
    "type_params": {name: [dtype]}, "constants": [{"name", "values": [int|bool]}],
    "dims"?: {name: int}, "key_constraints"?: [tree],
@@ -52,6 +52,9 @@ LAYOUTS = ("contiguous", "inner", "any")
 SWIZZLES = ("none", "32B", "64B", "128B")
 L2_PROMOTIONS = ("none", "64B", "128B", "256B")
 OOB_FILLS = ("zero", "nan")
+# A map's dims: the array's axes as declared (the last of unit stride), or in memory order (its
+# unit-stride axis innermost, the others as declared: B = W.T, declared [k, n], gives k innermost).
+MAP_ORDERS = ("declared", "memory")
 
 
 def unit_stride_constant(array: str) -> str:
@@ -69,30 +72,25 @@ class TensorMapDecl(Record):
     """A TMA descriptor (CUtensorMap) that the call encodes from one of its arrays: the box is
     the tile one copy moves, one expression per dim of the array, outermost first as `shape`."""
 
-    __slots__ = ("array", "box", "swizzle", "l2_promotion", "oob_fill")
+    __slots__ = ("array", "box", "swizzle", "l2_promotion", "oob_fill", "when", "order")
     array: str  # the array argument it describes
     box: tuple[Any, ...]  # expression trees, outermost dim first
     swizzle: str  # SWIZZLES
     l2_promotion: str  # L2_PROMOTIONS
     oob_fill: str  # OOB_FILLS
+    when: Any  # an expression tree over the config, constants, <T>_size and the arch; None: every variant reads it
+    order: str  # MAP_ORDERS
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "array": self.array,
-            "box": list(self.box),
-            "swizzle": self.swizzle,
-            "l2_promotion": self.l2_promotion,
-            "oob_fill": self.oob_fill,
-        }
+        out = {n: getattr(self, n) for n in ("array", "swizzle", "l2_promotion", "oob_fill")}
+        out.update(box=list(self.box), **({"when": self.when} if self.when is not None else {}))
+        return out if self.order == "declared" else {**out, "order": self.order}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TensorMapDecl:
+        names = ("array", "swizzle", "l2_promotion", "oob_fill")
         return cls(
-            array=str(data["array"]),
-            box=tuple(data["box"]),
-            swizzle=str(data["swizzle"]),
-            l2_promotion=str(data["l2_promotion"]),
-            oob_fill=str(data["oob_fill"]),
+            **{n: str(data[n]) for n in names}, box=tuple(data["box"]), when=data.get("when"), order=str(data.get("order", "declared"))
         )
 
 

@@ -12,9 +12,10 @@ from . import cuda_seam
 from .args import _CODES, CUPY, TORCH, VIA_DLPACK, array_reader, stream_handle
 from .cuda_seam import CACHE_LIMIT, CU_STREAM_LEGACY, check_cuda
 from .expr import compile_expr
-from .launching import FastPlan, LaunchFeatures, launch_env, plan_head
+from .launching import FastPlan, LaunchFeatures, launch_env, plan_head, tma_served
 from .params import PACK_ERRORS
 from .selection import ptx_driver_needed
+from .tensor_map import GLOBAL_ALIGN as TMA_ALIGN
 from .values import MAX_SIZE
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
     from .args import PreparedCall
     from .checks import CallChecks
     from .cuda_seam import GpuState
+    from .declaration import KernelDecl
     from .launching import PlanHead
     from .selection import KernelSelector, Selection
 
@@ -33,6 +35,17 @@ _NO_CONSTANTS: Mapping[str, Any] = {}
 # How the fast path takes each argument: an array is its alignment in bytes (1 or more), so that
 # one `ptr % kind` checks it; a scalar is 0, a key scalar (its value picks the bucket) -1.
 _SCALAR, _KEY_SCALAR = 0, -1
+
+
+def _arg_kinds(decl: KernelDecl, tma: set[str]) -> dict[str, int]:
+    """How the fast path takes each argument (_SCALAR, _KEY_SCALAR, or an array's alignment: at
+    least TMA's 16 bytes for an array a map with a `when` reads, so that a misaligned pointer
+    takes the checked path, which runs a variant that reads no map)."""
+    key_scalars = {k.source for k in decl.key if k.axis is None}
+    return {
+        a.name: max(a.align or 1, TMA_ALIGN if a.name in tma else 1) if a.is_array else _KEY_SCALAR if a.name in key_scalars else _SCALAR
+        for a in decl.args
+    }
 
 
 class Launcher:
@@ -58,8 +71,7 @@ class Launcher:
         user_args = checks.user_args
         self._n_user = len(user_args)
         self._constant_names = checks.constant_names
-        key_scalars = {k.source for k in decl.key if k.axis is None}
-        kinds = {a.name: (a.align or 1) if a.is_array else _KEY_SCALAR if a.name in key_scalars else _SCALAR for a in decl.args}
+        kinds = _arg_kinds(decl, set(self._features.conditional))
         self._user_kinds: tuple[int, ...] = tuple(kinds[n] for n in user_args)
         optional = {a.name for a in decl.args if a.optional}
         self._optional = tuple(n in optional for n in user_args)  # per argument: an array the caller may pass as None
@@ -207,7 +219,11 @@ class Launcher:
         gpu.start()  # NoDriverError only now, after every check that needs no driver
         gpu.planners.add(self)  # so that use_gpu() drops the plans made below
         device = self._device_of(gpu, call)
-        memo_key = (device, tuple(call.types.values()), tuple(call.key.values()), tuple(call.dims.values()))  # the head's inputs
+        memo_key: tuple[Any, ...] = (device, *map(tuple, (call.types.values(), call.key.values(), call.dims.values())))  # the head's inputs
+        if self._features.conditional:  # and what decides whether TMA serves the call
+            layouts = self._features.layouts(call)
+            memo_key = (*memo_key, layouts)
+            fast_sig = fast_sig if all(aligned for *_, aligned in layouts) else None  # a misaligned pointer's fallback: no fast plan
         head = self._memo.get(memo_key)
         if head is None:
             head = self._plan(gpu, device, call)
@@ -274,6 +290,8 @@ class Launcher:
         function, grid, block, shared bytes, cluster, tensor-map boxes); None for a zero-sized
         problem. Computed once, memoised."""
         sel = self._selector.selection(gpu.device_cc(device), call.types, call.key)
+        if self._features.conditional:
+            sel = tma_served(self, sel, call)
         return plan_head(self, gpu, device, sel, call, call.dims)
 
     def geometry(

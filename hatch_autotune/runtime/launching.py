@@ -10,8 +10,8 @@ from __future__ import annotations
 from .expr import compile_expr
 from .params import BYTES16, CONVERT, POINTER, TENSOR_MAP, TENSOR_MAP_BYTES, ParamBuffer
 from .scalars import c_scalar
-from .selection import Selection
-from .tensor_map import encoder
+from .selection import Selection, arch_env
+from .tensor_map import GLOBAL_ALIGN, contiguous_strides, encoder, tensor_map_args
 from .values import instance_env
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
@@ -63,27 +63,38 @@ def launch_env(
 class PlanHead:
     """A plan's launch, fixed per (device, instance, key): `args` (function, grid x3, block x3,
     shared bytes: cuLaunchKernel's head), `cluster` ((x, y, z), or None for no cluster) and the
-    evaluated box of each tensor-map parameter (outermost first, in C order); and the GpuState
-    and device it was made on."""
+    evaluated box of each tensor-map parameter (outermost first, in C order; None for a map the
+    variant does not read); and the GpuState and device it was made on."""
 
     __slots__ = ("args", "cluster", "boxes", "gpu", "device")
 
     def __init__(
-        self, args: tuple[Any, ...], cluster: tuple[int, int, int] | None, boxes: tuple[tuple[int, ...], ...], gpu: GpuState, device: int
+        self,
+        args: tuple[Any, ...],
+        cluster: tuple[int, int, int] | None,
+        boxes: tuple[tuple[int, ...] | None, ...],
+        gpu: GpuState,
+        device: int,
     ):
         self.args, self.cluster, self.boxes, self.gpu, self.device = args, cluster, boxes, gpu, device
 
 
 class LaunchFeatures:
-    """A kernel's cluster dims and tensor-map boxes, compiled once from its declaration."""
+    """A kernel's cluster dims and tensor maps (boxes and `when`s), compiled once from its declaration."""
 
-    __slots__ = ("name", "cluster", "boxes")
+    __slots__ = ("name", "cluster", "boxes", "maps", "conditional")
 
     def __init__(self, decl: KernelDecl):
         self.name = decl.name
         cluster = decl.launch.cluster
         self.cluster = None if cluster is None else tuple(compile_expr(t) for t in cluster)
-        self.boxes = tuple(tuple(compile_expr(t) for t in a.tensor_map.box) for a in decl.args if a.tensor_map is not None)
+        self.maps = tuple(
+            (a.name, a.tensor_map, None if a.tensor_map.when is None else compile_expr(a.tensor_map.when))
+            for a in decl.args
+            if a.tensor_map is not None
+        )
+        self.boxes = tuple(tuple(compile_expr(t) for t in m.box) for _, m, _ in self.maps)
+        self.conditional = tuple(m.array for _, m, when in self.maps if when is not None)  # the arrays such maps read
 
     def cluster_dims(self, env: Mapping[str, Any], grid: Sequence[int], cc: tuple[int, int], what: str) -> tuple[int, int, int] | None:
         """The cluster of a launch, checked against its grid and the device before the driver;
@@ -105,8 +116,36 @@ class LaunchFeatures:
             raise ValueError(f"{what}: a thread-block cluster {(x, y, z)} needs sm_90 or newer; the device is sm_{cc[0]}{cc[1]}")
         return x, y, z
 
-    def box_dims(self, env: Mapping[str, Any]) -> tuple[tuple[int, ...], ...]:
-        return tuple(tuple(int(f(env)) for f in box) for box in self.boxes)
+    def box_dims(self, env: Mapping[str, Any]) -> tuple[tuple[int, ...] | None, ...]:
+        """Each map's box; None for a map the variant does not read (its `when` is false: the
+        parameter stays zeros, nothing is encoded or checked). `env` has the arch's names."""
+        return tuple(
+            None if when is not None and not when(env) else tuple(int(f(env)) for f in box)
+            for (_, _, when), box in zip(self.maps, self.boxes)
+        )
+
+    def layouts(self, call: PreparedCall) -> tuple[tuple[Any, Any, bool], ...]:
+        """What decides whether TMA serves a call (with `map_problem`): per array a map with a
+        `when` reads, its shape, strides and whether its address is 16-byte aligned."""
+        return tuple((v.shape, v.strides, v.ptr % GLOBAL_ALIGN == 0) for v in map(call.arrays.get, self.conditional) if v)
+
+    def map_problem(self, env: Mapping[str, Any], call: PreparedCall, what: str) -> str | None:
+        """Why the call's arrays cannot give a map with a `when` that the variant of `env` reads
+        (TMA's rules, tensor_map_args, and a 16-byte aligned address), or None."""
+        for (name, decl, when), box in zip(self.maps, self.boxes):
+            if when is None or not when(env):
+                continue
+            view = call.arrays.get(decl.array)
+            if view is None:
+                return f"tensor map {name!r}: array {decl.array!r} was passed as None"
+            if view.ptr % GLOBAL_ALIGN:
+                return f"tensor map {name!r}: array {decl.array!r} is not {GLOBAL_ALIGN}-byte aligned"
+            strides = contiguous_strides(view.shape) if view.strides is None else view.strides
+            try:
+                tensor_map_args(f"{what}: tensor map {name!r}", decl, view.dtype, view.shape, strides, [int(f(env)) for f in box])
+            except ValueError as exc:
+                return str(exc)
+        return None
 
 
 def plan_head(
@@ -122,11 +161,34 @@ def plan_head(
     env = launch_env(sel.config, call.types, call.key, dims)
     features = launcher._features
     cluster = features.cluster_dims(env, grid3, gpu.device_cc(device), what)
-    boxes = features.box_dims(env)
+    boxes = features.box_dims({**env, **arch_env(sel.arch)})
     function = launcher._kernel_handle(gpu, device, sel)
     if shared:
         gpu.allow_shared(device, function, shared, what)
     return PlanHead((function, *grid3, *block3, shared), cluster, boxes, gpu, device)
+
+
+def tma_served(launcher: Launcher, sel: Selection, call: PreparedCall) -> Selection:
+    """`sel`, unless its variant reads a tensor map (one with a `when`) that the call's arrays
+    cannot give (TMA's layout rules, a 16-byte aligned address): then the first variant of the
+    instance's row that reads none such (Kernel.select says what the bucket chose)."""
+    features = launcher._features
+
+    def problem(config: Mapping[str, Any]) -> str | None:
+        env = {**launch_env(config, call.types, call.key, call.dims), **arch_env(sel.arch)}
+        return features.map_problem(env, call, launcher.name)
+
+    why = problem(sel.config)
+    if why is None:
+        return sel
+    served = launcher._selector.serving(sel, call.types, call.key, lambda config: problem(config) is None)
+    if served is None:
+        raise ValueError(
+            f"{launcher.name}(): variant {sel.variant} reads a tensor map the call cannot give ({why}), and the wheel ships no "
+            f"variant of this instance for {sel.arch} that reads none; pass arrays TMA can read (16-byte aligned, rows a "
+            "multiple of 16 bytes apart)"
+        )
+    return served
 
 
 class ExConfig:
@@ -204,6 +266,8 @@ class FastPlan:
         maps = []
         if head is not None:
             for (name, decl, user), box, offset in zip(sources, head.boxes, self.params.map_offsets):
+                if box is None:  # a map this variant does not read (`when`): its bytes stay zeros
+                    continue
                 what = f"{launcher.name}(): tensor map {name!r}"
                 view = call.arrays.get(decl.array)
                 if view is None:

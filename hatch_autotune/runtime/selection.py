@@ -16,7 +16,7 @@ from .values import MAX_SIZE, instance_env, types_key
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
     from .table import KernelTable, Variant
@@ -349,6 +349,22 @@ class KernelSelector:
             binary=binary,
             reason=binary_reason(binary, cc),
         )
+
+    def serving(
+        self, sel: Selection, types: Mapping[str, Any], key: Mapping[str, int], ok: Callable[[Mapping[str, Any]], bool]
+    ) -> Selection | None:
+        """The selection of the first variant the instance ships for `sel`'s arch (the buckets'
+        choices, in bucket order) whose config `ok` accepts and whose key constraints hold at the
+        call's sizes; None when none does. For a call whose variant reads a tensor map that its
+        arrays cannot give (launch.py): what runs instead."""
+        for vid in self.table.row_variants(types_key(types), sel.arch):
+            config = self.table.variants[vid].config
+            if ok(config) and (not self._key_checks or self._broken(vid, types, key, sel.arch) is None):
+                return Selection(
+                    kernel=sel.kernel, variant=vid, config=dict(config), types=sel.types, constants=sel.constants,
+                    bucket=sel.bucket, tuned=False, arch=sel.arch, binary=sel.binary, reason=sel.reason,
+                )  # fmt: skip
+        return None
 
     def _broken(self, vid: str, types: Mapping[str, Any], key: Mapping[str, int], arch: str) -> str | None:
         """The first key constraint that variant `vid` breaks at a call's own sizes, or None."""

@@ -105,6 +105,8 @@ def tensor_map_args(
     first), after the driver's rules; a ValueError naming `what` (the kernel and argument) for
     the first one broken. `shape`, `strides` (elements) and `box` are outermost first."""
     source = f"array {decl.array!r}"
+    if getattr(decl, "order", "declared") == "memory":
+        shape, strides, box = memory_order(what, source, shape, strides, box)
     if dtype not in TMA_DTYPES:
         raise ValueError(f"{what}: {source} has dtype {dtype}, which TMA cannot copy; TMA types: {', '.join(TMA_DTYPES)}")
     size = DTYPE_SIZES[dtype]
@@ -148,6 +150,22 @@ def tensor_map_args(
         L2_PROMOTION[decl.l2_promotion],
         OOB_FILL[decl.oob_fill],
     )
+
+
+def memory_order(
+    what: str, source: str, shape: Sequence[int], strides: Sequence[int], box: Sequence[int]
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """shape, strides and box (outermost first) with the array's unit-stride axis moved innermost,
+    the others in their declared order (`order = "memory"`): of several axes of stride one (size-1
+    axes), the longest. A ValueError where no axis has stride one."""
+    units = [i for i, s in enumerate(strides) if s == 1]
+    if not units:
+        raise ValueError(
+            f"{what}: {source} has strides {tuple(strides)} (elements); a tensor map in memory order needs an axis of stride 1"
+        )
+    inner = max(units, key=lambda i: (shape[i], i))
+    order = [i for i in range(len(shape)) if i != inner] + [inner]
+    return tuple(shape[i] for i in order), tuple(strides[i] for i in order), tuple(box[i] for i in order)
 
 
 def encoder(
