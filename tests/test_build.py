@@ -76,7 +76,7 @@ def test_default_may_fail_falls_back_to_the_first_config_that_compiles(tmp_path)
     assert result.counts == {"compiled": 12 + 1, "cached": 0, "failed": 12}
     assert logs[-2:] == [
         "hatch-autotune: in all, 13 variant binaries compiled, 0 from the cache, 12 failed; 3 shipped in the wheel",
-        "hatch-autotune: 6 entries: 0 tuned, 0 on the default config, 6 on a fallback (the default config does not compile, or may not run at that bucket and arch); "
+        "hatch-autotune: 6 entries: 0 tuned, 0 on the default config, 6 on a fallback (an arch-specific target's plain arch's winner, or the default config does not compile or may not run at that bucket and arch); "
         "12 variant binaries failed to compile",
     ]
     outcome = result.outcome

@@ -190,14 +190,32 @@ class Plan:
 
     def shipped(self, inst: Instance, arch: str) -> set[int]:
         """The variants a build ships for one type instance on one arch if they compile: the
-        lock's valid winners and the defaults (`defaults`); a config that may serve no point
-        of the arch is not among them, so it is never compiled."""
+        lock's valid winners, the plain arch's winners an untuned arch-specific point inherits
+        (`inherited_index`) and the defaults (`defaults`); a config that may serve no point of
+        the arch is not among them, so it is never compiled."""
         wanted = self.defaults(inst, arch)
         for p in inst.points[arch]:
             index = self.winner_index(inst, p)
             if index is not None and inst.exclusion(p, index) is None:
                 wanted.add(index)
+            elif (inherited := self.inherited_index(inst, p)) is not None:
+                wanted.add(inherited)
         return wanted
+
+    def inherited_index(self, inst: Instance, point: Point) -> int | None:
+        """What an untuned point of an arch-specific or family target (sm_90a, sm_100f) runs
+        before its default: the lock's valid winner of the same bucket on the plain arch of the
+        same compute capability (sm_90), where the project targets that too and the winner may
+        serve the point. A GPU of 9.0 runs sm_90a's cubins first, so without it adding sm_90a to
+        `archs` would trade sm_90's tuned winners for defaults until a GPU tunes sm_90a."""
+        _, major, minor, suffix = parse_arch(point.id.arch)
+        if not suffix:
+            return None
+        for p in inst.points.get(f"sm_{major}{minor}", ()):
+            if p.key == point.key:
+                index = self.winner_index(inst, p)
+                return index if index is not None and inst.exclusion(point, index) is None else None
+        return None
 
     def defaults(self, inst: Instance, arch: str) -> set[int]:
         """The configs the untuned points of one type instance on one arch run
@@ -244,6 +262,13 @@ class Plan:
                 return tuned_choice(index, self.lock.entries[point.eid])
             else:
                 reason = f"the lock's winner {inst.variants[index].label} failed to compile"
+        inherited = self.inherited_index(inst, point)
+        if inherited is not None:
+            if inherited not in usable:
+                return None
+            if usable[inherited]:
+                plain = "sm_" + point.id.arch.split("_", 1)[1].rstrip("af")
+                return Choice(inherited, False, {}, f"{reason}; {plain}'s tuned winner of the bucket", fallback=True)
         d = inst.point_default(point)
         if d is None:  # make_plan refuses such a point; a plan made otherwise has nothing to ship here
             return None

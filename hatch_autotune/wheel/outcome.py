@@ -35,7 +35,7 @@ class EntryStatus(StrEnum):
 
     TUNED = "tuned"  # its tuned winner
     DEFAULT = "default"  # the default config
-    FALLBACK = "fallback"  # the first config that compiled: the default did not (default-may-fail)
+    FALLBACK = "fallback"  # not the default: the plain arch's winner (sm_90a: sm_90's), or the default may not run or compile
 
     @classmethod
     def of(cls, tuned: bool, fallback: bool) -> EntryStatus:
@@ -145,7 +145,10 @@ class Outcome:
         tuned, default, fallback = (self.count(s) for s in (EntryStatus.TUNED, EntryStatus.DEFAULT, EntryStatus.FALLBACK))
         parts = [f"{tuned} tuned", f"{default} on the default config"]
         if fallback:
-            parts.append(f"{fallback} on a fallback (the default config does not compile, or may not run at that bucket and arch)")
+            parts.append(
+                f"{fallback} on a fallback (an arch-specific target's plain arch's winner, or the default config does not compile "
+                "or may not run at that bucket and arch)"
+            )
         text = f"{n} entr{'y' if n == 1 else 'ies'}: " + ", ".join(parts)
         if self.failures:
             text += f"; {len(self.failures)} variant binar{'y' if len(self.failures) == 1 else 'ies'} failed to compile"
