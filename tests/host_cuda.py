@@ -17,6 +17,7 @@ import struct
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,30 @@ _ENV = {
 # numpy dtype -> C type of a kernel parameter (a pointer to it for arrays): the declared dtypes'
 # C types (hatch_autotune/declare/args.py), and bool for hand-written test kernels.
 _CTYPES = {**{name: ctype for name, (ctype, _) in DTYPES.items()}, "bool": "bool"}
+
+
+@dataclass(frozen=True)
+class TensorMapParam:
+    """A tensor-map parameter on the emulator: the driver-order arguments that the runtime gives
+    cuTensorMapEncodeTiled (hatch_autotune.runtime.tensor_map.tensor_map_args: its rules checked
+    first), packed into the emulator's own 128-byte encoding (AtEmuTensorMap in emulator.h);
+    `source` is the parameter index of the array, whose pointer the harness binds. `args` None:
+    the 128 zero bytes of a map the variant does not read (`when` false)."""
+
+    source: int
+    args: tuple[Any, ...] | None
+
+    def to_bytes(self) -> bytes:
+        if self.args is None:
+            return bytes(128)
+        dtype, rank, dims, strides, box, swizzle, _l2, oob = self.args
+        if rank != 2:
+            raise ValueError(f"the emulator's TMA loads are 2D; this map has rank {rank}")
+        elem = {"UINT8": 1, "UINT16": 2, "FLOAT16": 2, "BFLOAT16": 2, "FLOAT32": 4, "INT32": 4, "UINT32": 4}.get(dtype, 8)
+        swizzle_bytes = {"NONE": 0, "32B": 32, "64B": 64, "128B": 128}[swizzle]
+        data = struct.pack("<4IQ2QQ2III", 0x50414D54, rank, elem, swizzle_bytes, 0, *dims, *strides, *box, int(oob != "NONE"), self.source)
+        return data + bytes(128 - len(data))
+
 
 # `extern __shared__ T name[];` (dynamic shared memory): a reference to the emulator's buffer.
 _DYNAMIC_SHARED = re.compile(r"\bextern\s+__shared__\s+([^;\[\]]*?)\s*\b(\w+)\s*\[\s*\]\s*;")
@@ -101,7 +126,7 @@ def _half_type(texts: Sequence[str]) -> str:
     return "at_half" if any("at_half" in text for text in texts) else "unsigned short"
 
 
-def _main(entry: str, params: Sequence[tuple[bool, str]]) -> str:
+def _main(entry: str, params: Sequence[tuple[bool, str]], maps: Mapping[int, int] | None = None) -> str:
     """main(): read grid, block, shared bytes and the parameters from argv[1]/args.bin, launch,
     write every array to argv[1]/out.bin. argv[2]: copy mode, argv[3]: seconds a block may take."""
     lines = [
@@ -130,6 +155,7 @@ def _main(entry: str, params: Sequence[tuple[bool, str]]) -> str:
         else:
             lines.append(f"    {ctype} at_p{i}; at_read(&at_p{i}, sizeof at_p{i});")
         names.append(f"at_p{i}")
+    lines += [f"    at_emu_bind_tensor_map(&at_p{i}, at_p{src});" for i, src in (maps or {}).items()]
     lines += [
         "    std::fclose(at_in);",
         f"    at_emu::launch([&] {{ {entry}({', '.join(names)}); }}, dim3(at_g[0], at_g[1], at_g[2]), dim3(at_g[3], at_g[4], at_g[5]), at_shared, std::atof(argv[3]));",
@@ -172,13 +198,15 @@ def build(
     *,
     workdir: Path,
     fp_contract: bool = False,
+    maps: Mapping[int, int] | None = None,
 ) -> Path:
-    """The emulation program of `entry` in `source` (built once per content hash under workdir)."""
+    """The emulation program of `entry` in `source` (built once per content hash under workdir);
+    `maps`: tensor-map parameter -> the parameter index of its array."""
     if CXX is None:
         raise AssertionError("g++ is needed to run kernels on the host emulator")
     flags = (*FLAGS, "-ffp-contract=fast" if fp_contract else "-ffp-contract=off")
     runtime = _runtime(flags, Path(workdir))
-    main = _main(entry, params)
+    main = _main(entry, params, maps)
     # the harness's own headers first: the kernel's macros must not reach them
     wrapper = "#include <cstdio>\n#include <cstdlib>\n#include <cstring>\n#include <new>\n#include <string>\n"
     wrapper += '#define AT_HOST_EMULATION 1\n#include "emulator.h"\n#include "kernel.cu"\n' + main
@@ -268,6 +296,7 @@ def run_kernel(
         return
     half = _half_type([source, *(t for _, t in headers)])
     kinds: list[tuple[bool, str]] = []
+    maps: dict[int, int] = {}
     payload = [struct.pack("<6IQ", *g, *b, int(shared_bytes))]
     stores: list[tuple[np.ndarray, np.ndarray, int]] = []  # (argument, its bytes, where they start in its owner)
     for i, p in enumerate(params):
@@ -280,9 +309,16 @@ def run_kernel(
         elif isinstance(p, np.generic):
             kinds.append((False, _c_type(p.dtype, half)))
             payload.append(p.tobytes())
+        elif isinstance(p, TensorMapParam):
+            kinds.append((False, "CUtensorMap"))
+            payload.append(p.to_bytes())
+            if p.args is not None:
+                maps[i] = p.source
         else:
-            raise TypeError(f"parameter {i} of {entry}: expected a NumPy array or a NumPy scalar (np.int32(5)), got {type(p).__name__}")
-    exe = build(source, headers, entry, kinds, workdir=Path(workdir), fp_contract=fp_contract)
+            raise TypeError(
+                f"parameter {i} of {entry}: expected a NumPy array, a NumPy scalar (np.int32(5)) or a TensorMapParam, got {type(p).__name__}"
+            )
+    exe = build(source, headers, entry, kinds, workdir=Path(workdir), fp_contract=fp_contract, maps=maps)
     run_dir = Path(tempfile.mkdtemp(prefix=f"run-{entry}-", dir=workdir))
     try:
         (run_dir / "args.bin").write_bytes(b"".join(payload))
@@ -317,13 +353,33 @@ def run_kernel(
     assert pos == len(result), f"{entry}: the emulation wrote {len(result)} bytes of arrays, expected {pos}"
 
 
+def _tensor_map_param(
+    spec: Any, types: Mapping[str, Any], config: Mapping[str, Any], arg: Any, array: Any, source: int, arch: str
+) -> TensorMapParam:
+    """A tensor-map argument as the runtime makes it: zeros where its `when` is false for the
+    config (on `arch`), else tensor_map_args' checked driver-order arguments for the array."""
+    from hatch_autotune.runtime.selection import arch_env
+    from hatch_autotune.runtime.tensor_map import tensor_map_args
+
+    decl = arg.tensor_map
+    env = {**spec.type_env(types), **config, **arch_env(arch)}
+    if decl.when is not None and not decl.when(env):
+        return TensorMapParam(source, None)
+    dtype = str({a.name: a for a in spec.args}[decl.array].dtype)
+    dtype = str(types.get(dtype, dtype))
+    strides = tuple(int(st) // array.itemsize for st in array.strides)
+    box = tuple(int(e(env)) for e in decl.box)
+    return TensorMapParam(source, tensor_map_args(f"{spec.name}: tensor map {arg.name!r}", decl, dtype, tuple(array.shape), strides, box))
+
+
 def launch_of(
-    spec: Any, types: Mapping[str, Any], config: Mapping[str, Any], args: Mapping[str, Any]
+    spec: Any, types: Mapping[str, Any], config: Mapping[str, Any], args: Mapping[str, Any], arch: str = "sm_90a"
 ) -> tuple[list[Any], list[int], list[int], int]:
     """What the runtime would launch for one config of a declared kernel (a KernelSpec) called
     with `args` (the caller's arguments by name: arrays, and the scalars without a `value`):
     (parameters in the kernel's order, grid, block, dynamic shared bytes). Arrays are passed
-    through (NumPy here, CuPy in tests/test_gpu_showcase.py) after a dtype and shape check."""
+    through (NumPy here, CuPy in tests/test_gpu_showcase.py) after a dtype and shape check;
+    tensor maps are TensorMapParams (on a GPU, tests/gpu_launch.py encodes them with the driver)."""
     key: dict[str, int] = {}
     for k in spec.key:
         given = args[k.source]
@@ -335,7 +391,11 @@ def launch_of(
         for axis, name in enumerate(a.stride_names()):
             env[name] = int(arr.strides[axis]) // arr.itemsize if arr is not None else 0
     params: list[Any] = []
+    position = {a.name: i for i, a in enumerate(spec.args)}
     for a in spec.args:
+        if a.tensor_map is not None:
+            params.append(_tensor_map_param(spec, types, config, a, args[a.tensor_map.array], position[a.tensor_map.array], arch))
+            continue
         dtype = np.dtype(types[a.dtype] if a.dtype in spec.types else a.dtype)
         if a.is_array:
             arr = args[a.name]
@@ -371,7 +431,7 @@ def run_variant(
     variant, _ = render_config(spec, types, config)
     params, grid, block, shared = launch_of(spec, types, config, args)
     for name, p in zip((a.name for a in spec.args), params):
-        if not isinstance(p, (np.ndarray, np.generic)):
+        if not isinstance(p, (np.ndarray, np.generic, TensorMapParam)):
             raise TypeError(f"{spec.name}: argument {name!r} must be a NumPy array or scalar on the emulator, got {type(p).__name__}")
     run_kernel(
         variant.source,

@@ -35,6 +35,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -129,6 +131,7 @@ namespace at_emu {
 enum class CopyMode { immediate, deferred };
 extern CopyMode copy_mode;  // how cp.async copies land (see at_emu_cp_async)
 extern unsigned char* dynamic_shared_ptr;  // the block's dynamic shared memory (extern __shared__)
+extern size_t dynamic_shared_bytes;        // its size
 
 // Print "at_emu error: ..." with the calling thread's coordinates and end the program (exit 86).
 [[noreturn]] void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -345,6 +348,56 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 }
 inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
 
+// ---- Hopper: mbarriers, TMA tile loads, warpgroup MMAs (templates/_wgmma.cuh) ----------------
+// A kernel parameter `const __grid_constant__ CUtensorMap m` is an ordinary by-value struct here.
+#define __grid_constant__
+// The emulator's tensor map: what tests/host_cuda.py writes into a CUtensorMap's 128 bytes (its
+// own encoding, not the driver's; all zeros: a map the variant does not read, which a TMA load
+// refuses). `base` is filled in by the harness with the source array's pointer.
+struct AtEmuTensorMap {
+    uint32_t magic;        // AT_EMU_TMAP_MAGIC
+    uint32_t rank;         // 2 (the only rank emulated)
+    uint32_t elem;         // bytes per element
+    uint32_t swizzle;      // 0, 32, 64 or 128 (bytes)
+    uint64_t base;         // the array's first element
+    uint64_t dims[2];      // innermost first, in elements
+    uint64_t stride1;      // bytes between consecutive indices of dim 1
+    uint32_t box[2];       // innermost first
+    uint32_t oob_nan;      // out-of-bounds elements read as NaN (else zero)
+    uint32_t source;       // the parameter index of the array (the harness binds base from it)
+};
+static_assert(sizeof(AtEmuTensorMap) <= 128, "fits a CUtensorMap");
+constexpr uint32_t AT_EMU_TMAP_MAGIC = 0x50414d54u;  // "TMAP"
+void at_emu_bind_tensor_map(void* map, const void* base);  // the harness: the source array's pointer
+
+// The shared-window address of p (what __cvta_generic_to_shared gives on a GPU): its offset in
+// the block's dynamic shared memory, which the emulator allocates 1024-byte aligned (so address
+// bits, which swizzles read, are those of the offset). p outside it aborts.
+unsigned at_emu_shared_address(const void* p);
+// mbarrier (PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier"): a
+// phase completes when its pending arrivals reach zero and its transaction count is zero; then
+// the next phase starts with the expected count. try_wait.parity(P) is true when the phase of
+// parity P has completed: the current phase's parity is not P.
+void at_emu_mbarrier_init(unsigned long long* bar, unsigned count);
+void at_emu_mbarrier_arrive(unsigned long long* bar);
+void at_emu_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes);
+bool at_emu_mbarrier_try_wait_parity(unsigned long long* bar, unsigned parity);
+// cp.async.bulk.tensor.2d ... mbarrier::complete_tx::bytes: the box at (c0 innermost, c1); dst is
+// poisoned (0xff: NaN) at issue and the box lands, completing its bytes on bar, only when a
+// thread next try_waits on bar: a tile read before its barrier's wait reads NaNs.
+void at_emu_tma_load_2d(void* dst, const void* tensor_map, int c0, int c1, unsigned long long* bar);
+void at_emu_fence_proxy_async();
+// wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16,f16}: computed at issue from the shared
+// operands the descriptors give, into a pending result (the thread's accumulators d are NaN until
+// the wait_group that retires its group, which re-reads the operands and aborts if they changed:
+// a stage released before the MMAs on it finished). A later wgmma on the same d chains on the
+// pending result, as the hardware orders them.
+void at_emu_wgmma_fence();
+void at_emu_wgmma_commit_group();
+void at_emu_wgmma_wait_group(int n);
+void at_emu_wgmma_m64k16(float* d, int n, unsigned long long desc_a, unsigned long long desc_b, int scale_d, bool bf16, int trans_a,
+                         int trans_b);
+
 #endif  // AT_EMULATOR_H
 
 // =============================================================================================
@@ -358,6 +411,7 @@ namespace at_emu {
 
 CopyMode copy_mode = CopyMode::deferred;
 unsigned char* dynamic_shared_ptr = nullptr;
+size_t dynamic_shared_bytes = 0;
 
 namespace {
 
@@ -554,7 +608,8 @@ void launch_raw(void (*fn)(void*), void* arg, dim3 grid, dim3 block, size_t shar
     if (n <= 0 || n > 1024)
         fail("a block of %u x %u x %u threads: CUDA allows 1 to 1024", block.x, block.y, block.z);
     if (shared_bytes)  // exactly the size asked for: ASan reports an access past it
-        dynamic_shared_ptr = static_cast<unsigned char*>(::operator new[](shared_bytes, std::align_val_t(128)));
+        dynamic_shared_ptr = static_cast<unsigned char*>(::operator new[](shared_bytes, std::align_val_t(1024)));  // 128B swizzles
+    dynamic_shared_bytes = shared_bytes;
     LaunchState s;
     s.fn = fn;
     s.arg = arg;
@@ -599,8 +654,9 @@ void launch_raw(void (*fn)(void*), void* arg, dim3 grid, dim3 block, size_t shar
     for (auto& t : threads)
         t.join();
     if (shared_bytes) {
-        ::operator delete[](dynamic_shared_ptr, std::align_val_t(128));
+        ::operator delete[](dynamic_shared_ptr, std::align_val_t(1024));
         dynamic_shared_ptr = nullptr;
+        dynamic_shared_bytes = 0;
     }
 }
 
@@ -702,6 +758,267 @@ void at_emu_cp_async_wait(int n) {
         for (const Copy& c : ctx.groups.front())
             do_copy(c);
         ctx.groups.pop_front();
+    }
+}
+
+// ---- Hopper ------------------------------------------------------------------------------------
+namespace {
+
+struct PendingTma {
+    unsigned char* dst;
+    AtEmuTensorMap map;
+    int c0, c1;
+};
+
+struct MBarrier {
+    unsigned expected = 0, pending = 0, phase = 0;
+    long long tx = 0;
+    std::vector<PendingTma> copies;
+};
+
+std::mutex hopper_mutex;
+std::map<const void*, MBarrier> barriers;  // by address (a block's barriers; re-initialised per block)
+
+size_t swizzled(size_t off, uint32_t swizzle) {
+    // the 16-byte chunk bits [4:6] XOR the 128-byte row bits [7:9] (128B; 64B: 2 bits, 32B: 1),
+    // of the shared address, as a TMA store with that swizzle and a wgmma descriptor read them
+    const size_t mask = swizzle == 128 ? 7 : swizzle == 64 ? 3 : swizzle == 32 ? 1 : 0;
+    return off ^ (((off >> 7) & mask) << 4);
+}
+
+void land(const PendingTma& c) {
+    using namespace at_emu;
+    const AtEmuTensorMap& m = c.map;
+    const size_t base = at_emu_shared_address(c.dst);
+    for (uint32_t r = 0; r < m.box[1]; ++r)
+        for (uint32_t e = 0; e < m.box[0]; ++e) {
+            const long long x = (long long)c.c0 + e, y = (long long)c.c1 + r;
+            const size_t off = swizzled(base + ((size_t)r * m.box[0] + e) * m.elem, m.swizzle);
+            unsigned char* to = dynamic_shared_ptr + off;
+            if (x >= 0 && y >= 0 && (uint64_t)x < m.dims[0] && (uint64_t)y < m.dims[1])
+                std::memcpy(to, reinterpret_cast<const unsigned char*>(m.base) + y * m.stride1 + x * m.elem, m.elem);
+            else if (m.oob_nan)
+                std::memset(to, 0xff, m.elem);
+            else
+                std::memset(to, 0, m.elem);
+        }
+}
+
+void complete_if_done(MBarrier& b) {
+    if (b.pending == 0 && b.tx == 0) {
+        b.phase ^= 1u;
+        b.pending = b.expected;
+    }
+}
+
+MBarrier& barrier_at(const void* bar, const char* what) {
+    using namespace at_emu;
+    auto it = barriers.find(bar);
+    if (it == barriers.end())
+        fail("%s on an mbarrier at %p that was never initialised", what, bar);
+    return it->second;
+}
+
+struct WgmmaOp {
+    float* d;
+    int n;
+    unsigned long long desc_a, desc_b;
+    bool bf16;
+    std::vector<uint16_t> a, b;  // the operands as read at issue: A 64 x 16, B n x 16 (row-major)
+    std::vector<float> result;   // this thread's n / 2 accumulators
+};
+
+struct WgmmaThread {
+    std::vector<WgmmaOp> open;                   // issued, not yet committed
+    std::deque<std::vector<WgmmaOp>> groups;     // committed, not yet retired
+};
+thread_local WgmmaThread wgmma;
+
+// Element (row, k) of a K-major operand through its descriptor (PTX ISA, "Matrix Descriptor
+// Format" and the canonical K-major layouts): 16-bit elements; swizzled modes: rows of the
+// swizzle's width in 8-row groups SBO bytes apart, the 16-byte chunks swizzled on the address;
+// no swizzle: 8 x 16-byte core matrices, SBO apart along rows and LBO apart along k.
+uint16_t operand(unsigned long long desc, int row, int k) {
+    using namespace at_emu;
+    const size_t start = (desc & 0x3FFFull) << 4, lbo = ((desc >> 16) & 0x3FFFull) << 4, sbo = ((desc >> 32) & 0x3FFFull) << 4;
+    const unsigned base_offset = (desc >> 49) & 7u, mode = (unsigned)(desc >> 62);
+    if (base_offset)
+        fail("wgmma descriptor with base offset %u: not emulated", base_offset);
+    size_t off;
+    if (mode == 0) {
+        off = start + (size_t)(row / 8) * sbo + (size_t)(k / 8) * lbo + (size_t)(row % 8) * 16 + (size_t)(k % 8) * 2;
+    } else {
+        const uint32_t width = mode == 1 ? 128 : mode == 2 ? 64 : 32;
+        off = swizzled(start + (size_t)(row / 8) * sbo + (size_t)(row % 8) * width + (size_t)k * 2, width);
+    }
+    uint16_t v;
+    std::memcpy(&v, dynamic_shared_ptr + off, 2);  // ASan: an offset past the buffer is reported
+    return v;
+}
+
+void read_operands(WgmmaOp& op) {
+    op.a.resize(64 * 16);
+    op.b.resize((size_t)op.n * 16);
+    for (int r = 0; r < 64; ++r)
+        for (int k = 0; k < 16; ++k)
+            op.a[r * 16 + k] = operand(op.desc_a, r, k);
+    for (int r = 0; r < op.n; ++r)
+        for (int k = 0; k < 16; ++k)
+            op.b[r * 16 + k] = operand(op.desc_b, r, k);
+}
+
+// The newest wgmma on d not yet retired: the uncommitted ones first, then the groups newest first.
+const std::vector<float>* pending_result(const float* d) {
+    for (auto op = wgmma.open.rbegin(); op != wgmma.open.rend(); ++op)
+        if (op->d == d)
+            return &op->result;
+    for (auto g = wgmma.groups.rbegin(); g != wgmma.groups.rend(); ++g)
+        for (auto op = g->rbegin(); op != g->rend(); ++op)
+            if (op->d == d)
+                return &op->result;
+    return nullptr;
+}
+
+}  // namespace
+
+void at_emu_bind_tensor_map(void* map, const void* base) {
+    AtEmuTensorMap m;
+    std::memcpy(&m, map, sizeof m);
+    if (m.magic == AT_EMU_TMAP_MAGIC) {
+        m.base = reinterpret_cast<uint64_t>(base);
+        std::memcpy(map, &m, sizeof m);
+    }
+}
+
+unsigned at_emu_shared_address(const void* p) {
+    using namespace at_emu;
+    const unsigned char* q = static_cast<const unsigned char*>(p);
+    if (!dynamic_shared_ptr || q < dynamic_shared_ptr || q >= dynamic_shared_ptr + dynamic_shared_bytes)
+        fail("a shared-window address of %p, outside the block's dynamic shared memory (the emulator's descriptors and TMA "
+             "boxes live there)",
+             p);
+    return (unsigned)(q - dynamic_shared_ptr);
+}
+
+void at_emu_mbarrier_init(unsigned long long* bar, unsigned count) {
+    using namespace at_emu;
+    if (reinterpret_cast<uintptr_t>(bar) % 8)
+        fail("mbarrier at %p: not 8-byte aligned", (void*)bar);
+    if (count == 0)
+        fail("mbarrier.init with a count of 0");
+    std::lock_guard<std::mutex> lk(hopper_mutex);
+    MBarrier& b = barriers[bar];
+    b = MBarrier{};
+    b.expected = b.pending = count;
+}
+
+void at_emu_mbarrier_arrive(unsigned long long* bar) {
+    using namespace at_emu;
+    std::lock_guard<std::mutex> lk(hopper_mutex);
+    MBarrier& b = barrier_at(bar, "mbarrier.arrive");
+    --b.pending;
+    complete_if_done(b);
+}
+
+void at_emu_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+    using namespace at_emu;
+    std::lock_guard<std::mutex> lk(hopper_mutex);
+    MBarrier& b = barrier_at(bar, "mbarrier.arrive.expect_tx");
+    b.tx += bytes;
+    --b.pending;
+    complete_if_done(b);
+}
+
+bool at_emu_mbarrier_try_wait_parity(unsigned long long* bar, unsigned parity) {
+    using namespace at_emu;
+    bool done;
+    {
+        std::lock_guard<std::mutex> lk(hopper_mutex);
+        MBarrier& b = barrier_at(bar, "mbarrier.try_wait.parity");
+        for (const PendingTma& c : b.copies) {  // the copies land now, and complete their bytes
+            land(c);
+            b.tx -= (long long)c.map.box[0] * c.map.box[1] * c.map.elem;
+            if (b.tx < 0)
+                fail("mbarrier: a TMA load completed %lld more bytes than were expected (expect_tx)", -b.tx);
+            complete_if_done(b);
+        }
+        b.copies.clear();
+        done = b.phase != (parity & 1u);
+    }
+    if (!done)
+        std::this_thread::yield();
+    return done;
+}
+
+void at_emu_tma_load_2d(void* dst, const void* tensor_map, int c0, int c1, unsigned long long* bar) {
+    using namespace at_emu;
+    AtEmuTensorMap m;
+    std::memcpy(&m, tensor_map, sizeof m);
+    if (m.magic != AT_EMU_TMAP_MAGIC)
+        fail("a TMA load through a tensor map that was not encoded (the call passed zeros: its `when` is false for this variant)");
+    if (m.rank != 2 || !m.base)
+        fail("a 2D TMA load through a map of rank %u (base %p)", m.rank, (void*)m.base);
+    const size_t off = at_emu_shared_address(dst), align = m.swizzle == 128 ? 1024 : m.swizzle == 64 ? 512 : m.swizzle == 32 ? 256 : 128;
+    if (off % align)
+        fail("a TMA load into shared offset %zu, not %zu-byte aligned (swizzle %uB)", off, align, m.swizzle);
+    if (m.swizzle && m.box[0] * m.elem > m.swizzle)
+        fail("a TMA box %u elements wide (%u bytes) under a %uB swizzle", m.box[0], m.box[0] * m.elem, m.swizzle);
+    const size_t bytes = (size_t)m.box[0] * m.box[1] * m.elem;
+    if (off + bytes > dynamic_shared_bytes)
+        fail("a TMA box of %zu bytes at shared offset %zu, past the %zu bytes of dynamic shared memory", bytes, off, dynamic_shared_bytes);
+    std::memset(dst, 0xff, bytes);
+    std::lock_guard<std::mutex> lk(hopper_mutex);
+    barrier_at(bar, "cp.async.bulk.tensor's complete_tx").copies.push_back(PendingTma{static_cast<unsigned char*>(dst), m, c0, c1});
+}
+
+void at_emu_fence_proxy_async() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+void at_emu_wgmma_fence() {}
+
+void at_emu_wgmma_m64k16(float* d, int n, unsigned long long desc_a, unsigned long long desc_b, int scale_d, bool bf16, int trans_a,
+                         int trans_b) {
+    using namespace at_emu;
+    if (trans_a || trans_b)
+        fail("wgmma with a transposed operand: not emulated");
+    if (n < 8 || n > 256 || n % 8)
+        fail("wgmma m64n%dk16: n must be a multiple of 8 from 8 to 256", n);
+    if (blockDim.x % 128 || blockDim.y != 1 || blockDim.z != 1)
+        fail("wgmma in a block of %u x %u x %u threads: warpgroups are 128 threads of a 1-D block", blockDim.x, blockDim.y, blockDim.z);
+    WgmmaOp op{d, n, desc_a, desc_b, bf16, {}, {}, {}};
+    read_operands(op);
+    const std::vector<float>* before = pending_result(d);
+    std::vector<float> in(d, d + n / 2);
+    if (before)
+        in = *before;
+    const int t = (int)(threadIdx.x % 128), w = t / 32, lane = t % 32;
+    op.result.resize(n / 2);
+    for (int i = 0; i < n / 2; ++i) {
+        const int row = 16 * w + lane / 4 + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+        float acc = scale_d ? in[i] : 0.0f;
+        for (int k = 0; k < 16; ++k)
+            acc += half_bits_to_float(op.a[row * 16 + k], bf16) * half_bits_to_float(op.b[col * 16 + k], bf16);
+        op.result[i] = acc;
+    }
+    for (int i = 0; i < n / 2; ++i)
+        d[i] = std::numeric_limits<float>::quiet_NaN();  // in flight: not to be read before the wait
+    wgmma.open.push_back(std::move(op));
+}
+
+void at_emu_wgmma_commit_group() { wgmma.groups.push_back(std::move(wgmma.open)), wgmma.open.clear(); }
+
+void at_emu_wgmma_wait_group(int n) {
+    using namespace at_emu;
+    if (n < 0 || n > 7)
+        fail("wgmma.wait_group %d: 0 to 7", n);
+    while (wgmma.groups.size() > (size_t)n) {
+        for (WgmmaOp& op : wgmma.groups.front()) {
+            WgmmaOp again{op.d, op.n, op.desc_a, op.desc_b, op.bf16, {}, {}, {}};
+            read_operands(again);
+            if (again.a != op.a || again.b != op.b)
+                fail("a shared operand of a wgmma was overwritten before its wait_group retired it (a stage released too early?)");
+            std::copy(op.result.begin(), op.result.end(), op.d);
+        }
+        wgmma.groups.pop_front();
     }
 }
 
