@@ -1,4 +1,4 @@
-"""The tensor-core GEMM template (templates/gemm.cu.j2, sm_80+ mma.sync) without a GPU.
+"""The tensor-core GEMM template (templates/gemm.cu.j2: sm_80+ mma.sync, sm_90a wgmma) without a GPU.
 
 1. Its space against NVRTC: every config the constraints keep compiles for sm_80 and sm_90
    with no spills, no stack, registers x threads within a block's 64K and its dynamic shared
@@ -16,7 +16,12 @@
    against the PTX ISA's fragment layouts, written out independently here.
 4. SASS of the default and two other configs per arch: HMMA in the main loop, LDSM, LDGSTS,
    no local memory, registers within a block's register file.
-On a GPU, tests/test_gpu_showcase.py-style tests run every config against a float32 reference.
+5. The sm_90a path (WGMMA = 1: wgmma fed by TMA through mbarriers): its whole family compiles
+   for sm_90a within a block's resources, only its instance and sm_90a keep it, its SASS has
+   HGMMA in the k-slice loop, UTMALDG and the mbarrier waits, and its results on the emulator
+   (mbarriers, TMA boxes that land late, wgmma through descriptors) match NumPy; mutations of
+   the kernel fail.
+On a GPU, tests/test_gpu_tensor_core.py runs every config against a float reference.
 """
 
 from __future__ import annotations
@@ -92,6 +97,47 @@ def test_every_config_compiles_within_a_blocks_resources(session_cache: Path) ->
     assert not problems, f"{len(problems)} configs the constraints keep cannot launch:\n" + "\n".join(problems[:20])
 
 
+# The sm_90a path (WGMMA = 1): its own instance (row-major A, B = W.T) and arch.
+WG: dict[str, Any] = {"T": "bfloat16", "A_unit_stride": True, "B_unit_stride": False}
+WG_ARCH = "sm_90a"
+
+
+def wgmma_configs(types: dict[str, Any] = WG) -> list[dict[str, Any]]:
+    return [c for c in SPEC.configs(types) if c["WGMMA"]]
+
+
+def test_every_wgmma_config_compiles_for_sm_90a_within_a_blocks_resources(session_cache: Path) -> None:
+    """The whole sm_90a family of the bfloat16 instance, and its float16 twin's largest tiles:
+    no spill, no stack, registers x threads within 64K, shared memory within sm_90's opt-in."""
+    configs = wgmma_configs()
+    assert 20 <= len(configs) <= 40, f"{len(configs)} wgmma configs"
+    assert {(c["BM"] // c["WM"]) for c in configs} == {1, 2} and {c["BN"] for c in configs} == {64, 128, 256}
+    assert max(_shared(WG, c) for c in configs) + 1024 <= shared_optin_limit(WG_ARCH)
+    f16 = {**WG, "T": "float16"}
+    jobs = [(WG, c, WG_ARCH) for c in configs]
+    jobs += [(f16, c, WG_ARCH) for c in wgmma_configs(f16) if c["BM"] * c["BN"] >= 32768]
+    problems = _problems(jobs, session_cache)
+    assert not problems, f"{len(problems)} wgmma configs cannot launch:\n" + "\n".join(problems[:20])
+
+
+def test_the_wgmma_family_lives_only_where_tma_and_sm_90a_serve_it() -> None:
+    """WGMMA = 1 configs exist only in the row-major A, B = W.T instance, and only sm_90a keeps them
+    (a point constraint): sm_80 and plain sm_90 see the mma.sync family alone."""
+    from hatch_autotune.plan.exclusions import PointRules
+
+    for types in SPEC.type_instances():
+        has = bool(wgmma_configs(types))
+        assert has == (types["A_unit_stride"] and not types["B_unit_stride"]), types
+    configs = SPEC.configs(WG)
+    bucket = {k.name: k.buckets[-1] for k in SPEC.key}
+    for arch, wgmma_kept in (("sm_80", False), ("sm_90", False), ("sm_90a", True)):
+        rules = PointRules(SPEC, WG, configs, arch)
+        kept = [c for i, c in enumerate(configs) if rules.exclusion(i, bucket) is None]
+        assert any(c["WGMMA"] for c in kept) == wgmma_kept, arch
+        assert any(not c["WGMMA"] for c in kept), f"{arch}: the mma.sync family must stay"
+    assert SPEC.default["WGMMA"] == 0, "the default runs everywhere, and serves the calls TMA cannot"
+
+
 # ---- 2. the constraints -------------------------------------------------------------------------
 
 
@@ -110,10 +156,32 @@ def test_the_constraints_refuse_what_the_template_cannot_build() -> None:
         ({"BM": 16, "BN": 128, "WM": 16, "WN": 32}, "accepted: the decode tile, 4 warps side by side"),
         ({"BK": 64, "STAGES": 2}, "64 x 64 warp tiles with BK = 64: ptxas spills on sm_80"),
         ({"BM": 256, "BN": 128, "BK": 32, "STAGES": 4}, "accepted: 8 warps of 64 x 64, 96 KiB"),
+        ({"BM": 128, "WM": 128, "WN": 32}, "a 128-row warp tile: the mma.sync family's warps are at most 64 rows"),
     ]:
         config = {**base, **change}
         kept = all(c(config) for c in SPEC.constraints)
         assert kept == why.startswith("accepted"), (config, why)
+    # the wgmma family, in its instance on sm_90a (the point constraints read the arch)
+    from hatch_autotune.runtime.selection import arch_env
+
+    env = {**SPEC.type_env(WG), **arch_env(WG_ARCH), **{k.name: k.buckets[-1] for k in SPEC.key}}
+    wg = {**base, "WGMMA": 1, "BM": 128, "BN": 256, "BK": 64, "WM": 64, "WN": 64, "STAGES": 4}
+    for change, why in [
+        ({}, "accepted: 2 consumer warpgroups of 64 x 256, 192 KiB of stages"),
+        ({"BK": 32}, "a 32-element slice: half a 128-byte swizzle row"),
+        ({"WM": 128}, "128 x 256 a warpgroup: 256 accumulators a thread"),
+        ({"BM": 256, "WM": 64}, "4 consumer warpgroups"),
+        ({"STAGES": 5}, "5 x (128 + 256) x 64 x 2 B = 240 KiB: over sm_90's 227 KiB"),
+        ({"STAGES": 2}, "2 stages: too shallow for TMA's latency"),
+        ({"BN": 32, "BM": 64}, "n = 32 a wgmma: too narrow to reuse A"),
+        ({"WN": 32}, "WN is unused by the wgmma family: one value, so no duplicate configs"),
+        ({"BM": 256, "BN": 128, "WM": 128, "STAGES": 4}, "accepted: 2 consumers of 128 x 128 (2 m64 tiles each)"),
+    ]:
+        config = {**wg, **change}
+        kept = all(c({**env, **config}) for c in SPEC.constraints)
+        assert kept == why.startswith("accepted"), (config, why)
+    assert not all(c({**env, **arch_env("sm_90"), **wg}) for c in SPEC.constraints), "wgmma on plain sm_90"
+    assert not all(c({**env, **SPEC.type_env(FAST), **wg}) for c in SPEC.constraints), "wgmma with B row-major (N-major)"
 
 
 # ---- 3. results on the host emulator -------------------------------------------------------------
@@ -224,6 +292,66 @@ def test_results_match_numpy_at_odd_sizes(workdir: Path, change: dict[str, Any],
                 check(c, a, b, dtype_name)
             except AssertionError as exc:
                 raise AssertionError(f"m, n, k = {m}, {n}, {k}, A {a_how}, B {b_how}, {mode} cp.async: {exc}") from None
+
+
+# The wgmma family on the emulator (TMA boxes that land late, mbarrier phases, warpgroup MMAs
+# through descriptors, all as the PTX ISA says: tests/host_cuda/emulator.h): one and two consumer
+# warpgroups, WM = 128 (two m64 tiles a consumer), both types; A row-major or with padded rows, B =
+# W.T; m, n no multiple of any tile, k a multiple of 8 (TMA's 16-byte row pitch) and not of 64,
+# k < 16 with m == 1, more slices than stages (the stages reused).
+WGMMA_CONFIGS = [
+    ({"BM": 64, "BN": 64, "STAGES": 3}, "bfloat16"),
+    ({"BM": 128, "BN": 128, "STAGES": 4}, "float16"),
+    ({"BM": 256, "BN": 64, "WM": 128, "STAGES": 3}, "bfloat16"),
+]
+WGMMA_SIZES = [(133, 70, 200), (1, 9, 8), (70, 130, 264)]
+
+
+@pytest.mark.parametrize(("change", "dtype_name"), WGMMA_CONFIGS, ids=[f"{c['BM']}x{c['BN']}-s{c['STAGES']}-{t}" for c, t in WGMMA_CONFIGS])
+def test_wgmma_results_match_numpy_at_odd_sizes(workdir: Path, change: dict[str, Any], dtype_name: str) -> None:
+    config = {**SPEC.default, "WGMMA": 1, "BK": 64, "WM": 64, "WN": 64, **change}
+    assert config in wgmma_configs({**WG, "T": dtype_name}), f"{config} is not in the wgmma family"
+    rng = np.random.default_rng(90)
+    dtype = DTYPES[dtype_name]
+    for i, (m, n, k) in enumerate(WGMMA_SIZES):
+        a_how = ("row", "padded")[i % 2]
+        a = layout(rng.standard_normal((m, k)).astype(dtype), a_how)
+        b = layout(rng.standard_normal((k, n)).astype(dtype), "col")  # B = W.T
+        c = _run(workdir, config, dtype_name, a, b, host_cuda.MODES[0], ("even", "odd")[i % 2])
+        try:
+            check(c, a, b, dtype_name)
+        except AssertionError as exc:
+            raise AssertionError(f"m, n, k = {m}, {n}, {k}, A {a_how}: {exc}") from None
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "why"),
+    [
+        ("at_mbar_wait(&full[s], (kt / STAGES) & 1);", "", "the MMAs read a stage before its TMA boxes landed"),
+        ("((1024ull >> 4) << 32)", "((512ull >> 4) << 32)", "a descriptor's stride byte offset half the 8-row groups' 1024 bytes"),
+        ("(1ull << 62)", "(2ull << 62)", "a descriptor that reads 64B swizzling where TMA wrote 128B"),
+        ("to_elem(acc[i][4 * j + 2 * h])", "to_elem(acc[i][4 * j + h])", "the accumulator fragment's rows mixed up"),
+    ],
+    ids=["no-full-wait", "sbo", "swizzle", "fragment"],
+)
+def test_a_broken_wgmma_kernel_is_caught(workdir: Path, old: str, new: str, why: str) -> None:
+    """The emulated TMA, mbarriers and wgmma can fail the kernel: each mutation of it misses the
+    reference (or the emulator stops it)."""
+    config = {**SPEC.default, "WGMMA": 1, "BM": 64, "BN": 64, "BK": 64, "WM": 64, "WN": 64, "STAGES": 3}
+    variant = render_config(SPEC, WG, config)[0]
+    assert variant.source.count(old) == 1, old
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((70, 256)).astype(ml_dtypes.bfloat16)
+    b = np.asfortranarray(rng.standard_normal((256, 72)).astype(ml_dtypes.bfloat16))
+    c = np.full((70, 72), np.nan, ml_dtypes.bfloat16)
+    params, grid, block, shared = host_cuda.launch_of(SPEC, WG, config, {"A": a, "B": b, "C": c})
+    with pytest.raises(AssertionError):
+        host_cuda.run_kernel(
+            variant.source.replace(old, new), variant.headers, SPEC.entry, params, grid, block, workdir=workdir, shared_bytes=shared
+        )
+        check(c, a, b, "bfloat16")
+    host_cuda.run_kernel(variant.source, variant.headers, SPEC.entry, params, grid, block, workdir=workdir, shared_bytes=shared)
+    check(c, a, b, "bfloat16")  # (the kernel itself passes)
 
 
 def test_an_element_the_tiles_drop_is_caught(workdir: Path) -> None:
@@ -356,8 +484,54 @@ def test_sass_has_tensor_core_main_loop_and_no_local_memory(session_cache: Path,
 
 
 def test_the_space_renders_one_source_per_variant() -> None:
-    """Every instance renders (the two unit-stride constants and both types): 8 instances."""
+    """Every instance renders (the two unit-stride constants and both types): 8 instances, the
+    mma.sync family in each and the wgmma family in the two of row-major A and B = W.T."""
     rendered = render_kernel(SPEC)
-    assert len(rendered) == 8 and all(len(vs) == len(SPEC.configs(FAST)) for vs in rendered.values())
+    assert len(rendered) == 8
+    for vs in rendered.values():
+        types = vs[0].types_dict
+        assert len(vs) == len(SPEC.configs(FAST)) + len(wgmma_configs(types)), types
     sources = {v.source for vs in rendered.values() for v in vs}
     assert len(sources) == sum(len(vs) for vs in rendered.values())
+
+
+WGMMA_SASS_CONFIGS = [
+    {**SPEC.default, "WGMMA": 1, "BM": 128, "BN": 256, "BK": 64, "WM": 64, "WN": 64, "STAGES": 4},
+    {**SPEC.default, "WGMMA": 1, "BM": 256, "BN": 128, "BK": 64, "WM": 128, "WN": 64, "STAGES": 4},
+    {**SPEC.default, "WGMMA": 1, "BM": 64, "BN": 64, "BK": 64, "WM": 64, "WN": 64, "STAGES": 3},
+]
+
+
+@pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+def test_sass_of_the_sm_90a_path_has_warpgroup_mmas_tma_loads_and_mbarriers(session_cache: Path) -> None:
+    """HGMMA (wgmma) of the config's n in the k-slice loop, 4 k16 steps per m64 tile a slice;
+    UTMALDG.2D (TMA) for A and B; the mbarrier waits (SYNCS.PHASECHK) and the transaction-count
+    arrive; warpgroup fences and waits; no local memory; the launch bounds' registers."""
+    configs = [c for c in WGMMA_SASS_CONFIGS if c in wgmma_configs()]
+    assert len(configs) == len(WGMMA_SASS_CONFIGS), "a SASS config left the space"
+    variants = [render_config(SPEC, WG, c)[0] for c in configs]
+    results = compile_all([v.compile_job(WG_ARCH, SPEC.entry, SPEC.nvrtc_options) for v in variants], CompileCache(session_cache))
+    for config, r in zip(configs, results):
+        assert r.ok and r.binary is not None, r.log[-2000:]
+        assert "serialized" not in r.log, f"ptxas serialised the wgmma pipeline: {r.log[-1500:]}"
+        code = sass.function_sass(r.binary, SPEC.entry)
+        usage = sass.resource_usage(r.binary)[SPEC.entry]
+        what = f"{config}: {sass.opcodes(code)}"
+        loop = max(sass.loops(code), key=lambda lp: (sass.count(lp.body, "HGMMA"), -lp.size), default=None)
+        assert loop is not None, f"no loop: {what}"
+        # HGMMA.64x{n}x16.F32.BF16 (the disassembly's shape modifier starts with a digit: the
+        # parser keeps `HGMMA.64` as the opcode and the rest with the operands)
+        hgmma = [f"{i.opcode}{i.operands}" for i in loop.body if i.base == "HGMMA"]
+        shape = f"HGMMA.64x{config['BN']}x16.F32.BF16"
+        assert len(hgmma) == 4 * config["WM"] // 64 and all(h.startswith(shape) for h in hgmma), (
+            f"the k-slice loop's wgmmas {hgmma}: {what}"
+        )
+        assert sass.count(loop.body, "SYNCS.PHASECHK.TRANS64.TRYWAIT"), f"no mbarrier wait in the k-slice loop: {what}"
+        assert sass.count(loop.body, "WARPGROUP.ARRIVE") and sass.count(code, "WARPGROUP.DEPBAR.LE"), f"no wgmma fence or wait: {what}"
+        assert sass.count(code, "UTMALDG.2D") == 2, f"A's and B's TMA loads: {what}"
+        assert sass.count(code, "SYNCS.ARRIVE.TRANS64"), f"no transaction-count arrive: {what}"
+        assert not sass.count(code, "HMMA") and not sass.count(code, "LDGSTS"), f"mma.sync pieces in the wgmma path: {what}"
+        assert not usage.local and not usage.stack and not any(i.base in ("LDL", "STL") for i in code), f"local memory: {what}"
+        threads = threads_per_block(SPEC, WG, config)
+        assert threads == (config["BM"] // config["WM"] + 1) * 128
+        assert usage.registers * threads <= 65536, f"{usage.registers} registers x {threads} threads: {what}"

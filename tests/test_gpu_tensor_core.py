@@ -96,6 +96,42 @@ def test_every_gemm_config(cp, ml_dtypes, compiled):
     assert not bad, f"{len(bad)} wrong: {bad[:5]}"
 
 
+@pytest.fixture(scope="module")
+def compiled_sm90a(session_cache, tmp_path_factory):
+    """The gemm's sm_90a family (WGMMA = 1) compiled for sm_90a: on a device of compute capability 9.0 only."""
+    if GPU_ARCH != "sm_90":
+        pytest.skip(f"the sm_90a path runs on compute capability 9.0 only; this GPU is {GPU_ARCH}")
+    folder = tmp_path_factory.mktemp("wgmma-cubins")
+    every = gpu_launch.compile_every_config(PROJECT, ("gemm",), "sm_90a", session_cache, folder)["gemm"]
+    return [(types, config, cubin) for types, config, cubin in every if config["WGMMA"]]
+
+
+def test_every_wgmma_gemm_config(cp, ml_dtypes, compiled_sm90a):
+    """Each WGMMA = 1 config (TMA, mbarriers, wgmma) against float64 NumPy: A row-major or with
+    padded rows, B = W.T; sizes no multiple of any tile, k a multiple of 8 (TMA's 16-byte row
+    pitch), k < 64 (one partial slice) and m == 1."""
+    assert compiled_sm90a, "no WGMMA = 1 config compiled"
+    rng = np.random.default_rng(90)
+    bad = []
+    for m, n, k in ((133, 70, 40), (257, 260, 328), (1, 17, 64), (300, 512, 1024)):
+        for types, config, cubin in compiled_sm90a:
+            dtype = np.dtype(ml_dtypes.bfloat16) if types["T"] == "bfloat16" else np.dtype(np.float16)
+            a = rng.uniform(-1, 1, (m, k)).astype(dtype)
+            b = rng.uniform(-1, 1, (k, n)).astype(dtype)
+            want = a.astype(np.float64) @ b.astype(np.float64)
+            scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64) + 1e-30
+            for a_how in ("row", "padded"):
+                da, db = device_view(cp, a, a_how), device_view(cp, b, "col")
+                dc = device_view(cp, np.full((m, n), np.nan, np.float32).astype(dtype), a_how)
+                launch(cp, "gemm", types, config, cubin, {"A": da, "B": db, "C": dc})
+                got = cp.asnumpy(dc).astype(np.float64)
+                err = np.abs(got - want) / scale
+                tol = 2**-7 if types["T"] == "bfloat16" else 2**-10
+                if not (np.isfinite(got).all() and err.max(initial=0.0) <= tol):
+                    bad.append((types["T"], config, (m, n, k), a_how, float(np.nan_to_num(err.max(initial=0.0), nan=np.inf))))
+    assert not bad, f"{len(bad)} wrong: {bad[:5]}"
+
+
 def rms_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     x32 = x.astype(np.float32)
     return x32 / np.sqrt(np.mean(x32 * x32, axis=1, keepdims=True) + np.float32(eps)) * w.astype(np.float32)

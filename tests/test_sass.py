@@ -58,8 +58,8 @@ class Expect:
 @dataclass(frozen=True)
 class Row:
     """A kernel's expectations and the configs checked besides its default and current winners.
-    A sample is a partial config: axes not named take the default's values, type parameters not
-    named mean every type instance. `pending`: the row's properties are not expected to hold
+    A sample is a partial config: axes not named take the default's values, type parameters and
+    constants not named mean every type instance, an `arch` not named every arch. `pending`: the row's properties are not expected to hold
     yet (xfail, not strict: an XPASS says it is time to clear it)."""
 
     kernel: str
@@ -128,23 +128,57 @@ TABLE: dict[str, Row] = {
             expect=(
                 Expect(
                     "16-byte cp.async global -> shared, ldmatrix, tensor-core MMAs with float accumulation",
+                    when=lambda env: not env["WGMMA"],
                     has=("LDGSTS.128", "LDSM.16", "HMMA.16816.F32"),
                     lacks=("LDL", "STL"),
                 ),
                 Expect(
                     "k-contiguous tiles (A row-major, B = W.T) are read with plain ldmatrix",
-                    when=lambda env: bool(env["A_unit_stride"]) or not env["B_unit_stride"],
+                    when=lambda env: not env["WGMMA"] and (bool(env["A_unit_stride"]) or not env["B_unit_stride"]),
                     has=("LDSM.16.M88.4",),
                 ),
                 Expect(
                     "the other tiles (A column-major, B row-major) with ldmatrix .trans",
-                    when=lambda env: not env["A_unit_stride"] or bool(env["B_unit_stride"]),
+                    when=lambda env: not env["WGMMA"] and (not env["A_unit_stride"] or bool(env["B_unit_stride"])),
                     has=("LDSM.16.MT88.4",),
+                ),
+                Expect(
+                    "sm_90a: warpgroup MMAs fed by TMA tile loads through mbarriers, nothing of the mma.sync path",
+                    when=lambda env: bool(env["WGMMA"]),
+                    has=("HGMMA", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "SYNCS.ARRIVE.TRANS64", "WARPGROUP.ARRIVE"),
+                    lacks=("LDL", "STL", "HMMA", "LDGSTS", "LDSM"),
                 ),
             ),
             samples=(
                 {"T": "bfloat16", "BM": 16, "BN": 128, "BK": 64, "WM": 16, "WN": 32, "STAGES": 3},
                 {"T": "float16", "BM": 256, "BN": 128, "BK": 32, "WM": 64, "WN": 64, "STAGES": 4},
+                # the sm_90a path (its instance: A row-major, B = W.T; its arch only)
+                {
+                    "T": "bfloat16",
+                    "A_unit_stride": True,
+                    "B_unit_stride": False,
+                    "arch": "sm_90a",
+                    "WGMMA": 1,
+                    "BM": 128,
+                    "BN": 256,
+                    "BK": 64,
+                    "WM": 64,
+                    "WN": 64,
+                    "STAGES": 4,
+                },
+                {
+                    "T": "float16",
+                    "A_unit_stride": True,
+                    "B_unit_stride": False,
+                    "arch": "sm_90a",
+                    "WGMMA": 1,
+                    "BM": 256,
+                    "BN": 128,
+                    "BK": 64,
+                    "WM": 128,
+                    "WN": 64,
+                    "STAGES": 3,
+                },
             ),
         ),
         *(
@@ -283,9 +317,9 @@ def cases_of(plan: Plan) -> list[Case]:
             samples: list[Case] = []
             row = TABLE.get(spec.name)
             for sample in row.samples if row else ():
-                if any(sample.get(t, v) != v for t, v in types.items()):
-                    continue
-                config = {**spec.default, **{k: v for k, v in sample.items() if k not in spec.types}}
+                if any(sample.get(t, v) != v for t, v in types.items()) or sample.get("arch", arch) != arch:
+                    continue  # another instance's, or another arch's (a sample may name the one arch it runs on)
+                config = {**spec.default, **{k: v for k, v in sample.items() if k not in spec.types and k not in types and k != "arch"}}
                 index = inst.index_of(config)
                 if index is None:
                     unknown = sorted(set(config) - set(spec.space))

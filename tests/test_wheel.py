@@ -94,10 +94,17 @@ def test_wheel_is_pure_and_reproducible(example_wheels):
     assert "warning: sgemm: 18 untuned entries use the default config (no lock entry): sgemm|-|sm_80|m=256,n=256,k=256, " in log1
     assert "stale lock entry" not in log1
     assert "hatch-autotune: 30 entries use tuned winners from autotune.lock.json" in log1
-    assert "hatch-autotune: 284 entries: 30 tuned, 254 on the default config" in log1
+    assert (
+        "hatch-autotune: 426 entries: 30 tuned, 366 on the default config, 30 on a fallback (an arch-specific target's plain arch's "
+        "winner, or the default config does not compile or may not run at that bucket and arch)"
+    ) in log1
+    assert (
+        "warning: saxpy: 6 untuned entries use a fallback config (no lock entry; sm_90's tuned winner of the bucket): "
+        "saxpy|T=float32|sm_90a|n=4096, "
+    ) in log1
     # the tensor-core kernels: no lock entry yet (not tuned on a GPU), both archs on their defaults
-    assert "warning: gemm: 128 untuned entries use the default config (no lock entry): " in log1
-    assert "warning: rmsnorm: 48 untuned entries use the default config (no lock entry): " in log1
+    assert "warning: gemm: 192 untuned entries use the default config (no lock entry): " in log1
+    assert "warning: rmsnorm: 72 untuned entries use the default config (no lock entry): " in log1
     assert f"`hatch-autotune show {first.name}`" in log1
 
 
@@ -125,7 +132,7 @@ def test_wheel_ships_exactly_the_referenced_binaries_each_valid(example_wheels):
                     referenced.add(f"example_pkg/kernels/{info['file']}")
         shipped = {n for n in names if n.startswith("example_pkg/kernels/bin/")}
         assert shipped == referenced
-        assert table["archs"] == ["sm_80", "sm_90"] and table["ptx"] == {"sm_90": "compute_90"}
+        assert table["archs"] == ["sm_80", "sm_90", "sm_90a"] and table["ptx"] == {"sm_90": "compute_90"}
         assert set(table["kernels"]) == {"saxpy", "row_softmax", "sgemm", "gemm", "rmsnorm", "add_rmsnorm"}
         outcome = json.loads(zf.read("example_pkg/kernels/outcome.json"))
     # the build's outcome, recorded: every entry of the table, why it is untuned, nothing failed
@@ -136,9 +143,18 @@ def test_wheel_ships_exactly_the_referenced_binaries_each_valid(example_wheels):
         for a, es in per.items()
         for e in es
     }
-    assert len(outcome["entries"]) == len(selected) == 284
+    assert len(outcome["entries"]) == len(selected) == 426
     by_arch = {(e["id"].split("|")[2], e["status"], e["reason"]) for e in outcome["entries"]}
-    assert by_arch == {("sm_80", "default", "no lock entry"), ("sm_90", "tuned", ""), ("sm_90", "default", "no lock entry")}, by_arch
+    inherited = ("sm_90a", "fallback", "no lock entry; sm_90's tuned winner of the bucket")
+    assert by_arch == {
+        ("sm_80", "default", "no lock entry"), ("sm_90", "tuned", ""), ("sm_90", "default", "no lock entry"),
+        ("sm_90a", "default", "no lock entry"), inherited,
+    }, by_arch  # fmt: skip
+    fallback = {e["id"].split("|")[0] for e in outcome["entries"] if e["status"] == "fallback"}
+    assert fallback == {"saxpy", "row_softmax", "sgemm"}  # the kernels sm_90 has winners of
+    for kname in fallback:  # and each sm_90a entry runs sm_90's winner of its bucket
+        for per in table["kernels"][kname]["select"].values():
+            assert {tuple(e["bucket"]): e["variant"] for e in per["sm_90a"]} == {tuple(e["bucket"]): e["variant"] for e in per["sm_90"]}
     untuned_sm_90 = {e["id"].split("|")[0] for e in outcome["entries"] if e["status"] == "default" and e["id"].split("|")[2] == "sm_90"}
     assert untuned_sm_90 == {"gemm", "rmsnorm", "add_rmsnorm"}
     assert {e["id"].split("|")[0] for e in outcome["entries"] if e["status"] == "tuned"} == {"saxpy", "row_softmax", "sgemm"}
@@ -204,9 +220,10 @@ def test_installs_and_selects_in_a_fresh_runtime_only_venv(example_wheels, tmp_p
     # arch fallback: 8.6/8.9 run sm_80 cubins, 10.0/12.0 JIT the sm_90 PTX
     assert saxpy[("sm_86", 1, "float32")][5:7] == ["sm_80", "sm_80"]
     assert saxpy[("sm_89", 1, "float32")][5:7] == ["sm_80", "sm_80"]
-    assert saxpy[("sm_90", 1, "float32")][5:7] == ["sm_90", "sm_90"]
+    assert saxpy[("sm_90", 1, "float32")][5:7] == ["sm_90a", "sm_90a"]  # 9.0 runs the arch-specific cubins first
     assert saxpy[("sm_120", 1, "float32")][5:7] == ["sm_90", "compute_90"]
-    # tuned where the sm_90 entries serve (sm_90, and newer GPUs through its PTX), binaries load
+    # tuned where the sm_90 entries serve (newer GPUs through its PTX; 9.0 runs sm_90a's entries, untuned:
+    # sm_90's winners, inherited), binaries load
     assert all(r[7] is (r[5] == "sm_90") and r[8] > 0 for r in by["saxpy"])
     softmax = {(r[1], tuple(r[2])): r for r in by["row_softmax"]}
     assert softmax[("sm_90", (300, 129))][3] == {"rows": 256, "cols": 1024}  # cols maps by ceil

@@ -416,11 +416,11 @@ def test_isolated_build_from_a_repacked_wheelhouse_then_a_runtime_only_venv(tmp_
     assert "Installing build dependencies: finished with status 'done'" in text and "hatch_autotune-0.1.0" in text
     counts = wc.build_counts(wheel, text)
     assert (counts["entries"], counts["tuned"], counts["default"]) == (
-        284,
+        426,
         0,
-        284,
+        426,
     )  # 30 FP32 ones, 112 of the tensor-core kernels, per arch
-    assert counts["by_arch"] == {"sm_80": {"default": 142}, "sm_90": {"default": 142}}
+    assert counts["by_arch"] == {"sm_80": {"default": 142}, "sm_90": {"default": 142}, "sm_90a": {"default": 142}}
     with pytest.raises(wc.CheckError, match="tuned nothing"):
         wc.check_tuned(counts, ["sm_80", "sm_90"], "sm_90")
 
