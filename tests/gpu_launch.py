@@ -49,44 +49,20 @@ def compile_every_config(project: Any, names: tuple[str, ...], arch: str, cache_
     return out
 
 
-def tensor_map_bytes(spec: Any, types: Any, config: Any, arg: Any, array: Any) -> bytes:
-    """The 128 bytes of a tensor-map argument for a CuPy array, as the runtime encodes them
-    (runtime/tensor_map.py: the same rules, the driver's cuTensorMapEncodeTiled); zeros where
-    the map's `when` is false for the config."""
+def tensor_map_bytes(param: host_cuda.TensorMapParam, array: Any) -> bytes:
+    """The 128 bytes of a tensor-map argument for a CuPy array, as the runtime encodes them: the
+    driver's cuTensorMapEncodeTiled of launch_of's checked arguments (zeros where the map's
+    `when` is false for the config)."""
     import ctypes
 
     from cuda.bindings import driver
 
-    from hatch_autotune.runtime.tensor_map import tensor_map_args
+    from hatch_autotune.runtime.tensor_map import encode_tiled
 
-    decl = arg.tensor_map
-    env = {**spec.type_env(types), **config}
-    when = getattr(decl, "when", None)
-    if when is not None and not when(env):
+    if param.args is None:
         return bytes(128)
-    source = {a.name: a for a in spec.args}[decl.array]
-    dtype_name = str(types.get(source.dtype, source.dtype))
-    shape = tuple(int(d) for d in array.shape)
-    strides = tuple(int(s) // array.itemsize for s in array.strides)
-    box = tuple(int(e(env)) for e in decl.box)
-    dtype, rank, dims, byte_strides, box_dims, swizzle, l2, oob = tensor_map_args(
-        f"{spec.name}: {arg.name}", decl, dtype_name, shape, strides, box
-    )
-    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
-    err, tensor_map = driver.cuTensorMapEncodeTiled(
-        getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{dtype}"),
-        rank,
-        array.data.ptr,
-        [u64(d) for d in dims],
-        [u64(s) for s in byte_strides],
-        [u32(b) for b in box_dims],
-        [u32(1)] * rank,
-        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        getattr(driver.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}"),
-        getattr(driver.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{l2}"),
-        getattr(driver.CUtensorMapFloatOOBfill, f"CU_TENSOR_MAP_FLOAT_OOB_FILL_{oob}"),
-    )
-    assert err == driver.CUresult.CUDA_SUCCESS, f"cuTensorMapEncodeTiled ({arg.name}): {err}"
+    err, tensor_map = encode_tiled(driver, param.args, array.data.ptr)  # the runtime's own call
+    assert err == driver.CUresult.CUDA_SUCCESS, f"cuTensorMapEncodeTiled: {err}"
     return ctypes.string_at(int(tensor_map.getPtr()), 128)
 
 
@@ -132,5 +108,5 @@ def launch(cp: Any, spec: Any, types: Any, config: Any, cubin: Path, args: dict[
         return
     values = list(params)
     for i, a in maps.items():
-        values[i] = tensor_map_bytes(spec, types, config, a, args[a.tensor_map.array])
+        values[i] = tensor_map_bytes(params[i], args[a.tensor_map.array])
     _launch_raw(cp, function, (*grid, 1, 1)[:3], (*block, 1, 1)[:3], shared, values)

@@ -74,28 +74,33 @@ class TensorMapEncoder:
             raise ValueError(f"{self.what}: the array's address must be {GLOBAL_ALIGN}-byte aligned and not null (TMA); got {got}")
         gpu = self.gpu
         driver = gpu.driver
-        dtype, rank, dims, strides, box, swizzle, l2, oob = self.args
-        u64, u32 = driver.cuuint64_t, driver.cuuint32_t  # the bindings take these, not ints, in the arrays
         with gpu.on_device(self.device):
-            result = driver.cuTensorMapEncodeTiled(
-                getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{dtype}"),
-                rank,
-                ptr,
-                [u64(d) for d in dims],
-                [u64(s) for s in strides],
-                [u32(b) for b in box],
-                [u32(1)] * rank,
-                driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-                getattr(driver.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}"),
-                getattr(driver.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{l2}"),
-                getattr(driver.CUtensorMapFloatOOBfill, f"CU_TENSOR_MAP_FLOAT_OOB_FILL_{oob}"),
-            )
+            result = encode_tiled(driver, self.args, ptr)
         tensor_map = check_cuda(result, f"cuTensorMapEncodeTiled ({self.what})")
         data = ctypes.string_at(int(tensor_map.getPtr()), TENSOR_MAP_BYTES)
         if len(self.by_ptr) >= MAPS_PER_ENCODER:
             self.by_ptr.clear()
         self.by_ptr[ptr] = data
         return data
+
+
+def encode_tiled(driver: Any, args: tuple[Any, ...], ptr: int) -> Any:
+    """cuTensorMapEncodeTiled's result (error, CUtensorMap) for tensor_map_args' `args` and the address."""
+    dtype, rank, dims, strides, box, swizzle, l2, oob = args
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t  # the bindings take these, not ints, in the arrays
+    return driver.cuTensorMapEncodeTiled(
+        getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{dtype}"),
+        rank,
+        ptr,
+        [u64(d) for d in dims],
+        [u64(s) for s in strides],
+        [u32(b) for b in box],
+        [u32(1)] * rank,
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(driver.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}"),
+        getattr(driver.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{l2}"),
+        getattr(driver.CUtensorMapFloatOOBfill, f"CU_TENSOR_MAP_FLOAT_OOB_FILL_{oob}"),
+    )
 
 
 def tensor_map_args(
