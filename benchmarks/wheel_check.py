@@ -531,33 +531,35 @@ def build_counts(wheel: Path, text: str) -> dict[str, Any]:
     return {"entries": n, "tuned": t, "default": d, "fallback": f, "by_arch": by_arch}
 
 
-def check_tuned(counts: dict[str, Any], archs: list[str], gpu_arch: str | None) -> str:
-    """Every entry of the GPU's arch tuned, none of another: the build tuned on this GPU. The
-    tuned arch is returned."""
+def check_tuned(counts: dict[str, Any], archs: list[str], gpu_arch: str | None) -> list[str]:
+    """Every entry of the archs that run on the GPU tuned (its plain arch and its arch-specific and
+    family targets: sm_90 and sm_90a on a 9.0 GPU, where the project declares them), none of
+    another: the build tuned on this GPU. The tuned archs are returned."""
     by_arch = counts["by_arch"]
-    tuned = [a for a, c in by_arch.items() if c.get("tuned")]
+    tuned = sorted(a for a, c in by_arch.items() if c.get("tuned"))
     if counts["tuned"] == 0:
         raise CheckError(
             f"the build tuned nothing ({counts['entries']} entries: {by_arch}); in auto mode with a GPU of a target arch it must tune"
         )
-    if len(tuned) != 1 or (gpu_arch is not None and tuned != [gpu_arch]):
-        raise CheckError(f"expected tuned entries for the GPU's arch {gpu_arch} only, got {by_arch}")
-    arch = tuned[0]
-    if set(by_arch[arch]) != {"tuned"}:
-        raise CheckError(f"expected every {arch} entry tuned (an empty lock, auto mode, on a {arch} GPU), got {by_arch[arch]}")
+    expected = sorted(a for a in archs if re.sub(r"[af]$", "", a) == gpu_arch) if gpu_arch is not None else tuned
+    if not tuned or tuned != expected:
+        raise CheckError(f"expected tuned entries for the archs that run on the GPU ({', '.join(expected)}) only, got {by_arch}")
+    for arch in tuned:
+        if set(by_arch[arch]) != {"tuned"}:
+            raise CheckError(f"expected every {arch} entry tuned (an empty lock, auto mode, on a {gpu_arch} GPU), got {by_arch[arch]}")
     if sorted(by_arch) != sorted(archs) or len({sum(c.values()) for c in by_arch.values()}) != 1:
         raise CheckError(f"expected the same number of entries for each declared arch {archs}, got {by_arch}")
-    return arch
+    return tuned
 
 
-def check_lock(lock: Path, tuned: int, arch: str) -> int:
-    """The lock the build wrote: one entry per tuned entry, all for the tuned arch."""
+def check_lock(lock: Path, tuned: int, tuned_archs: list[str]) -> int:
+    """The lock the build wrote: one entry per tuned entry, all for the tuned archs."""
     if not lock.is_file():
         raise CheckError(f"the build wrote no lock file {lock} (tuning writes its winners there)")
     entries = json.loads(lock.read_text()).get("entries", {})
     archs = sorted({k.split("|")[2] if k.count("|") >= 3 else "?" for k in entries})
-    if len(entries) != tuned or archs != [arch]:
-        raise CheckError(f"expected {tuned} lock entries for {arch} in {lock}, found {len(entries)} for {archs}")
+    if len(entries) != tuned or archs != sorted(tuned_archs):
+        raise CheckError(f"expected {tuned} lock entries for {', '.join(tuned_archs)} in {lock}, found {len(entries)} for {archs}")
     return len(entries)
 
 
@@ -878,10 +880,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.keep_lock and lock.is_file():
             args.keep_lock.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(lock, args.keep_lock)
-        arch = check_tuned(counts, example_requirements(src)[2], state["gpu"]["arch"])
-        result["lock_entries"] = check_lock(lock, counts["tuned"], arch)
+        tuned_archs = check_tuned(counts, example_requirements(src)[2], state["gpu"]["arch"])
+        result["lock_entries"] = check_lock(lock, counts["tuned"], tuned_archs)
         state["wheel"] = wheel
-        return {"wheel": wheel.name, "wall_s": round(wall, 1), "tuned_arch": arch, "lock_entries": result["lock_entries"], **counts}
+        return {
+            "wheel": wheel.name,
+            "wall_s": round(wall, 1),
+            "tuned_arch": ", ".join(tuned_archs),
+            "lock_entries": result["lock_entries"],
+            **counts,
+        }
 
     def step_venv() -> dict[str, Any]:
         info = install_venv(venv, house, state["wheel"], args.step_timeout)

@@ -310,13 +310,15 @@ def test_calls_script_fails_on_an_unwritten_element_or_an_untuned_selection(stan
 
 
 def fake_build(tuned_arch: str | None):
-    """build_example's stand-in: a wheel whose outcome.json has 30 entries per arch (those of
-    `tuned_arch` tuned, the rest default), the matching log line, and the lock tuning writes."""
+    """build_example's stand-in: a wheel whose outcome.json has 30 entries per arch of example_pkg
+    (those of `tuned_arch` and its `a` target tuned, the rest default), the matching log line,
+    and the lock tuning writes."""
 
     def build_example(src: Path, house: Path, out: Path, cache: Path, timeout: float, mode: str = "auto"):
+        tuned_archs = (tuned_arch, f"{tuned_arch}a") if tuned_arch else ()
         entries = [
-            {"id": f"k|-|{arch}|n={i}", "status": "tuned" if arch == tuned_arch else "default", "config": {}, "reason": ""}
-            for arch in ("sm_80", "sm_90")
+            {"id": f"k|-|{arch}|n={i}", "status": "tuned" if arch in tuned_archs else "default", "config": {}, "reason": ""}
+            for arch in ("sm_80", "sm_90", "sm_90a")
             for i in range(30)
         ]
         wheel = out / "example_pkg-0.1.0-py3-none-any.whl"
@@ -325,7 +327,7 @@ def fake_build(tuned_arch: str | None):
         tuned = [e["id"] for e in entries if e["status"] == "tuned"]
         if tuned:
             (src / "autotune.lock.json").write_text(json.dumps({"schema": 1, "entries": {eid: {} for eid in tuned}}))
-        text = f"  hatch-autotune: {len(entries)} entries: {len(tuned)} tuned, {60 - len(tuned)} on the default config\n"
+        text = f"  hatch-autotune: {len(entries)} entries: {len(tuned)} tuned, {90 - len(tuned)} on the default config\n"
         return wheel, text, 12.34
 
     return build_example
@@ -352,20 +354,21 @@ def test_main_passes_when_every_step_passes(steps_stood_in, tmp_path, capsys):
     assert wc.main(["--wheels", str(tmp_path), "--out", str(out), "--work", str(tmp_path / "w"), "--keep-lock", str(lock)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == (
-        "wheel_check: ok: example_pkg built with isolation in 12.3 s, 30 entries tuned for sm_90 and 30 on the default config; "
+        "wheel_check: ok: example_pkg built with isolation in 12.3 s, 60 entries tuned for sm_90, sm_90a and 30 on the default config; "
         "15 of 15 calls match NumPy in a fresh venv of 2 packages on Stand-in H200"
     )
     result = json.loads(out.read_text())
     assert result["ok"] is True and result["failed_step"] is None and list(result["steps"]) == list(wc.STEPS)
     assert result["machine"]["commit"] and "gpu" in result["machine"]  # the machine and code, as every benchmark says
-    assert (result["build_wall_s"], result["tuned"], result["default"], result["lock_entries"]) == (12.3, 30, 30, 30)
-    assert result["steps"]["build"]["by_arch"] == {"sm_80": {"default": 30}, "sm_90": {"tuned": 30}}
+    assert (result["build_wall_s"], result["tuned"], result["default"], result["lock_entries"]) == (12.3, 60, 30, 60)
+    assert result["steps"]["build"]["by_arch"] == {"sm_80": {"default": 30}, "sm_90": {"tuned": 30}, "sm_90a": {"tuned": 30}}
     assert result["steps"]["plugin"]["build_isolation"] is False and len(result["calls"]) == 15
-    assert len(json.loads(lock.read_text())["entries"]) == 30
+    assert len(json.loads(lock.read_text())["entries"]) == 60
 
 
 @pytest.mark.parametrize(
-    "tuned_arch, says", [(None, "the build tuned nothing"), ("sm_80", "expected tuned entries for the GPU's arch sm_90 only")]
+    "tuned_arch, says",
+    [(None, "the build tuned nothing"), ("sm_80", "expected tuned entries for the archs that run on the GPU (sm_90, sm_90a) only")],
 )
 def test_main_fails_at_the_build_when_it_did_not_tune_for_the_gpu(steps_stood_in, monkeypatch, tmp_path, capsys, tuned_arch, says):
     monkeypatch.setattr(wc, "build_example", fake_build(tuned_arch))
@@ -422,7 +425,7 @@ def test_isolated_build_from_a_repacked_wheelhouse_then_a_runtime_only_venv(tmp_
     )  # 30 FP32 ones, 112 of the tensor-core kernels, per arch
     assert counts["by_arch"] == {"sm_80": {"default": 142}, "sm_90": {"default": 142}, "sm_90a": {"default": 142}}
     with pytest.raises(wc.CheckError, match="tuned nothing"):
-        wc.check_tuned(counts, ["sm_80", "sm_90"], "sm_90")
+        wc.check_tuned(counts, ["sm_80", "sm_90", "sm_90a"], "sm_90")
 
     venv = tmp_path / "venv"
     listing = wc.install_venv(venv, house, wheel, 240)
