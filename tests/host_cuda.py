@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hatch_autotune.declare.args import DTYPES
+from hatch_autotune.runtime import DTYPE_SIZES
 
 CXX = shutil.which("g++")
 EMULATOR = Path(__file__).resolve().parent / "host_cuda" / "emulator.h"
@@ -57,16 +58,18 @@ class TensorMapParam:
 
     source: int
     args: tuple[Any, ...] | None
+    elem: int = 0  # bytes per element of the array's dtype
 
     def to_bytes(self) -> bytes:
         if self.args is None:
             return bytes(128)
-        dtype, rank, dims, strides, box, swizzle, _l2, oob = self.args
+        _dtype, rank, dims, strides, box, swizzle, _l2, oob = self.args
         if rank != 2:
             raise ValueError(f"the emulator's TMA loads are 2D; this map has rank {rank}")
-        elem = {"UINT8": 1, "UINT16": 2, "FLOAT16": 2, "BFLOAT16": 2, "FLOAT32": 4, "INT32": 4, "UINT32": 4}.get(dtype, 8)
         swizzle_bytes = {"NONE": 0, "32B": 32, "64B": 64, "128B": 128}[swizzle]
-        data = struct.pack("<4IQ2QQ2III", 0x50414D54, rank, elem, swizzle_bytes, 0, *dims, *strides, *box, int(oob != "NONE"), self.source)
+        data = struct.pack(
+            "<4IQ2QQ2III", 0x50414D54, rank, self.elem, swizzle_bytes, 0, *dims, *strides, *box, int(oob != "NONE"), self.source
+        )
         return data + bytes(128 - len(data))
 
 
@@ -369,7 +372,8 @@ def _tensor_map_param(
     dtype = str(types.get(dtype, dtype))
     strides = tuple(int(st) // array.itemsize for st in array.strides)
     box = tuple(int(e(env)) for e in decl.box)
-    return TensorMapParam(source, tensor_map_args(f"{spec.name}: tensor map {arg.name!r}", decl, dtype, tuple(array.shape), strides, box))
+    args = tensor_map_args(f"{spec.name}: tensor map {arg.name!r}", decl, dtype, tuple(array.shape), strides, box)
+    return TensorMapParam(source, args, DTYPE_SIZES[dtype])
 
 
 def launch_of(

@@ -10,8 +10,9 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..runtime import DTYPE_SIZES, ExpressionError
+from ..runtime import ExpressionError
 from ..runtime.selection import ARCH_NAMES, arch_env
+from ..runtime.values import instance_env
 from .args import ArgSpec
 from .keys import KeyDim
 from .validate import Table
@@ -95,11 +96,8 @@ def check_default_reads_no_conditional_map(
     maps = [a for a in args if a.tensor_map is not None and a.tensor_map.when is not None]
     if not maps:
         return
-    names = [*types, *constants]
-    instances: list[dict[str, Any]] = [{}]
-    for name in names:
-        values = [(f"{name}_size", DTYPE_SIZES[v]) for v in types[name]] if name in types else [(name, v) for v in constants[name]]
-        instances = [{**o, k: v} for o in instances for k, v in values]
+    choices = {**types, **constants}
+    instances = [instance_env(dict(zip(choices, values))) for values in itertools.product(*choices.values())]
     for a in maps:
         assert a.tensor_map is not None and a.tensor_map.when is not None
         when = a.tensor_map.when

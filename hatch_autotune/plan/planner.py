@@ -69,6 +69,12 @@ def resolve_archs(project: ProjectSpec, gpus: Sequence[Gpu]) -> tuple[str, ...]:
     )
 
 
+def plain_arch(arch: str) -> str:
+    """The plain target of an arch's compute capability: 'sm_90a' and 'sm_90' -> 'sm_90'."""
+    kind, major, minor, _ = parse_arch(arch)
+    return f"{kind}_{major}{minor}"
+
+
 def ptx_archs(archs: tuple[str, ...]) -> dict[str, str]:
     """PTX for forward compatibility: compiled from the newest portable arch's winners. Not an
     'a' or 'f' arch's: such PTX runs only where its cubin already does (runs_on), so it would
@@ -208,10 +214,10 @@ class Plan:
         same compute capability (sm_90), where the project targets that too and the winner may
         serve the point. A GPU of 9.0 runs sm_90a's cubins first, so without it adding sm_90a to
         `archs` would trade sm_90's tuned winners for defaults until a GPU tunes sm_90a."""
-        _, major, minor, suffix = parse_arch(point.id.arch)
-        if not suffix:
+        plain = plain_arch(point.id.arch)
+        if plain == point.id.arch:
             return None
-        for p in inst.points.get(f"sm_{major}{minor}", ()):
+        for p in inst.points.get(plain, ()):
             if p.key == point.key:
                 index = self.winner_index(inst, p)
                 return index if index is not None and inst.exclusion(point, index) is None else None
@@ -267,8 +273,7 @@ class Plan:
             if inherited not in usable:
                 return None
             if usable[inherited]:
-                plain = "sm_" + point.id.arch.split("_", 1)[1].rstrip("af")
-                return Choice(inherited, False, {}, f"{reason}; {plain}'s tuned winner of the bucket", fallback=True)
+                return Choice(inherited, False, {}, f"{reason}; {plain_arch(point.id.arch)}'s tuned winner of the bucket", fallback=True)
         d = inst.point_default(point)
         if d is None:  # make_plan refuses such a point; a plan made otherwise has nothing to ship here
             return None
