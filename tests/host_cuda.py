@@ -63,6 +63,8 @@ class TensorMapParam:
     def to_bytes(self) -> bytes:
         if self.args is None:
             return bytes(128)
+        if self.elem <= 0:
+            raise ValueError("an encoded map needs its element size (elem): the TMA's transaction bytes count it")
         _dtype, rank, dims, strides, box, swizzle, _l2, oob = self.args
         if rank != 2:
             raise ValueError(f"the emulator's TMA loads are 2D; this map has rank {rank}")

@@ -367,6 +367,7 @@ struct AtEmuTensorMap {
     uint32_t source;       // the parameter index of the array (the harness binds base from it)
 };
 static_assert(sizeof(AtEmuTensorMap) <= 128, "fits a CUtensorMap");
+static_assert(offsetof(AtEmuTensorMap, base) == 16 && offsetof(AtEmuTensorMap, source) == 60, "as tests/host_cuda.py packs it");
 constexpr uint32_t AT_EMU_TMAP_MAGIC = 0x50414d54u;  // "TMAP"
 void at_emu_bind_tensor_map(void* map, const void* base);  // the harness: the source array's pointer
 
@@ -427,7 +428,12 @@ struct Warp {
     uint64_t seq[2][32] = {};  // which warp op of the lane wrote the slot: it took part iff it equals ours
 };
 
-enum ThreadState : int { running = 0, at_syncthreads = 1, at_warp_op = 2, exited = 3 };
+enum ThreadState : int { running = 0, at_syncthreads = 1, at_warp_op = 2, exited = 3, at_mbarrier = 4 };
+
+// The Hopper state (defined with the Hopper hooks below): a block starts with no mbarriers and no
+// TMA copies in flight, a thread with no wgmma in flight (the pool's threads run block after block).
+void hopper_block_start();
+void hopper_thread_end();
 
 struct Block {
     explicit Block(int n) : bar(n), state(n) {
@@ -512,6 +518,7 @@ void run_thread(LaunchState& s, int linear) {
             fail("the thread returned with %zu cp.async cop%s never committed (at_cp_async_commit)", ctx.open.size(),
                  ctx.open.size() == 1 ? "y" : "ies");
         ctx.groups.clear();  // committed, never waited for: nothing may read them
+        hopper_thread_end();
         // Leave the barriers as an exited GPU thread does: the others no longer wait for it.
         b.state[linear].store(exited);
         b.warps[ctx.warp]->bar.arrive_and_drop();
@@ -625,6 +632,7 @@ void launch_raw(void (*fn)(void*), void* arg, dim3 grid, dim3 block, size_t shar
                 if (shared_bytes)
                     std::memset(dynamic_shared_ptr, 0xff, shared_bytes);  // undefined on a GPU: NaN here
                 Block b((int)n);
+                hopper_block_start();
                 std::unique_lock<std::mutex> lk(s.m);
                 s.block = &b;
                 s.bidx = uint3{bx, by, bz};
@@ -633,15 +641,16 @@ void launch_raw(void (*fn)(void*), void* arg, dim3 grid, dim3 block, size_t shar
                 s.start_cv.notify_all();
                 const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(block_timeout_s);
                 if (!s.done_cv.wait_until(lk, deadline, [&] { return s.remaining == 0; })) {
-                    int counts[4] = {0, 0, 0, 0};
+                    int counts[5] = {0, 0, 0, 0, 0};
                     for (int i = 0; i < n; ++i)
                         counts[b.state[i].load()]++;
                     std::fprintf(stderr,
                                  "at_emu error: block (%u,%u,%u) of a %u x %u x %u grid did not finish within %.1f s (a hang?): of its %lld "
-                                 "threads, %d wait in __syncthreads, %d in a warp operation, %d run, %d have returned. A barrier "
-                                 "that not every live thread reaches?\n",
+                                 "threads, %d wait in __syncthreads, %d in a warp operation, %d on an mbarrier phase, %d run, %d "
+                                 "have returned. A barrier that not every live thread reaches (or an mbarrier phase whose "
+                                 "arrivals or transaction bytes never all come)?\n",
                                  bx, by, bz, grid.x, grid.y, grid.z, block_timeout_s, n, counts[at_syncthreads], counts[at_warp_op],
-                                 counts[running], counts[exited]);
+                                 counts[at_mbarrier], counts[running], counts[exited]);
                     std::fflush(stderr);
                     std::_Exit(87);
                 }
@@ -945,6 +954,8 @@ bool at_emu_mbarrier_try_wait_parity(unsigned long long* bar, unsigned parity) {
         b.copies.clear();
         done = b.phase != (parity & 1u);
     }
+    if (ctx.block)  // the watchdog's report counts the threads waiting on an mbarrier
+        ctx.block->state[ctx.linear].store(done ? running : at_mbarrier);
     if (!done)
         std::this_thread::yield();
     return done;
@@ -1011,15 +1022,33 @@ void at_emu_wgmma_wait_group(int n) {
     if (n < 0 || n > 7)
         fail("wgmma.wait_group %d: 0 to 7", n);
     while (wgmma.groups.size() > (size_t)n) {
-        for (WgmmaOp& op : wgmma.groups.front()) {
+        std::vector<WgmmaOp> group = std::move(wgmma.groups.front());
+        wgmma.groups.pop_front();
+        for (WgmmaOp& op : group) {
             WgmmaOp again{op.d, op.n, op.desc_a, op.desc_b, op.bf16, {}, {}, {}};
             read_operands(again);
             if (again.a != op.a || again.b != op.b)
                 fail("a shared operand of a wgmma was overwritten before its wait_group retired it (a stage released too early?)");
-            std::copy(op.result.begin(), op.result.end(), op.d);
+            if (!pending_result(op.d))  // a later wgmma on d still in flight: d stays NaN until that one retires
+                std::copy(op.result.begin(), op.result.end(), op.d);
         }
-        wgmma.groups.pop_front();
     }
 }
+
+namespace at_emu {
+namespace {
+
+void hopper_block_start() {
+    std::lock_guard<std::mutex> lk(hopper_mutex);
+    barriers.clear();  // a block's mbarriers (and the TMA copies queued on them) end with it
+}
+
+void hopper_thread_end() {
+    wgmma.open.clear();  // in flight at exit: nothing may read them, and the next block must not chain on them
+    wgmma.groups.clear();
+}
+
+}  // namespace
+}  // namespace at_emu
 
 #endif  // AT_EMU_IMPLEMENTATION
