@@ -66,9 +66,10 @@ def tensor_map_bytes(param: host_cuda.TensorMapParam, array: Any) -> bytes:
     return ctypes.string_at(int(tensor_map.getPtr()), 128)
 
 
-def _launch_raw(cp: Any, function: Any, grid: Any, block: Any, shared: int, values: list[Any]) -> None:
+def _launch_raw(cp: Any, function: Any, grid: Any, block: Any, shared: int, values: list[Any], cluster: Any = (1, 1, 1)) -> None:
     """cuLaunchKernel with each parameter's bytes (a kernel with tensor maps, 128 bytes by value,
-    which a CuPy kernel call cannot pass), on CuPy's current stream."""
+    which a CuPy kernel call cannot pass), on CuPy's current stream; cuLaunchKernelEx with the
+    runtime's own CUlaunchConfig (launching.ExConfig) for a cluster launch."""
     import ctypes
 
     from cuda.bindings import driver
@@ -86,15 +87,23 @@ def _launch_raw(cp: Any, function: Any, grid: Any, block: Any, shared: int, valu
         keep.append((buf, start))
     pointers = (ctypes.c_void_p * len(keep))(*[start for _, start in keep])
     stream = cp.cuda.get_current_stream().ptr
-    (err,) = driver.cuLaunchKernel(function.ptr, *grid, *block, shared, stream, ctypes.addressof(pointers), 0)
-    assert err == driver.CUresult.CUDA_SUCCESS, f"cuLaunchKernel: {err}"
+    if tuple(cluster) == (1, 1, 1):
+        (err,) = driver.cuLaunchKernel(function.ptr, *grid, *block, shared, stream, ctypes.addressof(pointers), 0)
+        assert err == driver.CUresult.CUDA_SUCCESS, f"cuLaunchKernel: {err}"
+    else:
+        from hatch_autotune.runtime.launching import ExConfig
+
+        launch = ExConfig(driver, (None, *grid, *block, shared), tuple(cluster))
+        launch.config.hStream = stream
+        (err,) = driver.cuLaunchKernelEx(launch.config, function.ptr, ctypes.addressof(pointers), 0)
+        assert err == driver.CUresult.CUDA_SUCCESS, f"cuLaunchKernelEx (cluster {tuple(cluster)}): {err}"
     cp.cuda.get_current_stream().synchronize()
 
 
 def launch(cp: Any, spec: Any, types: Any, config: Any, cubin: Path, args: dict[str, Any]) -> None:
     """One launch of one config's cubin with `args` (CuPy arrays and scalars by argument name);
     tensor-map arguments encoded from their arrays as the runtime encodes them."""
-    params, grid, block, shared = host_cuda.launch_of(spec, types, config, args)
+    params, grid, block, shared, cluster = host_cuda.launch_of(spec, types, config, args)
     maps = {i: a for i, a in enumerate(spec.args) if getattr(a, "tensor_map", None) is not None}
     if cubin not in _FUNCTIONS:
         _FUNCTIONS[cubin] = cp.RawModule(path=str(cubin)).get_function(spec.entry)
@@ -103,10 +112,10 @@ def launch(cp: Any, spec: Any, types: Any, config: Any, cubin: Path, args: dict[
         function.max_dynamic_shared_size_bytes = shared
     if 0 in grid:
         return
-    if not maps:
+    if not maps and cluster == [1, 1, 1]:
         function(tuple(grid), tuple(block), tuple(params), shared_mem=shared)
         return
     values = list(params)
     for i, a in maps.items():
         values[i] = tensor_map_bytes(params[i], args[a.tensor_map.array])
-    _launch_raw(cp, function, (*grid, 1, 1)[:3], (*block, 1, 1)[:3], shared, values)
+    _launch_raw(cp, function, (*grid, 1, 1)[:3], (*block, 1, 1)[:3], shared, values, cluster)

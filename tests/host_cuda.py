@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -102,7 +102,8 @@ def emulation_source(code: str) -> str:
 
     def bind(m: re.Match[str]) -> str:
         ctype = _ALIGN.sub("", m.group(1)).strip()
-        return f"static {ctype}* const& {m.group(2)} = reinterpret_cast<{ctype}* const&>(at_emu::dynamic_shared_ptr);"
+        # thread_local: the blocks of a cluster run together, each with its own buffer
+        return f"static thread_local {ctype}* const& {m.group(2)} = reinterpret_cast<{ctype}* const&>(at_emu::dynamic_shared_ptr);"
 
     for pattern, replacement in _F16_ASM:
         code = pattern.sub(replacement, code)
@@ -150,7 +151,7 @@ def _main(entry: str, params: Sequence[tuple[bool, str]], maps: Mapping[int, int
         '    at_emu::copy_mode = std::strcmp(argv[2], "immediate") == 0 ? at_emu::CopyMode::immediate : at_emu::CopyMode::deferred;',
         '    at_in = std::fopen((at_dir + "/args.bin").c_str(), "rb");',
         "    if (!at_in) return 2;",
-        "    unsigned int at_g[6]; at_read(at_g, sizeof at_g);",
+        "    unsigned int at_g[9]; at_read(at_g, sizeof at_g);",
         "    unsigned long long at_shared; at_read(&at_shared, 8);",
     ]
     names = []
@@ -163,7 +164,7 @@ def _main(entry: str, params: Sequence[tuple[bool, str]], maps: Mapping[int, int
     lines += [f"    at_emu_bind_tensor_map(&at_p{i}, at_p{src});" for i, src in (maps or {}).items()]
     lines += [
         "    std::fclose(at_in);",
-        f"    at_emu::launch([&] {{ {entry}({', '.join(names)}); }}, dim3(at_g[0], at_g[1], at_g[2]), dim3(at_g[3], at_g[4], at_g[5]), at_shared, std::atof(argv[3]));",
+        f"    at_emu::launch([&] {{ {entry}({', '.join(names)}); }}, dim3(at_g[0], at_g[1], at_g[2]), dim3(at_g[3], at_g[4], at_g[5]), at_shared, std::atof(argv[3]), dim3(at_g[6], at_g[7], at_g[8]));",
         '    FILE* at_out = std::fopen((at_dir + "/out.bin").c_str(), "wb");',
         "    if (!at_out) return 2;",
     ]
@@ -289,11 +290,13 @@ def run_kernel(
     timeout_s: float = 120.0,
     shared_bytes: int = 0,
     fp_contract: bool = False,
+    cluster: int | Sequence[int] = 1,
 ) -> None:
     """Launch `entry` with `params` (NumPy arrays, passed as pointers and written back in place,
     and NumPy scalars, e.g. np.float32(2.0), np.int32(5), in the kernel's parameter order) on the
     host emulator. mode: how cp.async copies land ("deferred" or "immediate", see emulator.h).
-    A grid with a zero dimension launches nothing."""
+    cluster: the thread-block cluster's dims (its blocks run together). A grid with a zero
+    dimension launches nothing."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     g, b = _dims(grid), _dims(block)
@@ -302,7 +305,7 @@ def run_kernel(
     half = _half_type([source, *(t for _, t in headers)])
     kinds: list[tuple[bool, str]] = []
     maps: dict[int, int] = {}
-    payload = [struct.pack("<6IQ", *g, *b, int(shared_bytes))]
+    payload = [struct.pack("<9IQ", *g, *b, *_dims(cluster), int(shared_bytes))]
     stores: list[tuple[np.ndarray, np.ndarray, int]] = []  # (argument, its bytes, where they start in its owner)
     for i, p in enumerate(params):
         if isinstance(p, np.ndarray):
@@ -327,7 +330,8 @@ def run_kernel(
     run_dir = Path(tempfile.mkdtemp(prefix=f"run-{entry}-", dir=workdir))
     try:
         (run_dir / "args.bin").write_bytes(b"".join(payload))
-        what = f"kernel {entry} (grid {g}, block {b}, {mode} cp.async)"
+        clusters = "" if _dims(cluster) == (1, 1, 1) else f", clusters {_dims(cluster)}"
+        what = f"kernel {entry} (grid {g}, block {b}{clusters}, {mode} cp.async)"
         try:
             done = subprocess.run(
                 [str(exe), str(run_dir), mode, str(max(1.0, 0.8 * timeout_s))],
@@ -378,12 +382,18 @@ def _tensor_map_param(
     return TensorMapParam(source, args, DTYPE_SIZES[dtype])
 
 
-def launch_of(
-    spec: Any, types: Mapping[str, Any], config: Mapping[str, Any], args: Mapping[str, Any], arch: str = "sm_90a"
-) -> tuple[list[Any], list[int], list[int], int]:
+class Launch(NamedTuple):
+    params: list[Any]  # in the kernel's order
+    grid: list[int]
+    block: list[int]
+    shared: int  # dynamic shared bytes
+    cluster: list[int]  # [1, 1, 1]: no clusters
+
+
+def launch_of(spec: Any, types: Mapping[str, Any], config: Mapping[str, Any], args: Mapping[str, Any], arch: str = "sm_90a") -> Launch:
     """What the runtime would launch for one config of a declared kernel (a KernelSpec) called
-    with `args` (the caller's arguments by name: arrays, and the scalars without a `value`):
-    (parameters in the kernel's order, grid, block, dynamic shared bytes). Arrays are passed
+    with `args` (the caller's arguments by name: arrays, and the scalars without a `value`).
+    Arrays are passed
     through (NumPy here, CuPy in tests/test_gpu_showcase.py) after a dtype and shape check;
     tensor maps are TensorMapParams (on a GPU, tests/gpu_launch.py encodes them with the driver)."""
     key: dict[str, int] = {}
@@ -416,7 +426,8 @@ def launch_of(
     geometry = {**key, **config, **instance}
     grid = [int(e(geometry)) for e in spec.grid]
     block = [int(e(geometry)) for e in spec.block]
-    return params, grid, block, int(spec.shared(geometry))
+    cluster = [int(e(geometry)) for e in spec.cluster or ()]
+    return Launch(params, grid, block, int(spec.shared(geometry)), [*cluster, 1, 1, 1][:3])
 
 
 def run_variant(
@@ -435,7 +446,7 @@ def run_variant(
     from hatch_autotune.compile.render import render_config
 
     variant, _ = render_config(spec, types, config)
-    params, grid, block, shared = launch_of(spec, types, config, args)
+    params, grid, block, shared, cluster = launch_of(spec, types, config, args)
     for name, p in zip((a.name for a in spec.args), params):
         if not isinstance(p, (np.ndarray, np.generic, TensorMapParam)):
             raise TypeError(f"{spec.name}: argument {name!r} must be a NumPy array or scalar on the emulator, got {type(p).__name__}")
@@ -451,5 +462,6 @@ def run_variant(
         timeout_s=timeout_s,
         shared_bytes=shared,
         fp_contract=fp_contract,
+        cluster=cluster,
     )
     return variant

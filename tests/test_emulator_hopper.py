@@ -26,7 +26,9 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="needs g++ to build kernels 
 ROOT = Path(__file__).resolve().parents[1]
 PRELUDE = (
     "struct CUtensorMap_st {\n    alignas(64) unsigned long long opaque[16];\n};\n"
-    "typedef struct CUtensorMap_st CUtensorMap;\n" + (ROOT / "templates" / "_wgmma.cuh").read_text()
+    "typedef struct CUtensorMap_st CUtensorMap;\n"
+    + (ROOT / "templates" / "_wgmma.cuh").read_text()
+    + (ROOT / "templates" / "_cluster.cuh").read_text()
 )
 
 
@@ -360,6 +362,85 @@ def test_wgmma_reads_the_unswizzled_core_matrix_layout_through_lbo_and_sbo(emu_d
     d = np.full((64, NN), np.nan, np.float32)
     run(source, "wg0", [a, w, d, *map(np.int32, (128, 256, 256, 128))], 1, 128, emu_dir, shared_bytes=8192)
     assert not np.array_equal(d, expected)
+
+
+# ---- thread-block clusters ------------------------------------------------------------------------
+
+CLUSTER = """
+extern "C" __global__ void csum(const float* x, float* out, unsigned* where, int bad_rank)
+{
+    extern __shared__ __align__(16) float part[];
+    const unsigned rank = at_cluster_rank(), size = at_cluster_size();
+    const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const int t = threadIdx.x, i = 2 * (block * blockDim.x + t);
+    part[2 * t] = x[i];
+    part[2 * t + 1] = x[i + 1];
+    if (t == 0) {
+        where[2 * block] = rank;
+        where[2 * block + 1] = size;
+    }
+    at_cluster_sync();  // every block's part is written
+    float2 s = make_float2(0.0f, 0.0f);
+    for (unsigned r = 0; r < size + bad_rank; ++r) {
+        const float2 v = at_cluster_ld_f32x2(part + 2 * t, r);
+        s.x += v.x;
+        s.y += v.y;
+    }
+    out[i] = s.x;
+    out[i + 1] = s.y;
+    at_cluster_sync();  // no block leaves while another reads its part
+}
+"""
+
+
+def cluster_model(x: np.ndarray, grid: tuple[int, int, int], cluster: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """What CUDA gives: block (bx, by, bz) is rank (bx % cx) + cx ((by % cy) + cy (bz % cz)) of the
+    cluster (bx // cx, by // cy, bz // cz); every block's out is the sum of its cluster's x."""
+    gx, gy, gz = grid
+    cx, cy, cz = cluster
+    out, where = np.zeros_like(x), np.zeros((gx * gy * gz, 2), np.uint32)
+    for bz, by, bx in np.ndindex(gz, gy, gx):
+        b = bx + gx * (by + gy * bz)
+        where[b] = (bx % cx + cx * (by % cy + cy * (bz % cz)), cx * cy * cz)
+        for oz, oy, ox in np.ndindex(cz, cy, cx):
+            o = bx // cx * cx + ox + gx * (by // cy * cy + oy + gy * (bz // cz * cz + oz))
+            out[b] += x[o]
+    return out, where
+
+
+@pytest.mark.parametrize(
+    ("grid", "cluster"), [((8, 1, 1), (4, 1, 1)), ((4, 2, 2), (2, 2, 1)), ((2, 2, 2), (1, 1, 2)), ((3, 1, 1), (1, 1, 1))]
+)
+def test_a_clusters_blocks_run_together_and_read_each_others_shared_memory(
+    emu_dir: Path, grid: tuple[int, int, int], cluster: tuple[int, int, int]
+) -> None:
+    threads = 32
+    blocks = grid[0] * grid[1] * grid[2]
+    x = np.random.default_rng(2).standard_normal((blocks, 2 * threads)).astype(np.float32)
+    out = np.full_like(x, np.nan)
+    where = np.zeros((blocks, 2), np.uint32)
+    run(CLUSTER, "csum", [x, out, where, np.int32(0)], grid, threads, emu_dir, shared_bytes=8 * threads, cluster=cluster)
+    want, want_where = cluster_model(x, grid, cluster)
+    np.testing.assert_array_equal(where, want_where)
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("grid", "cluster", "bad_rank", "error"),
+    [
+        ((6, 1, 1), (4, 1, 1), 0, "each grid dimension must be a multiple of the cluster's"),
+        ((16, 1, 1), (16, 1, 1), 0, "1 to 8"),
+        ((4, 1, 1), (2, 1, 1), 1, "mapa to block rank 2 of a cluster of 2 blocks"),
+    ],
+    ids=["grid", "size", "rank"],
+)
+def test_a_bad_cluster_launch_or_rank_is_refused(
+    emu_dir: Path, grid: tuple[int, int, int], cluster: tuple[int, int, int], bad_rank: int, error: str
+) -> None:
+    x = np.zeros((grid[0], 64), np.float32)
+    params = [x, np.zeros_like(x), np.zeros((grid[0], 2), np.uint32), np.int32(bad_rank)]
+    with pytest.raises(AssertionError, match=error):
+        run(CLUSTER, "csum", params, grid, 32, emu_dir, shared_bytes=256, cluster=cluster)
 
 
 # ---- host_cuda: tensor-map arguments of a declared kernel -----------------------------------------

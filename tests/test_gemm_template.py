@@ -83,15 +83,25 @@ def _problems(jobs: list[tuple[dict[str, Any], dict[str, Any], str]], cache_dir:
     return out
 
 
+def kept_on(arch: str, configs: list[dict[str, Any]], types: dict[str, Any] = FAST, m: int = 128) -> list[dict[str, Any]]:
+    """The configs the point constraints keep on `arch` at the bucket of m (n, k: the largest)."""
+    from hatch_autotune.plan.exclusions import PointRules
+
+    rules = PointRules(SPEC, types, configs, arch)
+    bucket = {**{k.name: k.buckets[-1] for k in SPEC.key}, "m": m}
+    return [c for i, c in enumerate(configs) if rules.exclusion(i, bucket) is None]
+
+
 def test_every_config_compiles_within_a_blocks_resources(session_cache: Path) -> None:
     configs = SPEC.configs(FAST)
-    assert 40 <= len(configs) <= 64, f"{len(configs)} configs: the space should span tiles and stages and stay compilable in CI"
+    assert 120 <= len(configs) <= 160, f"{len(configs)} configs: the space should span tiles and stages and stay compilable in CI"
     assert {c["BM"] for c in configs} >= {16, 32, 64, 128, 256} and {c["BN"] for c in configs} >= {32, 256}, (
         "skinny (decode) and large tiles"
     )
     smallest_optin = min(shared_optin_limit(a) for a in ("sm_80", "sm_86", "sm_89", "sm_90"))
     assert max(_shared(FAST, c) for c in configs) <= smallest_optin, "a config no sm_80+ arch can launch"
-    jobs = [(FAST, c, arch) for c in configs for arch in ARCHS]
+    jobs = [(FAST, c, arch) for arch in ARCHS for c in kept_on(arch, configs)]
+    assert len(jobs) == len(configs) + len(kept_on("sm_80", configs)), "sm_90 keeps every config at m = 128"
     jobs += [(types, dict(SPEC.default), arch) for types in SPEC.type_instances() if types != FAST for arch in ARCHS]
     problems = _problems(jobs, session_cache)
     assert not problems, f"{len(problems)} configs the constraints keep cannot launch:\n" + "\n".join(problems[:20])
@@ -136,6 +146,20 @@ def test_the_wgmma_family_lives_only_where_tma_and_sm_90a_serve_it() -> None:
         assert any(c["WGMMA"] for c in kept) == wgmma_kept, arch
         assert any(not c["WGMMA"] for c in kept), f"{arch}: the mma.sync family must stay"
     assert SPEC.default["WGMMA"] == 0, "the default runs everywhere, and serves the calls TMA cannot"
+
+
+def test_split_k_lives_on_sm_90_at_the_decode_buckets() -> None:
+    """SPLITK > 1 (a cluster of blocks a tile) only on skinny mma.sync tiles, only where clusters
+    exist (sm_90, sm_90a) and only at the buckets with few output tiles (m <= 128)."""
+    configs = SPEC.configs(FAST)
+    split = [c for c in configs if c["SPLITK"] > 1]
+    assert split and all(c["BM"] <= 32 and not c["WGMMA"] for c in split)
+    assert {c["SPLITK"] for c in split} == {2, 4, 8}
+    assert not any(c["SPLITK"] > 1 for c in kept_on("sm_80", configs, m=16)), "no clusters before sm_90"
+    for arch in ("sm_90", "sm_90a"):
+        assert len([c for c in kept_on(arch, configs, m=16) if c["SPLITK"] > 1]) == len(split), arch
+        assert not any(c["SPLITK"] > 1 for c in kept_on(arch, configs, m=512)), f"{arch}: split-K at a prefill bucket"
+    assert SPEC.default["SPLITK"] == 1 and SPEC.cluster is not None
 
 
 # ---- 2. the constraints -------------------------------------------------------------------------
@@ -196,7 +220,13 @@ CONFIGS = [
     ({"BM": 32, "BN": 128, "BK": 32, "WM": 32, "WN": 32, "STAGES": 5}, "bfloat16"),
     ({"BM": 64, "BN": 128, "BK": 64, "WM": 64, "WN": 32, "STAGES": 3}, "float16"),
     ({"BM": 256, "BN": 64, "BK": 32, "WM": 64, "WN": 64, "STAGES": 4}, "bfloat16"),
+    # split-K: 2, 4 and 8 blocks a tile, one cluster each (sm_90+)
+    ({"BM": 16, "BN": 128, "BK": 32, "WM": 16, "WN": 32, "STAGES": 4, "SPLITK": 2}, "bfloat16"),
+    ({"BM": 16, "BN": 64, "BK": 64, "WM": 16, "WN": 32, "STAGES": 2, "SPLITK": 4}, "float16"),
+    ({"BM": 32, "BN": 32, "BK": 32, "WM": 32, "WN": 32, "STAGES": 5, "SPLITK": 8}, "bfloat16"),
 ]
+# Where a split-K config is kept: sm_90, a decode bucket.
+SPLIT_POINT: dict[str, Any] = {"arch": 90, "arch_specific": 0, "arch_family": 0, "m": 16, "n": 4096, "k": 4096}
 
 # (m, n, k): several blocks and partial ones on both axes, k not a multiple of BK; then every
 # size a multiple of 8 (16-byte copies of row-major A and B, column-major ones when m, n % 8 ==
@@ -275,14 +305,16 @@ def _run(
 @pytest.mark.parametrize(
     ("change", "dtype_name"),
     CONFIGS,
-    ids=[f"{c.get('BM', 128)}x{c.get('BN', 128)}x{c.get('BK', 32)}-s{c.get('STAGES', 4)}-{t}" for c, t in CONFIGS],
+    ids=[f"{c.get('BM', 128)}x{c.get('BN', 128)}x{c.get('BK', 32)}-s{c.get('STAGES', 4)}-k{c.get('SPLITK', 1)}-{t}" for c, t in CONFIGS],
 )
 def test_results_match_numpy_at_odd_sizes(workdir: Path, change: dict[str, Any], dtype_name: str) -> None:
     config = {**SPEC.default, **change}
-    assert all(c(config) for c in SPEC.constraints), f"{config} is not in the space"
+    assert all(c({**SPLIT_POINT, **config}) for c in SPEC.constraints), f"{config} is not in the space"
     rng = np.random.default_rng(11)
     dtype = DTYPES[dtype_name]
-    for i, (m, n, k) in enumerate(SIZES):
+    # split-K: also a k whose slices every block of the cluster shares (the small k leave some none)
+    sizes = [*SIZES, (21, 40, 8 * 32 * config["SPLITK"] + 24)] if config["SPLITK"] > 1 else SIZES
+    for i, (m, n, k) in enumerate(sizes):
         for j, (a_how, b_how) in enumerate(LAYOUTS):
             mode = host_cuda.MODES[(i + j) % 2]  # both cp.async modes over the grid of cases
             a = layout(rng.standard_normal((m, k)).astype(dtype), a_how)
@@ -344,13 +376,49 @@ def test_a_broken_wgmma_kernel_is_caught(workdir: Path, old: str, new: str, why:
     a = rng.standard_normal((70, 256)).astype(ml_dtypes.bfloat16)
     b = np.asfortranarray(rng.standard_normal((256, 72)).astype(ml_dtypes.bfloat16))
     c = np.full((70, 72), np.nan, ml_dtypes.bfloat16)
-    params, grid, block, shared = host_cuda.launch_of(SPEC, WG, config, {"A": a, "B": b, "C": c})
+    params, grid, block, shared, _ = host_cuda.launch_of(SPEC, WG, config, {"A": a, "B": b, "C": c})
     with pytest.raises(AssertionError):
         host_cuda.run_kernel(
             variant.source.replace(old, new), variant.headers, SPEC.entry, params, grid, block, workdir=workdir, shared_bytes=shared
         )
         check(c, a, b, "bfloat16")
     host_cuda.run_kernel(variant.source, variant.headers, SPEC.entry, params, grid, block, workdir=workdir, shared_bytes=shared)
+    check(c, a, b, "bfloat16")  # (the kernel itself passes)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "why"),
+    [
+        ("int src = 1; src < SPLITK;", "int src = 1; src < 1;", "a block stores its own partial sums alone"),
+        ("const int p = split * PAIRS + q", "const int p = q", "every block of the cluster adds up the same part of the tile"),
+        ("kt0 = min(split * share, all_slices)", "kt0 = 0", "every block multiplies the first share of k"),
+        (
+            "float2 sum = at_cluster_ld_f32x2(partial + r * RED_LD + c, 0);",
+            "float2 sum = at_cluster_ld_f32x2(partial + r * BN + c, 0);",
+            "rank 0's partial tile read at the wrong row pitch",
+        ),
+    ],
+    ids=["own-partial", "same-part", "same-share", "pitch"],
+)
+def test_a_broken_split_k_reduction_is_caught(workdir: Path, old: str, new: str, why: str) -> None:
+    """The emulated cluster (its blocks run together, each its own shared memory, the cluster
+    barrier and distributed shared-memory loads) can fail the split-K kernel: each mutation of
+    its split or reduction misses the reference."""
+    config = {**SPEC.default, "BM": 16, "BN": 64, "BK": 32, "WM": 16, "WN": 32, "STAGES": 4, "SPLITK": 4}
+    variant = render_config(SPEC, FAST, config)[0]
+    assert variant.source.count(old) == 1, old
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((20, 8 * 32 * 4 + 8)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((a.shape[1], 72)).astype(ml_dtypes.bfloat16)
+    c = np.full((20, 72), np.nan, ml_dtypes.bfloat16)
+    params, grid, block, shared, cluster = host_cuda.launch_of(SPEC, FAST, config, {"A": a, "B": b, "C": c})
+    assert cluster == [4, 1, 1] and grid == [8, 2], (grid, cluster)
+    run = partial(host_cuda.run_kernel, entry=SPEC.entry, params=params, grid=grid, block=block, workdir=workdir, shared_bytes=shared)
+    with pytest.raises(AssertionError):
+        run(variant.source.replace(old, new), variant.headers, cluster=cluster)
+        check(c, a, b, "bfloat16")
+    c[...] = np.nan
+    run(variant.source, variant.headers, cluster=cluster)
     check(c, a, b, "bfloat16")  # (the kernel itself passes)
 
 
@@ -481,6 +549,27 @@ def test_sass_has_tensor_core_main_loop_and_no_local_memory(session_cache: Path,
         assert not any(i.base in ("LDL", "STL") for i in code), f"local loads or stores: {what}"
         threads = threads_per_block(SPEC, types, config)
         assert usage.registers <= 255 and usage.registers * threads <= 65536, f"{usage.registers} registers x {threads} threads: {what}"
+
+
+@pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+def test_sass_of_split_k_has_the_cluster_barriers_and_distributed_shared_loads(session_cache: Path) -> None:
+    """A split-K variant on sm_90: the mma.sync main loop as without it, two cluster barriers
+    (arrive + wait each: partials written, then nobody leaves early), the other blocks' partial
+    tiles read 8 bytes at a time (mapa'd generic loads: LD.E.64), no local memory."""
+    for types, splitk in ((FAST, 4), ({**FAST, "B_unit_stride": False}, 8)):
+        config = {**SPEC.default, "BM": 16, "BN": 64, "BK": 64, "WM": 16, "WN": 32, "STAGES": 2, "SPLITK": splitk}
+        r = compile_all(
+            [render_config(SPEC, types, config)[0].compile_job("sm_90", SPEC.entry, SPEC.nvrtc_options)], CompileCache(session_cache)
+        )[0]
+        assert r.ok and r.binary is not None, r.log[-2000:]
+        code = sass.function_sass(r.binary, SPEC.entry)
+        usage = sass.resource_usage(r.binary)[SPEC.entry]
+        what = f"{_instance_label(types)} {config}: {sass.opcodes(code)}"
+        loop = _mma_loop(code)
+        assert loop is not None and sass.count(loop.body, "HMMA.16816.F32") >= 2 * 4, f"the main loop lacks MMAs: {what}"
+        assert sass.count(code, "UCGABAR_ARV") == 2 and sass.count(code, "UCGABAR_WAIT") == 2, f"two cluster barriers: {what}"
+        assert sass.count(code, "LD.E.64") >= splitk, f"no 8-byte loads of the cluster's partial tiles: {what}"
+        assert not usage.local and not usage.stack and not any(i.base in ("LDL", "STL") for i in code), f"local memory: {what}"
 
 
 def test_the_space_renders_one_source_per_variant() -> None:

@@ -103,7 +103,8 @@ def test_a_point_no_config_may_serve_is_a_project_error_naming_it(tmp_path):
 def test_the_lock_checksums_of_kernels_without_point_constraints_stay_as_they_were():
     """example_pkg's committed lock: every entry still matches its point's checksum, and no config
     of its kernels but gemm is excluded anywhere (their shared memory fits every target arch;
-    gemm's point constraints keep its wgmma family on sm_90a, at m >= 128)."""
+    gemm's point constraints keep its wgmma family on sm_90a, at m >= 128, and its split-K
+    configs on sm_90 and newer, at m <= 128)."""
     project = load_project(EXAMPLE)
     lock = LockFile.load(project.lock_file)
     plan = make_plan(project, project.archs, log=quiet, compiler="13.0", lock=lock)

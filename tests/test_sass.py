@@ -148,10 +148,17 @@ TABLE: dict[str, Row] = {
                     has=("HGMMA", "UTMALDG.2D", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "SYNCS.ARRIVE.TRANS64", "WARPGROUP.ARRIVE"),
                     lacks=("LDL", "STL", "HMMA", "LDGSTS", "LDSM"),
                 ),
+                Expect(
+                    "split-K: the cluster's barriers and 8-byte loads of the other blocks' partial tiles",
+                    when=lambda env: env["SPLITK"] > 1,
+                    has=("UCGABAR_ARV", "UCGABAR_WAIT", "LD.E.64"),
+                ),
             ),
             samples=(
                 {"T": "bfloat16", "BM": 16, "BN": 128, "BK": 64, "WM": 16, "WN": 32, "STAGES": 3},
                 {"T": "float16", "BM": 256, "BN": 128, "BK": 32, "WM": 64, "WN": 64, "STAGES": 4},
+                # split-K over a cluster of 4 (sm_90 and newer)
+                {"T": "bfloat16", "arch": "sm_90", "BM": 16, "BN": 64, "BK": 64, "WM": 16, "WN": 32, "STAGES": 2, "SPLITK": 4},
                 # the sm_90a path (its instance: A row-major, B = W.T; its arch only)
                 {
                     "T": "bfloat16",

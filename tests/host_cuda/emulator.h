@@ -6,8 +6,10 @@
 // by a watchdog) or an abort with a message, and the tests' AddressSanitizer build reports
 // out-of-bounds accesses to global arrays and to static __shared__ arrays.
 //
-// Model: blocks run one at a time (so `__shared__` can be `static`); the block's threads run
-// concurrently; warps are 32 consecutive linear thread ids. A thread that returns leaves its
+// Model: blocks run one at a time (so `__shared__` can be `static`), or a thread-block cluster's
+// blocks together (each with its own dynamic shared memory; static `__shared__` variables would
+// be shared by them, so cluster kernels keep theirs in the dynamic buffer); the block's threads
+// run concurrently; warps are 32 consecutive linear thread ids. A thread that returns leaves its
 // block's and warp's barriers, as an exited thread does on a GPU.
 //
 // Use: `#define AT_HOST_EMULATION 1`, include this file, then the kernel source. The runtime
@@ -130,8 +132,8 @@ namespace at_emu {
 
 enum class CopyMode { immediate, deferred };
 extern CopyMode copy_mode;  // how cp.async copies land (see at_emu_cp_async)
-extern unsigned char* dynamic_shared_ptr;  // the block's dynamic shared memory (extern __shared__)
-extern size_t dynamic_shared_bytes;        // its size
+extern thread_local unsigned char* dynamic_shared_ptr;  // the calling block's dynamic shared memory (extern __shared__)
+extern size_t dynamic_shared_bytes;                     // its size (every block's)
 
 // Print "at_emu error: ..." with the calling thread's coordinates and end the program (exit 86).
 [[noreturn]] void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -149,16 +151,17 @@ constexpr size_t SLOT_BYTES = 32;  // the most one lane publishes in one warp op
 // `ballot` (if not null) gets the lanes whose published int is non-zero. Returns the live lanes.
 unsigned warp_op(int op, unsigned mask, const void* value, size_t bytes, int src, void* out, unsigned* ballot, const char* what);
 
-// Run fn(arg) on every thread of every block of the grid; blocks one at a time, in order. A block
-// that does not finish within block_timeout_s (a barrier not every live thread reaches) ends the
-// program with a message (exit 87).
-void launch_raw(void (*fn)(void*), void* arg, dim3 grid, dim3 block, size_t shared_bytes, double block_timeout_s);
+// Run fn(arg) on every thread of every block of the grid; blocks one at a time, in order, or the
+// blocks of one thread-block cluster (`cluster` blocks per dimension, the grid a multiple of it)
+// at a time, together. A block (cluster) that does not finish within block_timeout_s (a barrier
+// not every live thread reaches) ends the program with a message (exit 87).
+void launch_raw(void (*fn)(void*), void* arg, dim3 grid, dim3 block, size_t shared_bytes, double block_timeout_s, dim3 cluster);
 
 template <class F>
-void launch(F&& kernel, dim3 grid, dim3 block, size_t shared_bytes = 0, double block_timeout_s = 60.0) {
+void launch(F&& kernel, dim3 grid, dim3 block, size_t shared_bytes = 0, double block_timeout_s = 60.0, dim3 cluster = dim3(1, 1, 1)) {
     using K = std::remove_reference_t<F>;
     launch_raw([](void* k) { (*static_cast<K*>(k))(); }, const_cast<void*>(static_cast<const void*>(&kernel)), grid, block,
-               shared_bytes, block_timeout_s);
+               shared_bytes, block_timeout_s, cluster);
 }
 
 inline int lane_id() { return (int)((threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32u); }
@@ -399,6 +402,15 @@ void at_emu_wgmma_wait_group(int n);
 void at_emu_wgmma_m64k16(float* d, int n, unsigned long long desc_a, unsigned long long desc_b, int scale_d, bool bf16, int trans_a,
                          int trans_b);
 
+// Thread-block clusters (templates/_cluster.cuh): %cluster_ctarank and %cluster_nctarank, the
+// cluster barrier (barrier.cluster.arrive.release + wait.acquire: every live thread of every block
+// of the cluster), and mapa: the address in block `rank`'s dynamic shared memory at the offset
+// that p has in the caller's (only dynamic shared memory is mapped; a rank past the cluster aborts).
+unsigned at_emu_cluster_ctarank();
+unsigned at_emu_cluster_nctarank();
+void at_emu_cluster_sync();
+void* at_emu_cluster_map_shared(const void* p, unsigned rank);
+
 #endif  // AT_EMULATOR_H
 
 // =============================================================================================
@@ -411,7 +423,7 @@ void at_emu_wgmma_m64k16(float* d, int n, unsigned long long desc_a, unsigned lo
 namespace at_emu {
 
 CopyMode copy_mode = CopyMode::deferred;
-unsigned char* dynamic_shared_ptr = nullptr;
+thread_local unsigned char* dynamic_shared_ptr = nullptr;
 size_t dynamic_shared_bytes = 0;
 
 namespace {
@@ -428,7 +440,7 @@ struct Warp {
     uint64_t seq[2][32] = {};  // which warp op of the lane wrote the slot: it took part iff it equals ours
 };
 
-enum ThreadState : int { running = 0, at_syncthreads = 1, at_warp_op = 2, exited = 3, at_mbarrier = 4 };
+enum ThreadState : int { running = 0, at_syncthreads = 1, at_warp_op = 2, exited = 3, at_mbarrier = 4, at_cluster_barrier = 5 };
 
 // The Hopper state (defined with the Hopper hooks below): a block starts with no mbarriers and no
 // TMA copies in flight, a thread with no wgmma in flight (the pool's threads run block after block).
@@ -445,6 +457,19 @@ struct Block {
     std::vector<std::atomic<int>> state;
 };
 
+// The blocks of one cluster (one block when the launch has no clusters), run together; block
+// `rank` (its rank in the cluster: x fastest) has its own threads, barriers and shared memory.
+struct ClusterRun {
+    ClusterRun(int blocks, int threads_per_block) : bar(blocks * threads_per_block), bidx(blocks), shared(blocks) {
+        for (int r = 0; r < blocks; ++r)
+            this->blocks.push_back(std::make_unique<Block>(threads_per_block));
+    }
+    std::barrier<> bar;  // the cluster barrier: every thread of every block
+    std::vector<std::unique_ptr<Block>> blocks;
+    std::vector<uint3> bidx;
+    std::vector<unsigned char*> shared;
+};
+
 struct Copy {
     void* dst;
     const void* src;
@@ -453,6 +478,8 @@ struct Copy {
 
 struct ThreadCtx {
     Block* block = nullptr;
+    ClusterRun* cluster = nullptr;
+    unsigned rank = 0;  // the block's rank in its cluster
     int linear = 0, lane = 0, warp = 0;
     unsigned parity = 0;
     uint64_t seq = 0;                      // warp ops done, counted from 1
@@ -482,15 +509,14 @@ struct LaunchState {
     uint64_t generation = 0;
     int remaining = 0;
     bool stop = false;
-    Block* block = nullptr;
-    uint3 bidx{};
+    ClusterRun* run = nullptr;
     dim3 bdim, gdim;
     void (*fn)(void*) = nullptr;
     void* arg = nullptr;
 };
 
-// A pool thread: runs linear thread `linear` of each block the launcher starts.
-void run_thread(LaunchState& s, int linear) {
+// A pool thread: runs linear thread `linear` of block `rank` of each cluster the launcher starts.
+void run_thread(LaunchState& s, int rank, int linear) {
     uint64_t seen = 0;
     for (;;) {
         {
@@ -500,8 +526,12 @@ void run_thread(LaunchState& s, int linear) {
                 return;
             seen = s.generation;
         }
-        Block& b = *s.block;
-        blockIdx = s.bidx;
+        ClusterRun& c = *s.run;
+        Block& b = *c.blocks[rank];
+        blockIdx = c.bidx[rank];
+        dynamic_shared_ptr = c.shared[rank];
+        ctx.cluster = &c;
+        ctx.rank = (unsigned)rank;
         blockDim = s.bdim;
         gridDim = s.gdim;
         threadIdx = uint3{linear % s.bdim.x, linear / s.bdim.x % s.bdim.y, linear / (s.bdim.x * s.bdim.y)};
@@ -523,7 +553,9 @@ void run_thread(LaunchState& s, int linear) {
         b.state[linear].store(exited);
         b.warps[ctx.warp]->bar.arrive_and_drop();
         b.bar.arrive_and_drop();
+        c.bar.arrive_and_drop();
         ctx.block = nullptr;
+        ctx.cluster = nullptr;
         {
             std::lock_guard<std::mutex> lk(s.m);
             if (--s.remaining == 0)
@@ -610,47 +642,61 @@ unsigned warp_op(int op, unsigned mask, const void* value, size_t bytes, int src
     return live;
 }
 
-void launch_raw(void (*fn)(void*), void* arg, dim3 grid, dim3 block, size_t shared_bytes, double block_timeout_s) {
+void launch_raw(void (*fn)(void*), void* arg, dim3 grid, dim3 block, size_t shared_bytes, double block_timeout_s, dim3 cluster) {
     const long long n = (long long)block.x * block.y * block.z;
     if (n <= 0 || n > 1024)
         fail("a block of %u x %u x %u threads: CUDA allows 1 to 1024", block.x, block.y, block.z);
-    if (shared_bytes)  // exactly the size asked for: ASan reports an access past it
-        dynamic_shared_ptr = static_cast<unsigned char*>(::operator new[](shared_bytes, std::align_val_t(1024)));  // 128B swizzles
+    const long long blocks = (long long)cluster.x * cluster.y * cluster.z;
+    if (blocks <= 0 || blocks > 8)
+        fail("a cluster of %u x %u x %u blocks: 1 to 8 (the portable size)", cluster.x, cluster.y, cluster.z);
+    if (grid.x % cluster.x || grid.y % cluster.y || grid.z % cluster.z)
+        fail("a %u x %u x %u grid in clusters of %u x %u x %u: each grid dimension must be a multiple of the cluster's", grid.x, grid.y,
+             grid.z, cluster.x, cluster.y, cluster.z);
     dynamic_shared_bytes = shared_bytes;
     LaunchState s;
     s.fn = fn;
     s.arg = arg;
     s.bdim = block;
     s.gdim = grid;
+    std::vector<unsigned char*> buffers((size_t)blocks, nullptr);
+    if (shared_bytes)  // exactly the size asked for: ASan reports an access past it
+        for (auto& p : buffers)
+            p = static_cast<unsigned char*>(::operator new[](shared_bytes, std::align_val_t(1024)));  // 128B swizzles
     std::vector<std::thread> threads;
-    threads.reserve(n);
-    for (int i = 0; i < n; ++i)
-        threads.emplace_back(run_thread, std::ref(s), i);
-    for (unsigned bz = 0; bz < grid.z; ++bz)
-        for (unsigned by = 0; by < grid.y; ++by)
-            for (unsigned bx = 0; bx < grid.x; ++bx) {
-                if (shared_bytes)
-                    std::memset(dynamic_shared_ptr, 0xff, shared_bytes);  // undefined on a GPU: NaN here
-                Block b((int)n);
+    threads.reserve((size_t)(blocks * n));
+    for (int r = 0; r < blocks; ++r)
+        for (int i = 0; i < n; ++i)
+            threads.emplace_back(run_thread, std::ref(s), r, i);
+    for (unsigned cz = 0; cz < grid.z; cz += cluster.z)
+        for (unsigned cy = 0; cy < grid.y; cy += cluster.y)
+            for (unsigned cx = 0; cx < grid.x; cx += cluster.x) {
+                ClusterRun c((int)blocks, (int)n);
+                for (int r = 0; r < blocks; ++r) {
+                    c.bidx[r] = uint3{cx + r % cluster.x, cy + r / cluster.x % cluster.y, cz + r / (cluster.x * cluster.y)};
+                    c.shared[r] = buffers[r];
+                    if (shared_bytes)
+                        std::memset(buffers[r], 0xff, shared_bytes);  // undefined on a GPU: NaN here
+                }
                 hopper_block_start();
                 std::unique_lock<std::mutex> lk(s.m);
-                s.block = &b;
-                s.bidx = uint3{bx, by, bz};
-                s.remaining = (int)n;
+                s.run = &c;
+                s.remaining = (int)(blocks * n);
                 ++s.generation;
                 s.start_cv.notify_all();
                 const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(block_timeout_s);
                 if (!s.done_cv.wait_until(lk, deadline, [&] { return s.remaining == 0; })) {
-                    int counts[5] = {0, 0, 0, 0, 0};
-                    for (int i = 0; i < n; ++i)
-                        counts[b.state[i].load()]++;
+                    int counts[6] = {0, 0, 0, 0, 0, 0};
+                    for (const auto& b : c.blocks)
+                        for (int i = 0; i < n; ++i)
+                            counts[b->state[i].load()]++;
                     std::fprintf(stderr,
-                                 "at_emu error: block (%u,%u,%u) of a %u x %u x %u grid did not finish within %.1f s (a hang?): of its %lld "
-                                 "threads, %d wait in __syncthreads, %d in a warp operation, %d on an mbarrier phase, %d run, %d "
-                                 "have returned. A barrier that not every live thread reaches (or an mbarrier phase whose "
-                                 "arrivals or transaction bytes never all come)?\n",
-                                 bx, by, bz, grid.x, grid.y, grid.z, block_timeout_s, n, counts[at_syncthreads], counts[at_warp_op],
-                                 counts[at_mbarrier], counts[running], counts[exited]);
+                                 "at_emu error: block (%u,%u,%u)%s of a %u x %u x %u grid did not finish within %.1f s (a hang?): of its "
+                                 "%lld threads, %d wait in __syncthreads, %d in a warp operation, %d on an mbarrier phase, %d at the "
+                                 "cluster barrier, %d run, %d have returned. A barrier that not every live thread reaches (or an "
+                                 "mbarrier phase whose arrivals or transaction bytes never all come)?\n",
+                                 cx, cy, cz, blocks > 1 ? " and the rest of its cluster" : "", grid.x, grid.y, grid.z, block_timeout_s,
+                                 blocks * n, counts[at_syncthreads], counts[at_warp_op], counts[at_mbarrier], counts[at_cluster_barrier],
+                                 counts[running], counts[exited]);
                     std::fflush(stderr);
                     std::_Exit(87);
                 }
@@ -662,11 +708,10 @@ void launch_raw(void (*fn)(void*), void* arg, dim3 grid, dim3 block, size_t shar
     }
     for (auto& t : threads)
         t.join();
-    if (shared_bytes) {
-        ::operator delete[](dynamic_shared_ptr, std::align_val_t(1024));
-        dynamic_shared_ptr = nullptr;
-        dynamic_shared_bytes = 0;
-    }
+    for (auto* p : buffers)
+        if (p)
+            ::operator delete[](p, std::align_val_t(1024));
+    dynamic_shared_bytes = 0;
 }
 
 }  // namespace at_emu
@@ -1050,5 +1095,24 @@ void hopper_thread_end() {
 
 }  // namespace
 }  // namespace at_emu
+
+unsigned at_emu_cluster_ctarank() { return at_emu::ctx.rank; }
+
+unsigned at_emu_cluster_nctarank() { return (unsigned)at_emu::ctx.cluster->blocks.size(); }
+
+void at_emu_cluster_sync() {
+    using namespace at_emu;
+    ctx.block->state[ctx.linear].store(at_cluster_barrier);
+    ctx.cluster->bar.arrive_and_wait();
+    ctx.block->state[ctx.linear].store(running);
+}
+
+void* at_emu_cluster_map_shared(const void* p, unsigned rank) {
+    using namespace at_emu;
+    const unsigned offset = at_emu_shared_address(p);
+    if (rank >= ctx.cluster->blocks.size())
+        fail("mapa to block rank %u of a cluster of %zu blocks", rank, ctx.cluster->blocks.size());
+    return ctx.cluster->shared[rank] + offset;
+}
 
 #endif  // AT_EMU_IMPLEMENTATION
