@@ -83,25 +83,27 @@ def _problems(jobs: list[tuple[dict[str, Any], dict[str, Any], str]], cache_dir:
     return out
 
 
-def kept_on(arch: str, configs: list[dict[str, Any]], types: dict[str, Any] = FAST, m: int = 128) -> list[dict[str, Any]]:
-    """The configs the point constraints keep on `arch` at the bucket of m (n, k: the largest)."""
+def kept_on(arch: str, configs: list[dict[str, Any]], types: dict[str, Any] = FAST, m: int | None = None) -> list[dict[str, Any]]:
+    """The configs the point constraints keep on `arch` at the bucket of m (n, k: the largest),
+    or at any bucket of m (None)."""
     from hatch_autotune.plan.exclusions import PointRules
 
     rules = PointRules(SPEC, types, configs, arch)
-    bucket = {**{k.name: k.buckets[-1] for k in SPEC.key}, "m": m}
-    return [c for i, c in enumerate(configs) if rules.exclusion(i, bucket) is None]
+    ms = [m] if m is not None else next(k.buckets for k in SPEC.key if k.name == "m")
+    buckets = [{**{k.name: k.buckets[-1] for k in SPEC.key}, "m": b} for b in ms]
+    return [c for i, c in enumerate(configs) if any(rules.exclusion(i, b) is None for b in buckets)]
 
 
 def test_every_config_compiles_within_a_blocks_resources(session_cache: Path) -> None:
     configs = SPEC.configs(FAST)
-    assert 120 <= len(configs) <= 160, f"{len(configs)} configs: the space should span tiles and stages and stay compilable in CI"
+    assert 180 <= len(configs) <= 220, f"{len(configs)} configs: the space should span tiles and stages and stay compilable in CI"
     assert {c["BM"] for c in configs} >= {16, 32, 64, 128, 256} and {c["BN"] for c in configs} >= {32, 256}, (
         "skinny (decode) and large tiles"
     )
     smallest_optin = min(shared_optin_limit(a) for a in ("sm_80", "sm_86", "sm_89", "sm_90"))
     assert max(_shared(FAST, c) for c in configs) <= smallest_optin, "a config no sm_80+ arch can launch"
     jobs = [(FAST, c, arch) for arch in ARCHS for c in kept_on(arch, configs)]
-    assert len(jobs) == len(configs) + len(kept_on("sm_80", configs)), "sm_90 keeps every config at m = 128"
+    assert len(jobs) == len(configs) + len(kept_on("sm_80", configs)), "sm_90 keeps every config at some bucket"
     jobs += [(types, dict(SPEC.default), arch) for types in SPEC.type_instances() if types != FAST for arch in ARCHS]
     problems = _problems(jobs, session_cache)
     assert not problems, f"{len(problems)} configs the constraints keep cannot launch:\n" + "\n".join(problems[:20])
@@ -120,12 +122,14 @@ def test_every_wgmma_config_compiles_for_sm_90a_within_a_blocks_resources(sessio
     """The whole sm_90a family of the bfloat16 instance, and its float16 twin's largest tiles:
     no spill, no stack, registers x threads within 64K, shared memory within sm_90's opt-in."""
     configs = wgmma_configs()
-    assert 20 <= len(configs) <= 40, f"{len(configs)} wgmma configs"
+    assert 70 <= len(configs) <= 100, f"{len(configs)} wgmma configs"
     assert {(c["BM"] // c["WM"]) for c in configs} == {1, 2} and {c["BN"] for c in configs} == {64, 128, 256}
     assert max(_shared(WG, c) for c in configs) + 1024 <= shared_optin_limit(WG_ARCH)
     f16 = {**WG, "T": "float16"}
     jobs = [(WG, c, WG_ARCH) for c in configs]
-    jobs += [(f16, c, WG_ARCH) for c in wgmma_configs(f16) if c["BM"] * c["BN"] >= 32768]
+    jobs += [
+        (f16, c, WG_ARCH) for c in wgmma_configs(f16) if c["BM"] * c["BN"] >= 32768 and c["GROUP_M"] == 8
+    ]  # the raster: as in bfloat16
     problems = _problems(jobs, session_cache)
     assert not problems, f"{len(problems)} wgmma configs cannot launch:\n" + "\n".join(problems[:20])
 
@@ -162,6 +166,21 @@ def test_split_k_lives_on_sm_90_at_the_decode_buckets() -> None:
     assert SPEC.default["SPLITK"] == 1 and SPEC.cluster is not None
 
 
+def test_raster_orders_are_tuned_for_the_big_tiles_at_the_prefill_buckets() -> None:
+    """GROUP_M 1 (row order), 8 and 16 for the big tiles of both families, kept at m >= 512 (many
+    block rows); the skinny tiles and the decode buckets keep the default, 8."""
+    configs = SPEC.configs(FAST) + wgmma_configs()
+    other = [c for c in configs if c["GROUP_M"] != 8]
+    assert {c["GROUP_M"] for c in other} == {1, 16} and all(c["BM"] >= 64 for c in other)
+    assert any(c["WGMMA"] for c in other) and any(not c["WGMMA"] for c in other)
+    for arch in ("sm_80", "sm_90"):
+        assert not any(c["GROUP_M"] != 8 for c in kept_on(arch, SPEC.configs(FAST), m=128)), arch
+        assert len([c for c in kept_on(arch, SPEC.configs(FAST), m=512) if c["GROUP_M"] != 8]) == len(
+            [c for c in SPEC.configs(FAST) if c["GROUP_M"] != 8]
+        ), arch
+    assert SPEC.default["GROUP_M"] == 8
+
+
 # ---- 2. the constraints -------------------------------------------------------------------------
 
 
@@ -181,6 +200,9 @@ def test_the_constraints_refuse_what_the_template_cannot_build() -> None:
         ({"BK": 64, "STAGES": 2}, "64 x 64 warp tiles with BK = 64: ptxas spills on sm_80"),
         ({"BM": 256, "BN": 128, "BK": 32, "STAGES": 4}, "accepted: 8 warps of 64 x 64, 96 KiB"),
         ({"BM": 128, "WM": 128, "WN": 32}, "a 128-row warp tile: the mma.sync family's warps are at most 64 rows"),
+        ({"BM": 16, "BN": 32, "WM": 16, "WN": 32, "GROUP_M": 16}, "a raster group on a skinny tile: one block row at decode sizes"),
+        ({"BM": 32, "BN": 64, "WM": 32, "WN": 32, "GROUP_M": 1}, "row order on a skinny tile"),
+        ({"SPLITK": 2}, "split-K on a big tile: they have output tiles enough"),
     ]:
         config = {**base, **change}
         kept = all(c(config) for c in SPEC.constraints)
@@ -324,6 +346,27 @@ def test_results_match_numpy_at_odd_sizes(workdir: Path, change: dict[str, Any],
                 check(c, a, b, dtype_name)
             except AssertionError as exc:
                 raise AssertionError(f"m, n, k = {m}, {n}, {k}, A {a_how}, B {b_how}, {mode} cp.async: {exc}") from None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"BM": 128, "BN": 64, "WM": 64, "WN": 32, "GROUP_M": 1},
+        {"BM": 128, "BN": 64, "WM": 64, "WN": 32, "GROUP_M": 16},
+        {"WGMMA": 1, "BM": 64, "BN": 64, "BK": 64, "WM": 64, "WN": 64, "STAGES": 3, "GROUP_M": 16},
+    ],
+    ids=["row-order", "groups-of-16", "wgmma-groups-of-16"],
+)
+def test_every_raster_order_computes_each_tile_once(workdir: Path, change: dict[str, Any]) -> None:
+    """17 block rows and 2 block columns: row order, and groups of 16 (a whole group, then a
+    partial one of 1 row); a tile computed twice leaves another unwritten (NaN)."""
+    config = {**SPEC.default, **change}
+    rng = np.random.default_rng(17)
+    a = rng.standard_normal((17 * config["BM"] - 3, 72)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((72, 70)).astype(ml_dtypes.bfloat16)
+    if config["WGMMA"]:
+        b = np.asfortranarray(b)  # B = W.T: the wgmma family's instance
+    check(_run(workdir, config, "bfloat16", a, b, host_cuda.MODES[0]), a, b, "bfloat16")
 
 
 # The wgmma family on the emulator (TMA boxes that land late, mbarrier phases, warpgroup MMAs
