@@ -299,13 +299,13 @@ def run_kernel(
     dimension launches nothing."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    g, b = _dims(grid), _dims(block)
+    g, b, cl = _dims(grid), _dims(block), _dims(cluster)
     if 0 in g:
         return
     half = _half_type([source, *(t for _, t in headers)])
     kinds: list[tuple[bool, str]] = []
     maps: dict[int, int] = {}
-    payload = [struct.pack("<9IQ", *g, *b, *_dims(cluster), int(shared_bytes))]
+    payload = [struct.pack("<9IQ", *g, *b, *cl, int(shared_bytes))]
     stores: list[tuple[np.ndarray, np.ndarray, int]] = []  # (argument, its bytes, where they start in its owner)
     for i, p in enumerate(params):
         if isinstance(p, np.ndarray):
@@ -330,7 +330,7 @@ def run_kernel(
     run_dir = Path(tempfile.mkdtemp(prefix=f"run-{entry}-", dir=workdir))
     try:
         (run_dir / "args.bin").write_bytes(b"".join(payload))
-        clusters = "" if _dims(cluster) == (1, 1, 1) else f", clusters {_dims(cluster)}"
+        clusters = "" if cl == (1, 1, 1) else f", clusters {cl}"
         what = f"kernel {entry} (grid {g}, block {b}{clusters}, {mode} cp.async)"
         try:
             done = subprocess.run(
@@ -393,9 +393,9 @@ class Launch(NamedTuple):
 def launch_of(spec: Any, types: Mapping[str, Any], config: Mapping[str, Any], args: Mapping[str, Any], arch: str = "sm_90a") -> Launch:
     """What the runtime would launch for one config of a declared kernel (a KernelSpec) called
     with `args` (the caller's arguments by name: arrays, and the scalars without a `value`).
-    Arrays are passed
-    through (NumPy here, CuPy in tests/test_gpu_showcase.py) after a dtype and shape check;
-    tensor maps are TensorMapParams (on a GPU, tests/gpu_launch.py encodes them with the driver)."""
+    Arrays are passed through (NumPy here, CuPy in tests/test_gpu_showcase.py) after a dtype and
+    shape check; tensor maps are TensorMapParams (on a GPU, tests/gpu_launch.py encodes them with
+    the driver)."""
     key: dict[str, int] = {}
     for k in spec.key:
         given = args[k.source]
