@@ -191,6 +191,16 @@ def test_a_tma_load_with_a_wrong_byte_count_or_destination_fails(emu_dir: Path, 
         run(TILE, "tile", params, 1, 32, emu_dir, shared_bytes=4096, timeout_s=5)
 
 
+def test_an_encoded_map_without_its_element_size_is_refused() -> None:
+    """The emulator counts a TMA load's transaction bytes from the map's element size: a map
+    packed without one would complete 0 bytes and hang its barrier, so it is refused at packing."""
+    x = np.zeros((16, 64), np.uint16)
+    args = tmap(0, x, (16, 64)).args
+    with pytest.raises(ValueError, match="element size"):
+        TensorMapParam(0, args).to_bytes()
+    assert len(TensorMapParam(0, args, 2).to_bytes()) == 128 and TensorMapParam(0, None).to_bytes() == bytes(128)
+
+
 def test_a_map_the_call_did_not_encode_is_refused(emu_dir: Path) -> None:
     """A variant whose map's `when` is false gets 128 zero bytes: a TMA load through it aborts."""
     x = np.arange(16 * 64, dtype=np.uint16).reshape(16, 64)
