@@ -46,13 +46,24 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
+from cuda.bindings import __version__ as BINDINGS_VERSION
 from cuda.bindings import driver
-from cuda.core import EventOptions, LaunchConfig
-from cuda.core._kernel_arg_handler import ParamHolder
-from cuda.core._utils.cuda_utils import CUDAError
 
-import hatch_autotune.runtime
-from hatch_autotune.runtime import CudaApi
+try:  # the tuning worker's side; a wheel's runtime in a venv of its run-time dependencies has no cuda-core
+    from cuda.core import EventOptions, LaunchConfig
+    from cuda.core._kernel_arg_handler import ParamHolder
+    from cuda.core._utils.cuda_utils import CUDAError
+except ImportError:
+    EventOptions = LaunchConfig = ParamHolder = None
+
+    class CUDAError(RuntimeError):  # type: ignore[no-redef]  # what cuda.core raises, where it is absent
+        pass
+
+
+try:  # absent beside a generated wheel's own runtime (a fresh venv): `install(runtime=...)` gives that one
+    import hatch_autotune.runtime
+except ImportError:
+    hatch_autotune = None
 
 R = driver.CUresult
 ATTR = driver.CUdevice_attribute
@@ -393,21 +404,23 @@ class StandIn:
         names = [n for n in dir(self) if re.match(r"cu[A-Z]", n)]  # the driver API names
         return {n: self._counted(n, getattr(self, n)) for n in names}
 
-    def api(self) -> CudaApi:
-        """What the runtime and the tuning worker call, as the runtime's CudaApi: the emulated
-        driver functions with the real enums, the fake cuda.core objects, and cuda.core's real
-        LaunchConfig and EventOptions."""
+    def api(self, runtime: ModuleType | None = None, bindings: tuple[int, int] | None = None) -> Any:
+        """What the runtime and the tuning worker call, as `runtime`'s CudaApi (hatch_autotune's
+        unless given): the emulated driver functions with the installed cuda-bindings' real enums
+        and structs, that cuda-bindings' version (or `bindings`, to play another's), and where
+        cuda-core is installed the fake cuda.core objects with cuda.core's real LaunchConfig and
+        EventOptions."""
         # the enums and structs (CUlaunchConfig, CUtensorMap) and the integer wrappers (cuuint64_t)
         enums = {n: getattr(driver, n) for n in dir(driver) if n.startswith(("CU", "cuuint"))}
-        return CudaApi(
-            driver=SimpleNamespace(**self.functions(), **enums),
-            Device=FakeDevice,
-            Stream=FakeStream,
-            LaunchConfig=LaunchConfig,
-            ObjectCode=FakeObjectCode,
-            EventOptions=EventOptions,
-            launch=self.launch,
-        )
+        core = {} if LaunchConfig is None else {
+            "Device": FakeDevice, "Stream": FakeStream, "LaunchConfig": LaunchConfig, "ObjectCode": FakeObjectCode,
+            "EventOptions": EventOptions, "launch": self.launch,
+        }  # fmt: skip
+        if bindings is None:
+            major, minor = (int(p) for p in BINDINGS_VERSION.split(".")[:2])
+            bindings = (major, minor)
+        api_type = (runtime or hatch_autotune.runtime).CudaApi
+        return api_type(driver=SimpleNamespace(**self.functions(), **enums), bindings=bindings, **core)
 
     _NO_VALUE = frozenset(
         {
@@ -941,7 +954,8 @@ class FakeKernel:
         if code.kind == "ptx":
             text = code.data.decode()
             isa = ptx_isa(text)
-            supported = (9, standin.version % 1000 // 10) if standin.version >= 13000 else (8, 8)
+            minor = standin.version % 1000 // 10  # CUDA 13.x JITs ISA 9.x; 12.0-12.5 ISA 8.0-8.5, 12.6-12.9 ISA 8.5-8.8
+            supported = (9, minor) if standin.version >= 13000 else (8, minor if minor <= 5 else minor - 1)
             if isa > supported:
                 raise standin.refuse("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", f"PTX ISA {isa[0]}.{isa[1]} on driver {standin.version}")
             target = int(re.search(r"^\s*\.target\s+sm_(\d+)", text, re.M).group(1))
@@ -949,6 +963,10 @@ class FakeKernel:
                 raise standin.refuse("CUDA_ERROR_NO_BINARY_FOR_GPU", f"compute_{target} PTX on sm_{cc[0]}{cc[1]}")
         else:
             major, minor = cubin_cc(code.data)
+            if code.data[8] >= 8 and standin.version < 13000:  # ELF ABI 8: NVRTC 13's cubins, which CUDA 12 drivers refuse
+                raise standin.refuse(
+                    "CUDA_ERROR_INVALID_IMAGE", f"a cubin of ELF ABI version {code.data[8]} (CUDA 13) on driver {standin.version}"
+                )
             if major != cc[0] or minor > cc[1]:
                 raise standin.refuse("CUDA_ERROR_NO_BINARY_FOR_GPU", f"sm_{major}{minor} cubin on sm_{cc[0]}{cc[1]}")
 
@@ -1113,7 +1131,8 @@ def install_globally(ccs=((9, 0),), driver_version: int = 13000, runtime: Module
     global _ACTIVE
     standin = StandIn(ccs, driver_version)
     _ACTIVE = [standin]
-    (runtime or hatch_autotune.runtime).use_gpu(standin.api())
+    runtime = runtime or hatch_autotune.runtime
+    runtime.use_gpu(standin.api(runtime))
     return standin
 
 

@@ -34,7 +34,7 @@ def tune_with(root: Path, tmp_path: Path, monkeypatch, nvrtc: str | None = None)
     logs: list[str] = []
     with monkeypatch.context() as m:
         if nvrtc is not None:
-            m.setattr(compile_mod, "nvrtc_version", lambda: nvrtc)
+            m.setattr(compile_mod, "nvrtc_version", lambda major=13: nvrtc)
         summary = tune(
             load_project(root, SM90),
             log=logs.append,
@@ -70,7 +70,9 @@ def test_a_lock_tuned_with_another_nvrtc_keeps_its_winners_with_one_warning(old_
     choices = result.kernels[0].choices
     assert len(choices) == 3 and all(c.tuned for c in choices.values())
     assert all(c.provenance["nvrtc"] == OLD for c in choices.values())
-    assert logs[0].endswith(f"(NVRTC {NOW}, build {compile_mod.nvrtc_build()})")  # what this build used
+    assert logs[0].endswith(
+        f"(NVRTC {NOW}, build {compile_mod.nvrtc_build()}; binaries for CUDA 13 drivers and newer)"
+    )  # what this build used
     assert f"hatch-autotune: 3 entries use tuned winners from autotune.lock.json, tuned with NVRTC {OLD}" in logs
     assert [m for m in logs if m.startswith("warning:")] == [
         f"warning: 3 lock entries were tuned with NVRTC {OLD} and this build uses NVRTC {NOW}: their winners are used "
@@ -105,7 +107,7 @@ def test_exact_nvrtc_makes_them_stale_and_tune_redoes_them(old_lock, tmp_path, m
 
 def test_the_checksum_does_not_depend_on_the_compiler_version(tiny, tmp_path, monkeypatch):
     now = build(tiny, tmp_path / "cache").kernels[0].lock_ids
-    monkeypatch.setattr(compile_mod, "nvrtc_version", lambda: OLD)
+    monkeypatch.setattr(compile_mod, "nvrtc_version", lambda major=13: OLD)
     assert build(tiny, tmp_path / "cache").kernels[0].lock_ids == now
 
 

@@ -119,7 +119,10 @@ def library(tmp_path) -> Library:
     for name, (table, code) in {"scale": SCALE, "scalars": SCALARS, "wide": WIDE}.items():
         (tmp_path / f"{name}.ptx").write_bytes(code)
         kernels[name] = table
-    return Library(str(tmp_path), {"module": "dtkit", "archs": [], "ptx": {"sm_90": "compute_90"}, "kernels": kernels})
+    return Library(
+        str(tmp_path),
+        {"module": "dtkit", "archs": [], "ptx": {"sm_90": "compute_90"}, "drivers": {"compute_90": "13.0"}, "kernels": kernels},
+    )
 
 
 @pytest.fixture

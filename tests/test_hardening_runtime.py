@@ -69,7 +69,7 @@ def kernel(name: str, args: list[dict], key: list[dict], select: dict, constants
 class _Sm90(Binaries):
     cubin_archs = ("sm_90",)
 
-    def binary_for(self, cc):
+    def binary_for(self, cc, driver=None):
         return "sm_90", "sm_90"
 
     def read(self, table, variant, binary):

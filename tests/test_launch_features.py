@@ -80,7 +80,7 @@ class Cubins(Binaries):
 
     cubin_archs = ("sm_80", "sm_90")
 
-    def binary_for(self, cc):
+    def binary_for(self, cc, driver=None):
         arch = f"sm_{cc[0]}{cc[1]}"
         return arch, arch
 

@@ -13,12 +13,14 @@ from hatch_autotune.declare import expr
 from hatch_autotune.runtime import (
     DTYPE_SIZES,
     CudaCallError,
+    DriverTooOldError,
     ExpressionError,
     TableEntry,
     as_compute_capability,
     check_cuda,
     choose_arch,
     compile_expr,
+    cuda_version,
     instance_env,
     map_to_bucket,
     table_bytes,
@@ -76,6 +78,51 @@ def test_arch_specific_cubin_runs_only_on_its_own_device():
         choose_arch((10, 0), ["sm_90a"], [])
     with pytest.raises(RuntimeError, match=r"compute capability 7.5"):
         choose_arch((7, 5), ["sm_80"], ["compute_80"])  # PTX newer than the device cannot JIT
+
+
+# a wheel with NVRTC 12 cubins for sm_90 (they load on every CUDA 12 driver), NVRTC 13 ones for
+# sm_90a and sm_100 (arch-specific: only NVRTC 13 had them, say) and PTX of ISA 8.8 (CUDA 12.9)
+FLOORS = {"sm_90": (12, 0), "sm_90a": (13, 0), "sm_100": (13, 0), "compute_90": (12, 9)}
+
+
+@pytest.mark.parametrize(
+    "device,driver,expected",
+    [
+        ((9, 0), None, ("sm_90a", "cubin")),  # no driver asked (select(arch=...)): as on a new enough one
+        ((9, 0), (13, 0), ("sm_90a", "cubin")),
+        ((9, 0), (12, 4), ("sm_90", "cubin")),  # the arch-specific cubin needs 13: the plain one serves
+        ((10, 0), (13, 0), ("sm_100", "cubin")),
+        ((10, 0), (12, 9), ("compute_90", "ptx")),  # sm_100's cubin needs 13; the PTX JITs on 12.9
+    ],
+)
+def test_choose_arch_skips_what_the_driver_cannot_load(device, driver, expected):
+    assert choose_arch(device, ["sm_90", "sm_90a", "sm_100"], ["compute_90"], driver, FLOORS) == expected
+
+
+def test_a_driver_too_old_for_every_binary_that_runs_is_named_with_each_floor():
+    with pytest.raises(DriverTooOldError) as err:
+        choose_arch((10, 0), ["sm_90", "sm_90a", "sm_100"], ["compute_90"], (12, 4), FLOORS)
+    assert str(err.value).startswith(
+        "no binary of this wheel that runs on a device of compute capability 10.0 loads with this driver, CUDA 12.4: "
+        "compute_90 needs CUDA 12.9 (driver R575 or newer), sm_100 needs CUDA 13.0 (driver R580 or newer) "
+    )
+    assert "update the NVIDIA driver to CUDA 12.9 (driver R575 or newer)" in str(err.value)  # the least upgrade
+    assert 'min-cuda = "12"' in str(err.value) and "nvidia-cuda-nvrtc==12.4.*" in str(err.value)
+    # a device no binary runs on at all is the other error, whatever the driver
+    with pytest.raises(RuntimeError, match=r"no binary in this wheel runs on a device of compute capability 8\.0") as err:
+        choose_arch((8, 0), ["sm_90"], [], (12, 4), FLOORS)
+    assert not isinstance(err.value, DriverTooOldError)
+
+
+@pytest.mark.parametrize("text,version", [("12.0", (12, 0)), ("13.5", (13, 5)), ("12.10", (12, 10))])
+def test_cuda_version(text, version):
+    assert cuda_version(text) == version
+
+
+@pytest.mark.parametrize("text", ["12", "12.0.1", " 12.0", 12.0, None, "v12.0"])
+def test_cuda_version_refuses_what_is_not_one(text):
+    with pytest.raises(ValueError, match="not a CUDA version"):
+        cuda_version(text)
 
 
 @pytest.mark.parametrize(

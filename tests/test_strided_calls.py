@@ -39,7 +39,7 @@ class _Ptx(Binaries):
     def __init__(self, ptx: bytes):
         self.ptx = ptx
 
-    def binary_for(self, cc: tuple[int, int]) -> tuple[str, str]:
+    def binary_for(self, cc: tuple[int, int], driver: tuple[int, int] | None = None) -> tuple[str, str]:
         return "sm_90", "compute_90"
 
     def read(self, table: KernelTable, variant: str, binary: str) -> bytes:

@@ -85,7 +85,7 @@ def cmd_show(args: argparse.Namespace, ui: UI) -> int:
         if src.outcome.shipped is not None and not args.kernel:
             summary += f"; {src.outcome.shipped} binaries shipped"
     ui.print(summary)
-    for line in binaries_lines(shown, src.ptx) + provenance_lines(shown) + src.notes:
+    for line in binaries_lines(shown, src.ptx, src.drivers) + provenance_lines(shown) + src.notes:
         ui.print(f"  {line}")
     return EXIT_OK
 

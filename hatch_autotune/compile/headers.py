@@ -130,6 +130,44 @@ def _toolkit_from_pypi() -> ResolvedHeaderSet:
     )
 
 
+# The CUDA 12 toolkit's header folders, from the `-cu12` distributions (`hatch-autotune[cu12]`):
+# NVRTC 12 carries no headers, and cuda.pathfinder could as well find CUDA 13's. The runtime's
+# headers (cuda_bf16.h, mma.h), CCCL (cub/, cuda/std), and nvcc's crt/ that the runtime's include.
+_CU12_HEADERS = (
+    ("nvidia-cuda-runtime-cu12", "nvidia/cuda_runtime/include"),
+    ("nvidia-cuda-cccl-cu12", "nvidia/cuda_cccl/include"),
+    ("nvidia-cuda-nvcc-cu12", "nvidia/cuda_nvcc/include"),
+)
+
+
+def _toolkit_for_nvrtc12() -> ResolvedHeaderSet:
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    folders, versions = [], []
+    for name, rel in _CU12_HEADERS:
+        try:
+            dist = distribution(name)
+        except PackageNotFoundError:
+            dist = None
+        path = Path(str(dist.locate_file(rel))) if dist is not None else None
+        if dist is None or path is None or not path.is_dir():
+            raise BuildError(
+                f'hatch-autotune: the header set `cuda` with `min-cuda = "12"` needs the CUDA 12 headers of {name} '
+                f"({'not installed' if dist is None else f'{dist.version} has no {rel}'}); install them with "
+                "`pip install 'hatch-autotune[cu12]'` (add it to [build-system] requires)"
+            )
+        folders.append(path)
+        versions.append(f"{name} {dist.version}")
+    paths = tuple(folders)
+    return ResolvedHeaderSet(
+        name="cuda",
+        identity=content_hash(paths),
+        label="CUDA 12 headers and CCCL from " + ", ".join(versions),
+        options=tuple(f"-I{p}" for p in paths),
+        folders=tuple(str(p) for p in paths),
+    )
+
+
 def _declared(spec: HeaderSetSpec) -> ResolvedHeaderSet:
     from importlib.metadata import PackageNotFoundError, distribution
 
@@ -165,22 +203,25 @@ def _declared(spec: HeaderSetSpec) -> ResolvedHeaderSet:
 
 
 @functools.cache
-def resolve_header_set(spec: HeaderSetSpec, cache_root: Path) -> ResolvedHeaderSet:
-    """The set as this machine has it (once per process): the toolkit's from NVRTC's bundle or
-    PyPI, a declared one from its pinned distributions. BuildError naming the set's key when a
-    distribution is missing, at another version, or lacks the folder."""
+def resolve_header_set(spec: HeaderSetSpec, cache_root: Path, nvrtc: int = 13) -> ResolvedHeaderSet:
+    """The set as this machine has it (once per process) for the NVRTC of major `nvrtc`: the
+    toolkit's from NVRTC 13's bundle or PyPI (for NVRTC 12: the -cu12 distributions), a declared
+    one from its pinned distributions. BuildError naming the set's key when a distribution is
+    missing, at another version, or lacks the folder."""
     if spec.is_toolkit:
+        if nvrtc == 12:
+            return _toolkit_for_nvrtc12()
         return _toolkit_from_bundle(cache_root) if bundle_available() else _toolkit_from_pypi()
     return _declared(spec)
 
 
-def resolve_header_sets(specs: tuple[HeaderSetSpec, ...], cache_root: Path | None = None) -> tuple[ResolvedHeaderSet, ...]:
-    """A kernel's sets, in its search order; `cache_root`: where NVRTC's bundle is extracted
-    (default: the compile cache's folder)."""
+def resolve_header_sets(specs: tuple[HeaderSetSpec, ...], cache_root: Path | None = None, nvrtc: int = 13) -> tuple[ResolvedHeaderSet, ...]:
+    """A kernel's sets, in its search order, for the NVRTC of major `nvrtc`; `cache_root`: where
+    NVRTC's bundle is extracted (default: the compile cache's folder)."""
     if not specs:
         return ()
     if cache_root is None:
         from .tiers import default_cache_dir
 
         cache_root = default_cache_dir()
-    return tuple(resolve_header_set(s, cache_root) for s in specs)
+    return tuple(resolve_header_set(s, cache_root, nvrtc) for s in specs)

@@ -27,6 +27,7 @@ import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from ..declare.settings import read_jobs, read_pch
 from ..errors import BuildError
@@ -37,6 +38,10 @@ from .entry import CacheEntry, Resources
 from .header_set import ResolvedHeaderSet
 
 BASE_OPTIONS = ("--std=c++17",)
+# The NVRTC majors a build compiles with: 13 through cuda-bindings (the default), 12 through
+# ctypes (nvrtc12.py) for wheels whose cubins must load on CUDA 12 drivers.
+NVRTC_MAJORS = (12, 13)
+DEFAULT_NVRTC = 13
 # What makes two jobs one binary: source, arch, entry, options, headers, header sets' identities
 # (CompileJob.binary_key).
 BinaryKey = tuple[str, str, str, tuple[str, ...], tuple[tuple[str, str], ...], tuple[str, ...]]
@@ -55,6 +60,7 @@ class CompileJob:
     # The header sets its `#include <...>` may reach (compile/headers.py), in search order: their
     # identities enter the keys, their include options (paths) only NVRTC's command line.
     header_sets: tuple[ResolvedHeaderSet, ...] = ()
+    nvrtc: int = DEFAULT_NVRTC  # the major of the NVRTC that compiles it (the project's `min-cuda`)
 
     @property
     def is_ptx(self) -> bool:
@@ -141,11 +147,26 @@ def ensure_nvrtc() -> None:
     _nvrtc_ready = True
 
 
-def nvrtc_build() -> str:
+def binding(major: int = DEFAULT_NVRTC) -> Any:
+    """The NVRTC of a major, as cuda.bindings.nvrtc's functions: NVRTC 13 through cuda-bindings,
+    NVRTC 12 through ctypes (nvrtc12.py); BuildError where it is not installed."""
+    if major == 12:
+        from . import nvrtc12
+
+        return nvrtc12.load()
+    if major != DEFAULT_NVRTC:
+        raise BuildError(f"hatch-autotune: no NVRTC {major} (it compiles with NVRTC {' or '.join(map(str, NVRTC_MAJORS))})")
+    ensure_nvrtc()
+    from cuda.bindings import nvrtc
+
+    return nvrtc
+
+
+def nvrtc_build(major: int = DEFAULT_NVRTC) -> str:
     """The installed NVRTC wheel's full version (nvrtcVersion() gives only major.minor)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    for dist in ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12"):
+    for dist in ("nvidia-cuda-nvrtc-cu12",) if major == 12 else ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu13"):
         try:
             return version(dist)
         except PackageNotFoundError:
@@ -153,33 +174,28 @@ def nvrtc_build() -> str:
     return "unknown-build"
 
 
-def nvrtc_version() -> str:
-    """'13.4': part of every cache key and lock checksum."""
-    ensure_nvrtc()
-    from cuda.bindings import nvrtc
-
-    major, minor = check_cuda(nvrtc.nvrtcVersion(), "nvrtcVersion")
-    return f"{major}.{minor}"
+def nvrtc_version(major: int = DEFAULT_NVRTC) -> str:
+    """'13.4': this build's compiler, in every cache key, provenance and the table."""
+    found, minor = check_cuda(binding(major).nvrtcVersion(), "nvrtcVersion")
+    return f"{found}.{minor}"
 
 
 @functools.cache
-def supported_archs() -> tuple[int, ...]:
-    """The archs this NVRTC compiles for, as numbers (75, 80, ..., 120)."""
-    ensure_nvrtc()
-    from cuda.bindings import nvrtc
-
-    return tuple(check_cuda(nvrtc.nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs"))
+def supported_archs(major: int = DEFAULT_NVRTC) -> tuple[int, ...]:
+    """The archs the NVRTC of a major compiles for, as numbers (75, 80, ..., 120)."""
+    return tuple(check_cuda(binding(major).nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs"))
 
 
-def check_archs(archs: Iterable[str]) -> None:
+def check_archs(archs: Iterable[str], major: int = DEFAULT_NVRTC) -> None:
     """BuildError, before anything compiles, for a target arch this NVRTC cannot compile for:
     otherwise every variant fails and the build reads as "the default config does not compile"."""
-    supported = supported_archs()
+    supported = supported_archs(major)
     unsupported = [a for a in dict.fromkeys(archs) if _arch_number(a) not in supported]
     if unsupported:
+        floor = ' (`min-cuda = "12"`: NVRTC 12 knows fewer archs than 13)' if major == 12 else ""
         raise BuildError(
-            f"hatch-autotune: NVRTC {nvrtc_version()} does not support {', '.join(unsupported)} (a target arch: the table's "
-            f"`archs`, HATCH_AUTOTUNE_ARCHS or a GPU here); it supports {', '.join(f'sm_{n}' for n in supported)}"
+            f"hatch-autotune: NVRTC {nvrtc_version(major)} does not support {', '.join(unsupported)} (a target arch: the table's "
+            f"`archs`, HATCH_AUTOTUNE_ARCHS or a GPU here){floor}; it supports {', '.join(f'sm_{n}' for n in supported)}"
         )
 
 
@@ -235,9 +251,7 @@ def _pch_group(job: CompileJob) -> tuple[tuple[str, ...], str, tuple[str, ...], 
 def compile_one(job: CompileJob, pch_root: str | None = None) -> tuple[bool, bytes | None, str]:
     """Run NVRTC once: (ok, binary, log). Never raises for a compile error. `pch_root`: a folder
     for this process's precompiled headers (compile_all's), None to compile without."""
-    ensure_nvrtc()
-    from cuda.bindings import nvrtc
-
+    nvrtc = binding(job.nvrtc)
     names = [name.encode() for name, _ in job.headers]
     sources = [text.encode() for _, text in job.headers]
     prog = check_cuda(
@@ -288,9 +302,12 @@ def compile_all(
 ) -> list[CompileResult]:
     """Compile every job (identical jobs once), taking what the cache has; results in job order.
     BuildError for a job's arch that NVRTC does not support, before anything compiles."""
-    check_archs(j.arch for j in jobs)
-    compiler = f"{nvrtc_version()} {nvrtc_build()}"  # the patch release too: its binaries may differ
-    keys = [j.cache_key(compiler) for j in jobs]
+    majors = sorted({j.nvrtc for j in jobs})
+    for major in majors:
+        check_archs((j.arch for j in jobs if j.nvrtc == major), major)
+    # the patch release too: its binaries may differ
+    compilers = {major: f"{nvrtc_version(major)} {nvrtc_build(major)}" for major in majors}
+    keys = [j.cache_key(compilers[j.nvrtc]) for j in jobs]
     unique: dict[str, CompileJob] = {}
     for key, job in zip(keys, jobs):
         unique.setdefault(key, job)

@@ -86,6 +86,7 @@ class Variant:
     source_hash: str  # of the source, its headers and its header sets: what the binary is compiled from
     headers: tuple[tuple[str, str], ...] = ()  # (name as #included, text) of each header it reaches
     header_sets: tuple[ResolvedHeaderSet, ...] = ()  # the sets its `#include <...>` may reach
+    nvrtc: int = 13  # the major of the NVRTC that compiles it (KernelSpec.nvrtc)
 
     @property
     def types_dict(self) -> dict[str, str]:
@@ -106,7 +107,7 @@ class Variant:
         """The NVRTC job for this variant on `arch` (a `compute_` arch gives PTX)."""
         from .nvrtc import CompileJob
 
-        return CompileJob(self.source, arch, entry, options, self.label, self.headers, self.header_sets)
+        return CompileJob(self.source, arch, entry, options, self.label, self.headers, self.header_sets, self.nvrtc)
 
     @property
     def label(self) -> str:
@@ -396,7 +397,7 @@ class _Renderer:
         self.headers = _Headers(spec)
         from .headers import resolve_header_sets
 
-        self.header_sets = resolve_header_sets(spec.header_sets)
+        self.header_sets = resolve_header_sets(spec.header_sets, nvrtc=spec.nvrtc)
 
     def variant(self, types: Mapping[str, Any], config: Mapping[str, Any], index: int) -> Variant:
         import jinja2
@@ -420,15 +421,10 @@ class _Renderer:
                 what = f"{type(exc).__name__}: {exc}"
             raise TemplateError(f"{where}: {what} (kernel {spec.name}, {cfg})") from None
         included = self.headers.of(source, f"kernel {spec.name}, {cfg}")
+        digest = source_hash(source, included, tuple(h.identity for h in self.header_sets))
+        # fields in Variant's order: kernel, types, config, index, source, source_hash, headers, header_sets, nvrtc
         return Variant(
-            kernel=spec.name,
-            types=tuple(types.items()),
-            config=tuple(config.items()),
-            index=index,
-            source=source,
-            source_hash=source_hash(source, included, tuple(h.identity for h in self.header_sets)),
-            headers=included,
-            header_sets=self.header_sets,
+            spec.name, tuple(types.items()), tuple(config.items()), index, source, digest, included, self.header_sets, spec.nvrtc
         )
 
 

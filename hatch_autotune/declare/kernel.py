@@ -52,6 +52,7 @@ class KernelSpec:
     # Free dims: array axes that are not key dims -> the size tuning inputs and checks use.
     dims: Mapping[str, int] = field(default_factory=dict)
     cluster: tuple[Expr, ...] | None = None  # thread-block cluster dims; None: no cluster
+    nvrtc: int = 13  # the major of the NVRTC that compiles its variants: the project's `min-cuda`
 
     @property
     def instance_constraints(self) -> tuple[Expr, ...]:

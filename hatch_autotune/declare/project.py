@@ -5,6 +5,7 @@ found in pyproject.toml where hatchling looks for it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import keyword
 import os
 import re
@@ -26,6 +27,7 @@ from .validate import BAD, IDENT, ConfigError, Table, fail, v_arch, v_bool, v_ch
 # hatchling's own keys in every build-hook table.
 HATCHLING_HOOK_KEYS = frozenset({"dependencies", "require-runtime-dependencies", "require-runtime-features", "enable-by-default"})
 DEFAULT_LOCK_FILE = "autotune.lock.json"
+MIN_CUDA_CHOICES = ("12", "13")  # `min-cuda`: the CUDA driver majors a wheel can be built for
 DEFAULT_TABLE_PATH = "tool.hatch.build.targets.wheel.hooks.autotune"
 _WHEEL_TAG = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+")  # python-abi-platform
 
@@ -43,6 +45,9 @@ class ProjectSpec:
     kernels: Mapping[str, KernelSpec]
     tuning: TuningSpec = TuningSpec()
     exact_nvrtc: bool = False  # lock entries tuned with another NVRTC major.minor are stale
+    # The oldest CUDA driver major the wheel's binaries load on: the major of the NVRTC that
+    # compiles them (12: NVRTC 12, cubins for R525+; 13: NVRTC 13, R580+)
+    min_cuda: int = 13
     default_may_fail: bool = False  # a default config that does not compile: the first that does, not an error
     settings: Settings = field(default_factory=Settings)  # the environment's, as the project was read
     torch_namespace: str = ""  # the PyTorch operators' torch.ops.<namespace>: `torch-namespace`, else the module's top-level package
@@ -69,6 +74,7 @@ def parse_project(
     wheel_tag = t.get("wheel-tag", v_wheel_tag, default=None)
     lock_outside = t.get("lock-file-outside-project", v_bool, default=False)
     exact_nvrtc = t.get("exact-nvrtc", v_bool, default=False)
+    min_cuda = t.get("min-cuda", v_choice(MIN_CUDA_CHOICES), default="13")
     default_may_fail = t.get("default-may-fail", v_bool, default=False)
     torch_namespace = t.get("torch-namespace", v_torch_namespace, default="")
     tuning_t = t.table("tuning")
@@ -92,6 +98,8 @@ def parse_project(
     kernels = _parse_kernels(kernels_t, root, header_defaults) if kernels_t is not None and kernels_t.ok else {}
     if errors:
         raise ConfigError(errors)
+    if min_cuda != "13":  # each kernel's variants compile with, and find headers for, that NVRTC
+        kernels = {name: dataclasses.replace(k, nvrtc=int(min_cuda)) for name, k in kernels.items()}
     return ProjectSpec(
         root=root,
         module=module,
@@ -104,6 +112,7 @@ def parse_project(
         kernels=kernels,
         tuning=tuning,
         exact_nvrtc=exact_nvrtc,
+        min_cuda=int(min_cuda),
         default_may_fail=default_may_fail,
         settings=settings,
         torch_namespace=torch_namespace or module.split(".")[0],

@@ -103,6 +103,7 @@ class Source:
     notes: list[str] = field(default_factory=list)
     outcome: Outcome | None = None  # what the build decided and what failed (wheels, packages, projects)
     ptx: dict[str, str] = field(default_factory=dict)  # table arch -> its PTX arch (wheels, packages, projects)
+    drivers: dict[str, str] = field(default_factory=dict)  # binary arch -> the oldest CUDA driver that loads it (wheels, packages)
 
     @property
     def has_resources(self) -> bool:
@@ -150,7 +151,9 @@ def combine(sources: Sequence[Source]) -> Source:
                 have.excluded = have.excluded or dict(r.excluded)
     outcome = next((s.outcome for s in sources if s.outcome is not None), None)
     ptx = next((s.ptx for s in sources if s.ptx), {})
-    merged = Source(" + ".join(s.label for s in sources), "+".join(s.kind for s in sources), rows, kernels, outcome=outcome, ptx=ptx)
+    drivers = next((s.drivers for s in sources if s.drivers), {})
+    label, kind = " + ".join(s.label for s in sources), "+".join(s.kind for s in sources)
+    merged = Source(label, kind, rows, kernels, outcome=outcome, ptx=ptx, drivers=drivers)
     timed = any(r.measurements for r in rows.values())
     for src in sources:  # drop "X is missing" notes that another input made up for
         for n in src.notes:
@@ -161,10 +164,10 @@ def combine(sources: Sequence[Source]) -> Source:
     return merged
 
 
-def binaries_lines(rows: Sequence[Row], ptx: dict[str, str]) -> list[str]:
+def binaries_lines(rows: Sequence[Row], ptx: dict[str, str], drivers: dict[str, str] | None = None) -> list[str]:
     """Where each arch's binary runs, and which one a device takes (runtime `runs_where`, the
-    rule `choose_arch` applies), for `show`; none without rows. An arch the rule cannot read (a
-    damaged input) is left out, not an error."""
+    rule `choose_arch` applies), and the driver each needs (a wheel's table), for `show`; none
+    without rows. An arch the rule cannot read (a damaged input) is left out, not an error."""
     from ..runtime.selection import runs_where
 
     archs = sorted({r.arch for r in rows} | set(ptx.values()), key=lambda a: (_arch_key(a)[1:], _arch_key(a)[0] != "sm"))
@@ -176,11 +179,17 @@ def binaries_lines(rows: Sequence[Row], ptx: dict[str, str]) -> list[str]:
             continue
     if not where:
         return []
-    return [
+    lines = [
         f"where the binaries run: {'; '.join(where)}",
         "a device runs, of the binaries that run on it, the one of the newest minor not above its own (its own first), "
         "at that minor arch-specific, else family, else plain; else PTX (select() names the one and why)",
     ]
+    if drivers:
+        lines.append(
+            "the driver each binary needs (a call skips those the driver cannot load): "
+            + ", ".join(f"{arch}: CUDA {version}+" for arch, version in sorted(drivers.items(), key=lambda kv: str(kv[0])))
+        )
+    return lines
 
 
 def excluded_lines(rows: Sequence[Row], limit: int | None = None) -> list[str]:

@@ -177,9 +177,10 @@ def table_source(table: Any, label: str, kind: str) -> Source:
                 )
                 rows[r.eid] = r
         ptx = {str(t): str(a) for t, a in dict(table.get("ptx", {})).items()}
+        drivers = {str(a): str(v) for a, v in dict(table.get("drivers", {})).items()}
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise CliError(f"{label}: malformed selection table ({type(exc).__name__}: {exc})") from None
-    return Source(label, kind, rows, list(table["kernels"]), [TABLE_NO_TIMES], ptx=ptx)
+    return Source(label, kind, rows, list(table["kernels"]), [TABLE_NO_TIMES], ptx=ptx, drivers=drivers)
 
 
 def _resources(value: Any) -> dict[str, int] | None:

@@ -413,9 +413,9 @@ def make_plan(
     from ..compile import nvrtc as compile_mod
 
     archs = tuple(archs)
-    if not compiler:  # this NVRTC: it must also know the archs, said before anything renders
-        compiler = compile_mod.nvrtc_version()
-        compile_mod.check_archs(archs)
+    if not compiler:  # the project's NVRTC: it must also know the archs, said before anything renders
+        compiler = compile_mod.nvrtc_version(project.min_cuda)
+        compile_mod.check_archs(archs, project.min_cuda)
     if lock is None:
         lock = LockFile.load(project.lock_file)
         for w in lock.warnings:

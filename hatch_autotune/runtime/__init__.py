@@ -31,9 +31,19 @@ stub `_runtime.Selection` and `_runtime.PreparedCall`, and the build side import
 """
 
 from .args import ArrayView, PreparedCall, array_view, stream_handle
-from .cuda_seam import MIN_CUDA_CORE, CudaApi, GpuState, check_cuda, check_cuda_core, cuda_api, current_device_cc, use_gpu
+from .cuda_seam import MIN_CUDA_CORE, CudaApi, GpuState, check_cuda, cuda_api, current_device_cc, use_gpu
 from .declaration import LAYOUTS, ArgDecl, KernelDecl, KeyDecl, LaunchDecl, TensorMapDecl, stride_name, unit_stride_constant
-from .errors import ArrayInterfaceError, CudaCallError, ExpressionError, IntegrityError, NoDriverError, TableError, short_repr
+from .drivers import cuda_version, driver_words, ptx_driver_needed
+from .errors import (
+    ArrayInterfaceError,
+    CudaCallError,
+    DriverTooOldError,
+    ExpressionError,
+    IntegrityError,
+    NoDriverError,
+    TableError,
+    short_repr,
+)
 from .expr import FUNCTIONS, MAX_EXPR_DEPTH, MAX_INT_BITS, cdiv, compile_expr, tree_names, tree_text
 from .kernel import Kernel
 from .library import Library
@@ -46,7 +56,6 @@ from .selection import (
     choose_arch,
     map_to_bucket,
     parse_arch,
-    ptx_driver_needed,
 )
 from .table import (
     MAX_JSON_DEPTH,
@@ -85,6 +94,7 @@ __all__ = [
     "BinaryRef",
     "CudaApi",
     "CudaCallError",
+    "DriverTooOldError",
     "ExpressionError",
     "GpuState",
     "IntegrityError",
@@ -105,11 +115,12 @@ __all__ = [
     "as_compute_capability",
     "cdiv",
     "check_cuda",
-    "check_cuda_core",
     "choose_arch",
     "compile_expr",
     "cuda_api",
+    "cuda_version",
     "current_device_cc",
+    "driver_words",
     "instance_env",
     "load_json",
     "map_to_bucket",

@@ -7,11 +7,10 @@ first launch or device query, never at import."""
 from __future__ import annotations
 
 import os
-import re
-import sys
 from _thread import allocate_lock  # threading.Lock itself, without importing threading
 
-from .errors import CudaCallError, NoDriverError
+from .drivers import bindings_refusal, installed_bindings
+from .errors import CudaCallError, DriverTooOldError, NoDriverError
 
 try:  # weakref.WeakSet itself, from its small pure-Python module (weakref imports more)
     from _weakrefset import WeakSet
@@ -53,37 +52,8 @@ _NO_DRIVER_HINT = (
     "shows which variant would run, without either"
 )
 
-# cuda-core before 0.5 had its API under `cuda.core.experimental` only.
+# cuda-core before 0.5 had its API under `cuda.core.experimental` only (the tuning worker's need).
 MIN_CUDA_CORE = (0, 5)
-_VERSION_RE = re.compile(r"""__version__\s*=\s*(?:version\s*=\s*)?['"](\d+)\.(\d+)""")
-
-
-def check_cuda_core(path: Sequence[str] | None = None) -> None:
-    """ImportError, at import, when the cuda-core Python would import predates the `cuda.core`
-    API. Reads its _version.py instead of importing it (that takes ~300 ms and may load CUDA);
-    a missing cuda-core is not an error here: `select(arch=...)` needs none."""
-    for entry in sys.path if path is None else path:
-        core = os.path.join(entry or ".", "cuda", "core")
-        if os.path.isdir(core):
-            break
-    else:
-        return
-    try:
-        with open(os.path.join(core, "_version.py"), encoding="utf-8") as f:
-            m = _VERSION_RE.search(f.read())
-    except OSError:
-        m = None
-    version = (int(m.group(1)), int(m.group(2))) if m else None
-    legacy = os.path.isdir(os.path.join(core, "experimental")) and not os.path.isdir(os.path.join(core, "cu13"))
-    if (version is not None and version < MIN_CUDA_CORE) or (version is None and legacy):
-        found = f"{version[0]}.{version[1]}" if version else "an unknown version"
-        raise ImportError(
-            f"hatch-autotune kernels need cuda-core >= {MIN_CUDA_CORE[0]}.{MIN_CUDA_CORE[1]} (the `cuda.core` API); "
-            f"{core} is cuda-core {found}, whose API is only under `cuda.core.experimental`: "
-            "upgrade it with `pip install -U cuda-core`"
-        )
-
-
 _CORE_NAMES = ("Device", "Stream", "LaunchConfig", "ObjectCode", "EventOptions", "launch")
 
 
@@ -96,11 +66,12 @@ class CudaApi:
     milliseconds to import (it imports NVML and its program compiler), which a first call must
     not pay."""
 
-    __slots__ = ("driver", "_core")
+    __slots__ = ("driver", "bindings", "_core")
     CORE_NAMES = _CORE_NAMES
 
-    def __init__(self, driver: Any, *core: Any, **named: Any):
+    def __init__(self, driver: Any, *core: Any, bindings: tuple[int, int] | None = None, **named: Any):
         self.driver = driver
+        self.bindings = bindings  # the cuda-bindings (major, minor) that `driver` is; None: unknown
         given = {**dict(zip(_CORE_NAMES, core)), **named}
         unknown = sorted(set(given) - set(_CORE_NAMES))
         if unknown:
@@ -124,17 +95,17 @@ class CudaApi:
             from cuda.bindings import driver as bindings_driver
 
             driver = bindings_driver
-        return cls(driver)
+        return cls(driver, bindings=installed_bindings())
 
     def replace(self, **changes: Any) -> CudaApi:
         """A copy with some names replaced (e.g. a counting `driver`)."""
         driver = changes.pop("driver", self.driver)
         if not changes:
-            return type(self)(driver, **(self._core or {}))
+            return type(self)(driver, bindings=self.bindings, **(self._core or {}))
         core = {n: changes.pop(n) if n in changes else getattr(self, n) for n in _CORE_NAMES}
         if changes:
             raise TypeError(f"CudaApi.replace: unknown name(s) {sorted(changes)}")
-        return type(self)(driver, **core)
+        return type(self)(driver, bindings=self.bindings, **core)
 
 
 def _load_core() -> dict[str, Any]:
@@ -198,7 +169,13 @@ class GpuState:
                     driver = bindings_driver
                 (err,) = driver.cuInit(0)
             except Exception as exc:  # cuda.pathfinder's DynamicLibNotFoundError when libcuda is absent
-                raise NoDriverError(f"no CUDA driver found ({type(exc).__name__}: {exc}); {_NO_DRIVER_HINT}") from None
+                bindings = installed_bindings() if self._given is None else self._given.bindings
+                also = (
+                    f" (cuda-bindings {bindings[0]}.{bindings[1]} is installed, which needs a CUDA {bindings[0]} driver)"
+                    if bindings
+                    else ""
+                )
+                raise NoDriverError(f"no CUDA driver found ({type(exc).__name__}: {exc}){also}; {_NO_DRIVER_HINT}") from None
             if int(err):  # not check_cuda: a driver that does not start means "no GPU", said as NoDriverError
                 raise NoDriverError(f"the CUDA driver did not initialise ({getattr(err, 'name', err)}); {_NO_DRIVER_HINT}")
             count = check_cuda(driver.cuDeviceGetCount(), "cuDeviceGetCount")
@@ -206,6 +183,9 @@ class GpuState:
                 raise NoDriverError(f"the CUDA driver sees no device; {_NO_DRIVER_HINT}")
             version = check_cuda(driver.cuDriverGetVersion(), "cuDriverGetVersion")
             api = self._given if self._given is not None else CudaApi.load(driver)
+            refusal = api.bindings and bindings_refusal(api.bindings, (version // 1000, (version % 1000) // 10))
+            if refusal:
+                raise DriverTooOldError(refusal)
             self.single_device = 0 if count == 1 else None
             self.driver_version = (version // 1000, (version % 1000) // 10)
             self._api = api
@@ -393,6 +373,12 @@ def cuda_api() -> CudaApi:
     """The started CUDA API of this process (the one `use_gpu` set), for code outside the
     runtime that calls CUDA, such as the tuning worker; NoDriverError without a driver."""
     return current.start()
+
+
+def current_device() -> tuple[tuple[int, int], tuple[int, int]]:
+    """(compute capability, driver's CUDA version) of the calling thread's current device (else
+    device 0): what `select()` without an arch answers for. NoDriverError without a driver."""
+    return current_device_cc(), current.driver_version
 
 
 def current_device_cc(device_id: int | None = None) -> tuple[int, int]:

@@ -32,6 +32,11 @@ class NoDriverError(RuntimeError):
     """No usable CUDA driver or device. Raised only after every check that needs no driver."""
 
 
+class DriverTooOldError(RuntimeError):
+    """The CUDA driver is older than what is needed: by every binary of the wheel that runs on
+    the device (the error names each one's floor), or by the installed cuda-bindings."""
+
+
 class CudaCallError(RuntimeError):
     """A CUDA driver or NVRTC call returned an error: `call` names the call, `error` the code."""
 

@@ -14,7 +14,6 @@ from .cuda_seam import CACHE_LIMIT, CU_STREAM_LEGACY, check_cuda
 from .expr import compile_expr
 from .launching import FastPlan, LaunchFeatures, launch_env, plan_head, tma_served
 from .params import PACK_ERRORS
-from .selection import ptx_driver_needed
 from .tensor_map import GLOBAL_ALIGN as TMA_ALIGN
 from .values import MAX_SIZE
 
@@ -289,7 +288,7 @@ class Launcher:
         """The head of a (device, instance, key, free dims)'s launches (launching.plan_head: the
         function, grid, block, shared bytes, cluster, tensor-map boxes); None for a zero-sized
         problem. Computed once, memoised."""
-        sel = self._selector.selection(gpu.device_cc(device), call.types, call.key)
+        sel = self._selector.selection(gpu.device_cc(device), call.types, call.key, driver=gpu.driver_version)
         if self._features.conditional:
             sel = tma_served(self, sel, call)
         return plan_head(self, gpu, device, sel, call, call.dims)
@@ -316,11 +315,10 @@ class Launcher:
                 handle = self._kernels.get(cache_key)
                 if handle is None:
                     data = self._selector.binary(sel)
-                    is_ptx = sel.binary.startswith("compute_")
-                    if is_ptx:
-                        self._check_ptx_driver(gpu, sel)
-                        if not data.endswith(b"\0"):
-                            data += b"\0"  # cuModuleLoadData reads PTX as a C string
+                    # PTX (selected only where the driver's ISA covers it: choose_arch), which
+                    # cuModuleLoadData reads as a C string
+                    if sel.binary.startswith("compute_") and not data.endswith(b"\0"):
+                        data += b"\0"
                     driver = gpu.driver
                     what = f"{self.name} variant {sel.variant}, {sel.binary}, on device {device}"
                     with gpu.on_device(device):
@@ -328,22 +326,3 @@ class Launcher:
                         handle = check_cuda(driver.cuModuleGetFunction(module, self.entry.encode()), f"cuModuleGetFunction ({what})")
                     self._kernels[cache_key] = handle
         return handle
-
-    def _check_ptx_driver(self, gpu: GpuState, sel: Selection) -> None:
-        """A clear error, before the driver's bare CUDA_ERROR_UNSUPPORTED_PTX_VERSION, when this
-        driver is older than the PTX it would have to JIT-compile."""
-        info = self._selector.variant(sel.variant).binaries[sel.binary]
-        isa = info.ptx_isa
-        if isa is None:
-            return
-        needed = ptx_driver_needed(isa, info.nvrtc)
-        have = gpu.driver_version
-        if have >= needed:
-            return
-        raise RuntimeError(
-            f"{self.name}(): the wheel has no cubin for this device's arch (its cubins: {', '.join(self._selector.binaries.cubin_archs)}), "
-            f"so its PTX ({sel.binary}, ISA {isa}, made by NVRTC {info.nvrtc or 'unknown'}) must be JIT-compiled, "
-            f"which needs a driver of CUDA {needed[0]}.{needed[1]} or newer; this driver is CUDA {have[0]}.{have[1]}. "
-            f"Fixes: update the NVIDIA driver; or rebuild the wheel with this device's arch in `archs`; or build it "
-            f"with an NVRTC no newer than the driver (pin nvidia-cuda-nvrtc=={have[0]}.{have[1]}.* in build-system.requires)"
-        )

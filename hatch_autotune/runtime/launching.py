@@ -327,7 +327,7 @@ def variant_launch(launcher: Launcher, vid: str, call: PreparedCall, device: int
     gpu = cuda_seam.current
     gpu.start()
     selector = launcher._selector
-    table_arch, binary = selector.binaries.binary_for(gpu.device_cc(device))
+    table_arch, binary = selector.binaries.binary_for(gpu.device_cc(device), gpu.driver_version)
     config = selector.variant(vid).config
     sel = Selection(
         kernel=launcher.name, variant=vid, config=config, types=call.types, constants={}, bucket=call.key,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from .cuda_seam import check_cuda_core
+from .drivers import cuda_version
 from .errors import IntegrityError, TableError, short_repr
 from .kernel import Kernel
 from .selection import Binaries, choose_arch
@@ -29,12 +29,14 @@ class Library(Binaries):
         # table arch -> the PTX arch compiled from that arch's winners
         self.ptx_for: dict[str, str] = dict(table.get("ptx", {}))
         self.provenance: dict[str, Any] = dict(table.get("provenance", {}))
-        self._arch_cache: dict[tuple[int, int], tuple[str, str]] = {}
+        # binary arch -> the oldest CUDA driver (major, minor) that loads it: a cubin that of the
+        # NVRTC major that made it, PTX that of its ISA
+        self.floors: dict[str, tuple[int, int]] = {arch: cuda_version(v) for arch, v in table["drivers"].items()}
+        self._arch_cache: dict[tuple[tuple[int, int], tuple[int, int] | None], tuple[str, str]] = {}
         self.kernels = {name: Kernel(KernelTable.from_json(name, spec), self) for name, spec in sorted(table["kernels"].items())}
 
     @classmethod
     def load(cls, directory: str, table_sha256: str | None = None) -> Library:
-        check_cuda_core()
         path = os.path.join(directory, TABLE_FILE)
         with open(path, "rb") as f:
             raw = f.read()
@@ -54,16 +56,16 @@ class Library(Binaries):
                 f"{path}: malformed selection table ({type(exc).__name__}: {short_repr(str(exc), 200)}); rebuild the wheel"
             ) from None
 
-    def binary_for(self, cc: tuple[int, int]) -> tuple[str, str]:
-        """(table arch, binary arch) for a compute capability, memoised per device."""
-        hit = self._arch_cache.get(cc)
+    def binary_for(self, cc: tuple[int, int], driver: tuple[int, int] | None = None) -> tuple[str, str]:
+        """(table arch, binary arch) for a compute capability and driver, memoised per device."""
+        hit = self._arch_cache.get((cc, driver))
         if hit is None:
-            arch, how = choose_arch(cc, self.cubin_archs, sorted(self.ptx_for.values()))
+            arch, how = choose_arch(cc, self.cubin_archs, sorted(self.ptx_for.values()), driver, self.floors)
             if how == "ptx":
                 hit = (next(t for t, p in self.ptx_for.items() if p == arch), arch)
             else:
                 hit = (arch, arch)
-            hit = self._arch_cache.setdefault(cc, hit)
+            hit = self._arch_cache.setdefault((cc, driver), hit)
         return hit
 
     def read(self, table: KernelTable, variant: str, binary: str) -> bytes:

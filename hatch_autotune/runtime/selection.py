@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import re
 
-from .cuda_seam import current_device_cc
-from .errors import ExpressionError, short_repr
+from .cuda_seam import current_device
+from .drivers import driver_refusal
+from .errors import DriverTooOldError, ExpressionError, short_repr
 from .expr import compile_expr, tree_text
 from .record import Record
 from .scalars import as_constant
@@ -147,21 +148,34 @@ def as_compute_capability(arch: Any) -> tuple[int, int]:
     return cc
 
 
-def choose_arch(device_cc: tuple[int, int], cubin_archs: Sequence[str], ptx_archs: Sequence[str]) -> tuple[str, str]:
+def choose_arch(
+    device_cc: tuple[int, int],
+    cubin_archs: Sequence[str],
+    ptx_archs: Sequence[str],
+    driver: tuple[int, int] | None = None,
+    floors: Mapping[str, tuple[int, int]] | None = None,
+) -> tuple[str, str]:
     """Pick the binary for a device: (arch of the binary, 'cubin' or 'ptx').
 
     Of the cubins that run on it (`runs_on`), the one of the newest minor (its own compute
     capability's first), and of that minor the most specific (arch-specific, then family, then
     plain): on 10.3, sm_103a > sm_103f > sm_103 > sm_100f > sm_100; else the PTX that runs (JIT),
     in the same order; else an error naming the device's arch, the wheel's archs and the fix.
+    With the `driver`'s CUDA version (major, minor), a binary whose floor (`floors`: binary arch
+    -> the oldest driver that loads it) is newer is skipped; where only such binaries run on the
+    device, the error names the driver they need (DriverTooOldError).
     """
     major, minor = device_cc
+    loads = (lambda a: True) if driver is None or not floors else (lambda a: floors.get(a, (0, 0)) <= driver)
     cubins = [a for a in cubin_archs if runs_on(a, device_cc)]
-    if cubins:
-        return max(cubins, key=_rank), "cubin"
     usable = [a for a in ptx_archs if runs_on(a, device_cc)]
-    if usable:
-        return max(usable, key=_rank), "ptx"
+    if any(map(loads, cubins)):
+        return max(filter(loads, cubins), key=_rank), "cubin"
+    if any(map(loads, usable)):
+        return max(filter(loads, usable), key=_rank), "ptx"
+    if cubins or usable:
+        assert driver is not None and floors is not None  # only a driver's floor stops a binary that runs there
+        raise DriverTooOldError(driver_refusal(device_cc, driver, {a: floors[a] for a in [*cubins, *usable]}))
     fix = (
         f"rebuild the wheel with sm_{major}{minor} in `archs`"
         if major * 10 + minor >= MIN_SM
@@ -175,24 +189,6 @@ def choose_arch(device_cc: tuple[int, int], cubin_archs: Sequence[str], ptx_arch
         f"(sm_{major}{minor}): it has cubins for {', '.join(cubin_archs) or 'no arch'} and PTX for "
         f"{', '.join(ptx_archs) or 'no arch'}; {fix}"
     )
-
-
-def ptx_driver_needed(isa: str, nvrtc: str | None = None) -> tuple[int, int]:
-    """The oldest CUDA driver (major, minor) that JIT-compiles PTX of ISA `isa` ('9.5').
-
-    ISA 9.x came with CUDA 13.x, 8.0-8.5 with 12.0-12.5, 8.6-8.8 with 12.7-12.9, 7.x with
-    11.x. For an ISA newer than this table, the NVRTC that wrote it is the safe answer."""
-    major, minor = (int(p) for p in isa.split(".")[:2])
-    if major == 9:
-        return 13, minor
-    if major == 8:
-        return 12, minor if minor <= 5 else minor + 1
-    if major == 7:
-        return 11, minor
-    if nvrtc:
-        n_major, n_minor = (int(p) for p in nvrtc.split(".")[:2])
-        return n_major, n_minor
-    return major + 4, minor
 
 
 class Selection(Record):
@@ -217,9 +213,10 @@ class Binaries:
 
     cubin_archs: Sequence[str] = ()  # the archs that have cubins (for error messages)
 
-    def binary_for(self, cc: tuple[int, int]) -> tuple[str, str]:
+    def binary_for(self, cc: tuple[int, int], driver: tuple[int, int] | None = None) -> tuple[str, str]:
         """(table arch, binary arch) for a compute capability: ('sm_80', 'sm_80') runs a cubin,
-        ('sm_90', 'compute_90') JIT-compiles the PTX made from sm_90's winners."""
+        ('sm_90', 'compute_90') JIT-compiles the PTX made from sm_90's winners. With the
+        driver's CUDA version, only binaries that driver loads (DriverTooOldError if none)."""
         raise NotImplementedError
 
     def read(self, table: KernelTable, variant: str, binary: str) -> bytes:
@@ -317,20 +314,27 @@ class KernelSelector:
                     + (" (a call with an empty array launches nothing, so nothing is selected)" if value == 0 else "")
                 )
         bucket = self.bucket(given)  # a miss of an exact key is said before the device is asked
-        cc = as_compute_capability(arch) if arch is not None else current_device_cc()
-        return self.selection(cc, types, given, bucket)
+        if arch is not None:  # a question about an arch: answered for a driver new enough for every binary
+            return self.selection(as_compute_capability(arch), types, given, bucket)
+        cc, driver = current_device()
+        return self.selection(cc, types, given, bucket, driver)
 
     def bucket(self, key: Mapping[str, int]) -> tuple[int, ...]:
         return tuple(map_to_bucket(key[k.name], k.buckets, k.mapping, k.name) for k in self.decl.key)
 
     def selection(
-        self, cc: tuple[int, int], types: Mapping[str, Any], key: Mapping[str, int], bucket: tuple[int, ...] | None = None
+        self,
+        cc: tuple[int, int],
+        types: Mapping[str, Any],
+        key: Mapping[str, int],
+        bucket: tuple[int, ...] | None = None,
+        driver: tuple[int, int] | None = None,
     ) -> Selection:
         """The selection of an instance (`types`: its type parameters and constants) at a key on
-        a device of compute capability `cc`."""
+        a device of compute capability `cc`, among the binaries `driver` (CUDA version) loads."""
         if bucket is None:
             bucket = self.bucket(key)
-        table_arch, binary = self.binaries.binary_for(cc)
+        table_arch, binary = self.binaries.binary_for(cc, driver)
         tkey = types_key(types)
         entry = self.table.entry(tkey, table_arch, bucket)
         vid, tuned = entry.variant, entry.tuned

@@ -5,6 +5,7 @@ and the runtime and the command read it with `parse_table` and `KernelTable.from
 
 Shape (schema 1):
   {"schema": 1, "module": str, "archs": [table arch], "ptx": {table arch: PTX arch},
+   "drivers": {binary arch: "MAJOR.MINOR", the oldest CUDA driver that loads it},
    "provenance": {...}, "kernels": {name: {entry, doc, args, key, type_params, launch,
      "constants": [{name, values}],
      "variants": {variant id: {config, types, index, binaries: {arch: {file, sha256, ...}},

@@ -126,7 +126,7 @@ def provenance(device: DeviceInfo, compiler: str) -> dict[str, Any]:
         "driver": device.driver,
         "driver_release": device.driver_release,
         "nvrtc": compiler,
-        "nvrtc_build": compile_mod.nvrtc_build(),
+        "nvrtc_build": compile_mod.nvrtc_build(int(compiler.split(".")[0])),
         "cuda_bindings": cuda_python,
         "hatch_autotune": __version__,
         "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),

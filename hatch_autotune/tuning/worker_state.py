@@ -63,8 +63,8 @@ class _Cubins(Binaries):
         self.files, self.arch = files, arch
         self.cubin_archs = [arch]
 
-    def binary_for(self, cc: tuple[int, int]) -> tuple[str, str]:
-        return self.arch, self.arch
+    def binary_for(self, cc: tuple[int, int], driver: tuple[int, int] | None = None) -> tuple[str, str]:
+        return self.arch, self.arch  # the worker's own compile for its device: its driver loads it
 
     def read(self, table: KernelTable, variant: str, binary: str) -> bytes:
         return self.cubin(variant)

@@ -233,7 +233,7 @@ def build_payload(
     n_configs = sum(len(inst.variants) for inst in plan.instances)
     log(
         f"hatch-autotune: {len(project.kernels)} kernel(s) with {n_configs} config(s) in all, arch(s) {', '.join(archs)} "
-        f"(NVRTC {compiler}, build {compile_mod.nvrtc_build()})"
+        f"(NVRTC {compiler}, build {compile_mod.nvrtc_build(project.min_cuda)}; binaries for CUDA {project.min_cuda} drivers and newer)"
     )
     shipping = compile_shipped(plan, cache, log=log, workers=workers)
 

@@ -7,13 +7,14 @@ chosen (a `TableEntry`).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..declare.config import ProjectSpec
 from ..declare.kernel_decl import kernel_decl
 from ..errors import BuildError
-from ..runtime import TABLE_SCHEMA, BinaryRef, KernelTable, TableEntry, Variant, sha256_hex
+from ..runtime import TABLE_SCHEMA, BinaryRef, KernelTable, TableEntry, Variant, ptx_driver_needed, sha256_hex
 
 if TYPE_CHECKING:  # the pipeline's result types; the table sits below the pipeline
     from ..plan.planner import Choice
@@ -74,14 +75,30 @@ def table_entry(point: tuple[int, ...], variant: str, choice: Choice) -> TableEn
     )
 
 
+def driver_floors(result: BuildResult, kernels: Iterable[KernelTable]) -> dict[str, str]:
+    """Each binary arch's driver floor, the oldest CUDA driver that loads it: for a cubin the
+    first of its NVRTC's major (cubins of NVRTC 13 are ELF ABI 8, which CUDA 12 drivers refuse;
+    within a major, minor-version compatibility), for PTX that of the newest ISA shipped."""
+    nvrtc_major = int(result.compiler.split(".")[0])
+    floors = {arch: (nvrtc_major, 0) for arch in result.archs}
+    for kt in kernels:
+        for variant in kt.variants.values():
+            for arch, ref in variant.binaries.items():
+                if ref.ptx_isa is not None:
+                    floors[arch] = max(floors.get(arch, (0, 0)), ptx_driver_needed(ref.ptx_isa, ref.nvrtc))
+    return {arch: f"{v[0]}.{v[1]}" for arch, v in sorted(floors.items())}
+
+
 def build_table(project: ProjectSpec, result: BuildResult) -> tuple[dict[str, Any], dict[str, bytes]]:
     files: dict[str, bytes] = {}
+    kernels = [kernel_table(kb, result, files) for kb in result.kernels]
     table = {
         "schema": TABLE_SCHEMA,
         "module": project.module,
         "archs": list(result.archs),
         "ptx": dict(result.ptx),
+        "drivers": driver_floors(result, kernels),
         "provenance": {"hatch_autotune": __version__, "nvrtc": result.compiler},
-        "kernels": {kb.spec.name: kernel_table(kb, result, files).to_json() for kb in result.kernels},
+        "kernels": {kt.decl.name: kt.to_json() for kt in kernels},
     }
     return table, files
