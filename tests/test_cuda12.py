@@ -1,8 +1,9 @@
 """One wheel for CUDA 12 and CUDA 13 drivers (docs/drivers.md), end to end without a GPU.
 
-example_pkg is built by `pip wheel` with `min-cuda = "12"`: NVRTC 12 (through ctypes, beside
-the build side's cuda-bindings 13) compiles every binary, with the CUDA 12 headers of the `-cu12`
-distributions. The wheel is installed into two fresh virtual environments, one with cuda-bindings
+example_pkg (its FP32 kernels, for sm_90: what the run-time side needs, built fast) is built by
+`pip wheel` with `min-cuda = "12"`: NVRTC 12 (through ctypes, beside the build side's
+cuda-bindings 13) compiles every binary; a kernel with the toolkit's headers compiles against the
+CUDA 12 headers of the `-cu12` distributions. The wheel is installed into two fresh virtual environments, one with cuda-bindings
 12 and one with 13, and called there over the driver stand-in (tests/cuda_standin.py, which uses
 that environment's real cuda-bindings enums and structs) reporting CUDA 12.4, 12.8 and 13.0: the
 cubin that each driver loads runs, its launch decodes to the right values (an emulated saxpy's
@@ -20,8 +21,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import copy_example
+from conftest import build, copy_example
 from test_wheel import fresh_venv, pip_env, pip_into, run
+
+from hatch_autotune.wheel.payload import write_package
 
 pytestmark = pytest.mark.slow
 
@@ -83,6 +86,21 @@ print(json.dumps(out))
 """
 
 
+@pytest.fixture(scope="module")
+def cu13_site(session_cache, tmp_path_factory) -> Path:
+    """The same kernels as example_pkg ships them (NVRTC 13), for sm_90, as an importable site."""
+    tmp = tmp_path_factory.mktemp("cu13")
+    src = copy_example(tmp / "src", fp32_only=True)
+    env = {"HATCH_AUTOTUNE_ARCHS": "sm_90"}
+    from conftest import load_project
+
+    site = tmp / "site"
+    (site / "example_pkg").mkdir(parents=True)
+    (site / "example_pkg" / "__init__.py").write_text("")
+    write_package(site / "example_pkg" / "kernels", load_project(src, env), build(src, session_cache, env=env))
+    return site
+
+
 def elf_abi(cubin: bytes) -> tuple[int, int]:
     """(EI_OSABI, EI_ABIVERSION) of a cubin: (0x33, 7) from NVRTC 12, (0x41, 8) from NVRTC 13."""
     return cubin[7], cubin[8]
@@ -90,10 +108,10 @@ def elf_abi(cubin: bytes) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def cu12_wheel(plugin_dist, session_cache, tmp_path_factory) -> tuple[Path, str]:
-    """example_pkg with `min-cuda = "12"`, for sm_90 (and its PTX), built by pip without build
-    isolation (this environment has hatch-autotune[cu12]): (the wheel, pip's log)."""
+    """example_pkg's FP32 kernels with `min-cuda = "12"`, for sm_90 (and its PTX), built by pip
+    without build isolation (this environment has hatch-autotune[cu12]): (the wheel, pip's log)."""
     tmp = tmp_path_factory.mktemp("cu12")
-    src = copy_example(tmp / "src")
+    src = copy_example(tmp / "src", fp32_only=True)
     text = (src / "pyproject.toml").read_text()
     marker = 'module = "example_pkg.kernels"'
     assert marker in text
@@ -170,11 +188,11 @@ def test_with_cuda_bindings_13_a_cuda_12_driver_is_told_which_bindings_serve_it(
     assert_structs_filled(out)
 
 
-def test_nvrtc_13_binaries_on_a_cuda_12_driver_are_one_clear_error(cu12_wheel, example_site, tmp_path):
+def test_nvrtc_13_binaries_on_a_cuda_12_driver_are_one_clear_error(cu13_site, tmp_path):
     """example_pkg as it ships (NVRTC 13: cubins of ELF ABI 8, PTX of ISA 9.5), run with
     cuda-bindings 12: a CUDA 12 driver gets each binary's floor and the two fixes; 13.0 runs it."""
     py = venv_with(tmp_path / "venv12", "numpy>=1.24", "cuda-bindings>=12.8,<13")
-    out = check_in(py, tmp_path, site=example_site(("sm_90",)))
+    out = check_in(py, tmp_path, site=cu13_site)
     for version, words in (("12040", "12.4"), ("12080", "12.8")):
         assert out[version]["error"] == "DriverTooOldError" and out[version]["launches"] == 0
         message = out[version]["message"]
@@ -186,14 +204,14 @@ def test_nvrtc_13_binaries_on_a_cuda_12_driver_are_one_clear_error(cu12_wheel, e
     assert out["13000"] == {"binary": "sm_90", "n": 1001, "right": True}
 
 
-def test_the_stand_in_plays_a_cuda_12_driver_refusing_nvrtc_13_cubins(cu12_wheel, example_site):
+def test_the_stand_in_plays_a_cuda_12_driver_refusing_nvrtc_13_cubins(cu12_wheel, cu13_site):
     """What the selection avoids is what a CUDA 12 driver does: it refuses an ELF ABI 8 cubin
     (CUDA_ERROR_INVALID_IMAGE) and loads the ABI 7 one; a CUDA 13 driver loads both."""
     import cuda_standin
 
     with zipfile.ZipFile(cu12_wheel[0]) as zf:
         cubin12 = next(zf.read(n) for n in zf.namelist() if n.endswith(".sm_90.cubin"))
-    cubin13 = next((example_site(("sm_90",)) / "example_pkg" / "kernels" / "bin").glob("*.sm_90.cubin")).read_bytes()
+    cubin13 = next((cu13_site / "example_pkg" / "kernels" / "bin").glob("*.sm_90.cubin")).read_bytes()
     assert elf_abi(cubin13) == (0x41, 8) and elf_abi(cubin12) == (0x33, 7)
     for version, refused in ((12040, True), (13000, False)):
         standin = cuda_standin.StandIn([(9, 0)], version)
@@ -226,3 +244,36 @@ def test_the_hook_adds_the_run_time_dependencies_the_project_does_not_name(decla
     hook = SimpleNamespace(metadata=SimpleNamespace(core=SimpleNamespace(dependencies=declared)), _say=said.append)
     assert AutotuneBuildHook._runtime_dependencies(hook, runtime_requirements(min_cuda), min_cuda) == added
     assert len(said) == len(warned) and all(w in s and s.startswith("warning: ") for w, s in zip(warned, said))
+
+
+HEADERS_KERNEL = """
+#include <cuda_bf16.h>
+#include <cub/block/block_reduce.cuh>
+extern "C" __global__ void row_sum(const __nv_bfloat16* x, float* out, int n) {
+    using Reduce = cub::BlockReduce<float, 128>;
+    __shared__ typename Reduce::TempStorage scratch;
+    float v = threadIdx.x < n ? __bfloat162float(x[threadIdx.x]) : 0.0f;
+    float total = Reduce(scratch).Sum(v);
+    if (threadIdx.x == 0) *out = total;
+}
+"""
+
+
+def test_the_toolkit_headers_for_nvrtc_12_are_the_cu12_distributions(tmp_path):
+    """The header set `cuda` for NVRTC 12 (which carries none): the runtime's, CCCL's and nvcc's
+    crt/ folders of the -cu12 distributions, never CUDA 13's; a bf16 + CUB kernel compiles there
+    to an ELF ABI 7 cubin, and the same job without the set does not find the headers."""
+    from hatch_autotune.compile import nvrtc
+    from hatch_autotune.compile.headers import resolve_header_sets
+    from hatch_autotune.declare.headers import TOOLKIT_SET
+
+    (cu12,) = resolve_header_sets((TOOLKIT_SET,), tmp_path, nvrtc=12)
+    (cu13,) = resolve_header_sets((TOOLKIT_SET,), tmp_path, nvrtc=13)
+    assert cu12.label.startswith("CUDA 12 headers and CCCL from nvidia-cuda-runtime-cu12 12.9.")
+    assert [Path(f).parts[-2:] for f in cu12.folders] == [("cuda_runtime", "include"), ("cuda_cccl", "include"), ("cuda_nvcc", "include")]
+    assert cu12.identity != cu13.identity and "NVRTC 13" in cu13.label
+    job = nvrtc.CompileJob(HEADERS_KERNEL, "sm_90", "row_sum", header_sets=(cu12,), nvrtc=12)
+    ok, cubin, log = nvrtc.compile_one(job)
+    assert ok and elf_abi(cubin) == (0x33, 7), log[-2000:]
+    bare = nvrtc.compile_one(nvrtc.CompileJob(HEADERS_KERNEL, "sm_90", "row_sum", nvrtc=12))
+    assert not bare[0] and "cuda_bf16.h" in bare[2]
