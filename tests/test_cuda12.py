@@ -277,3 +277,38 @@ def test_the_toolkit_headers_for_nvrtc_12_are_the_cu12_distributions(tmp_path):
     assert ok and elf_abi(cubin) == (0x33, 7), log[-2000:]
     bare = nvrtc.compile_one(nvrtc.CompileJob(HEADERS_KERNEL, "sm_90", "row_sum", nvrtc=12))
     assert not bare[0] and "cuda_bf16.h" in bare[2]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {
+            "WGMMA": 0,
+            "BM": 16,
+            "BN": 32,
+            "BK": 32,
+            "WM": 16,
+            "WN": 32,
+            "STAGES": 4,
+            "SPLITK": 4,
+            "GROUP_M": 8,
+        },  # mma.sync, split-K over a cluster
+        {"WGMMA": 1, "BM": 128, "BN": 128, "BK": 64, "WM": 64, "WN": 64, "STAGES": 4, "SPLITK": 1, "GROUP_M": 8},  # wgmma + TMA + mbarriers
+    ],
+)
+def test_the_tensor_core_gemm_compiles_with_nvrtc_12_for_sm_90a(config):
+    """The showcase's Hopper paths under `min-cuda = "12"`: NVRTC 12.9 and the CUDA 12 headers
+    compile them to cubins a CUDA 12 driver loads."""
+    from conftest import EXAMPLE, hook_table
+
+    from hatch_autotune.compile import nvrtc
+    from hatch_autotune.compile.render import render_config
+    from hatch_autotune.declare.config import parse_project
+
+    table = {**hook_table(EXAMPLE), "min-cuda": "12"}
+    spec = parse_project(table, EXAMPLE).kernels["gemm"]
+    assert spec.nvrtc == 12
+    types = {"T": "bfloat16", "A_unit_stride": True, "B_unit_stride": False}
+    variant, _ = render_config(spec, types, config)
+    ok, cubin, log = nvrtc.compile_one(variant.compile_job("sm_90a", spec.entry, spec.nvrtc_options))
+    assert ok and elf_abi(cubin) == (0x33, 7), log[-2000:]
