@@ -11,6 +11,7 @@ without a current context, every kind of stream, no driver at all, and an old cu
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -326,6 +327,8 @@ def test_without_a_driver_every_argument_check_runs_then_one_clear_error(fresh, 
     with pytest.raises(rt.NoDriverError) as err:
         kernels["saxpy"](1.0, x, y)
     assert "no CUDA driver found" in str(err.value) and "select(arch=" in str(err.value)
+    # which bindings are installed, and the driver they need (cuda-bindings 13 on an older driver looks the same)
+    assert re.search(r"\(cuda-bindings 13\.\d+ is installed, which needs a CUDA 13 driver\)", str(err.value)), str(err.value)
     with pytest.raises(rt.NoDriverError, match="no CUDA driver found"):
         kernels["saxpy"].select(n=8, T="float32")
     assert kernels["saxpy"].select(arch="sm_90", n=8, T="float32").binary == "sm_90a"  # example_pkg ships sm_90a: 9.0 runs it first

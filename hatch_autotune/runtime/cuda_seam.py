@@ -183,11 +183,12 @@ class GpuState:
                 raise NoDriverError(f"the CUDA driver sees no device; {_NO_DRIVER_HINT}")
             version = check_cuda(driver.cuDriverGetVersion(), "cuDriverGetVersion")
             api = self._given if self._given is not None else CudaApi.load(driver)
-            refusal = api.bindings and bindings_refusal(api.bindings, (version // 1000, (version % 1000) // 10))
+            driver_version = (version // 1000, (version % 1000) // 10)
+            refusal = api.bindings and bindings_refusal(api.bindings, driver_version)
             if refusal:
                 raise DriverTooOldError(refusal)
             self.single_device = 0 if count == 1 else None
-            self.driver_version = (version // 1000, (version % 1000) // 10)
+            self.driver_version = driver_version
             self._api = api
             self.driver = api.driver
             self.api = api
