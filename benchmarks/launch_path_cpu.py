@@ -13,6 +13,13 @@ tensors (tests/standin_arrays.py: plain Python attributes, so their reads cost l
 the real libraries' C attributes; benchmarks/launch_overhead.py measures those on a GPU). Also:
 the fast path on two GPUs (arrays on the second device) and the fully checked path.
 
+The profile, step by step: the kernel's generated call (hatch_autotune/runtime/fastcall.py) cut
+after each of its `# step:` lines (the call made to return there, its parameter buffer given
+back), timed beside the whole call, the raw launch and a call that does nothing (the floor), for
+each kind of array; a step's cost is its cut's time less the cut before it (the first less the
+floor), and "the launch" is the kernel's whole call less the last cut (the context check
+and cuLaunchKernel, as the raw launch calls it).
+
 The contenders are interleaved within each repetition; medians and spreads over repetitions.
 
     python benchmarks/launch_path_cpu.py [--out DIR] [--quick]   # writes launch_path_cpu.json
@@ -45,7 +52,7 @@ def summary(samples: list[float]) -> dict[str, float]:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
 
 
-def setup(rt, kernels, gpus: int, patch) -> dict:
+def setup(rt, kernels, gpus: int, patch, steps: bool = False) -> dict:
     """The contenders over a fresh stand-in of `gpus` devices, arrays on the last one; each
     checked once to launch what it should before the launch becomes a no-op."""
     import cuda_standin
@@ -88,7 +95,48 @@ def setup(rt, kernels, gpus: int, patch) -> dict:
     if gpus == 2:
         x, y = arrays["cai"]
         contenders["checked_path"] = lambda: saxpy._call_checked([2.0, x, y], None, None, {})
+        return contenders
+    for kind, (x, y) in arrays.items() if steps else ():
+        contenders.update(step_cuts(rt, saxpy, (2.0, x, y), kind))
     return contenders
+
+
+def step_cuts(rt, saxpy, args: tuple, kind: str) -> dict:
+    """The kernel's generated call cut after each `# step:` line, and whole (see the docstring)."""
+    text = rt.fastcall.source(saxpy._user_kinds, saxpy._optional)
+    lines = text.splitlines()
+    taken = next(i for i, line in enumerate(lines) if "params = plan.take()" in line)
+    cuts = {}
+    for i, line in enumerate(lines):
+        if line.strip().startswith("# step:"):
+            indent = line[: len(line) - len(line.lstrip())]
+            back = [f"{indent}plan.give(params)"] if i > taken else []
+            call = rt.fastcall.fast_call(saxpy, "\n".join([*lines[:i], *back, f"{indent}return None", *lines[i:]]))
+            name = line.split("# step:")[1].strip()
+            cuts[f"step_{kind}: {name}"] = lambda call=call: call(saxpy, *args)
+    return {f"step_{kind}: floor": lambda: _nothing(saxpy, *args), **cuts}
+
+
+def _nothing(self: object, *args: object, stream: object = None, **kwargs: object) -> None:
+    """A call with the generated call's signature that does nothing: the steps' floor."""
+
+
+def step_table(per: dict[str, dict[str, float]]) -> dict[str, list[dict[str, float | str]]]:
+    """Per kind of array: each step, its cut's median µs and the step's own cost."""
+    table: dict[str, list[dict[str, float | str]]] = {}
+    for name, stats in per.items():
+        if name.startswith("step_"):
+            kind, step = name.removeprefix("step_").split(": ", 1)
+            rows = table.setdefault(kind, [])
+            if step == "floor":
+                rows.append({"step": "floor: a Python call that does nothing", "cut_us": stats["median"], "step_us": 0.0})
+                continue
+            before = rows[-1]["cut_us"]
+            rows.append({"step": step, "cut_us": stats["median"], "step_us": stats["median"] - float(before)})
+    for kind, rows in table.items():
+        whole = per[f"generated_{kind}"]["median"]
+        rows.append({"step": "the launch", "cut_us": whole, "step_us": whole - float(rows[-1]["cut_us"])})
+    return table
 
 
 def interleaved(contenders: dict, calls: int, repeats: int, label: str) -> dict[str, list[float]]:
@@ -97,7 +145,10 @@ def interleaved(contenders: dict, calls: int, repeats: int, label: str) -> dict[
     for rep in range(repeats):
         for name in names[rep % len(names) :] + names[: rep % len(names)]:  # rotated: none always first
             samples[name].append(loop_us(contenders[name], calls))
-        print(f"  {label} [{rep + 1}/{repeats}] " + ", ".join(f"{n} {samples[n][-1]:.2f}" for n in names), flush=True)
+        print(
+            f"  {label} [{rep + 1}/{repeats}] " + ", ".join(f"{n} {samples[n][-1]:.2f}" for n in names if not n.startswith("step_")),
+            flush=True,
+        )
     return samples
 
 
@@ -112,7 +163,7 @@ def main() -> None:
     rt = kernels._runtime
     patch = pytest.MonkeyPatch()  # sys.modules entries for the CuPy and PyTorch imitations
     samples = {
-        "one_gpu": interleaved(setup(rt, kernels, 1, patch), calls, repeats, "one GPU"),
+        "one_gpu": interleaved(setup(rt, kernels, 1, patch, steps=True), calls, repeats, "one GPU"),
         "two_gpus": interleaved(setup(rt, kernels, 2, patch), calls, repeats, "two GPUs"),
     }
     patch.undo()
@@ -121,8 +172,11 @@ def main() -> None:
     for setup_name, per in results.items():
         raw = per["raw_prepacked"]["median"]
         for name, stats in per.items():
-            if name.startswith("generated_"):
+            if name.startswith("generated_") and not name.startswith("step_"):
                 ours[f"{setup_name}_{name.removeprefix('generated_')}"] = stats["median"] - raw
+    steps = step_table(results["one_gpu"])
+    for kind, rows in steps.items():
+        print(f"{kind}: " + ", ".join(f"{row['step']} {row['step_us']:+.2f}" for row in rows))
     payload = {
         "what": __doc__.strip().splitlines()[0],
         "calls_per_loop": calls,
@@ -130,6 +184,7 @@ def main() -> None:
         "quick": opts.quick,
         "results_us_per_call": results,
         "our_layer_us": ours,
+        "steps_us": steps,
         "goal_us": GOAL_US,
         "goal_met": all(v <= GOAL_US for v in ours.values()),
         "samples_us": samples,

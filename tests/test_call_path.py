@@ -297,3 +297,99 @@ def test_a_first_call_imports_the_driver_bindings_and_nothing_of_cuda_core(examp
     imported = set(modules.split())
     assert "cuda.bindings.driver" in imported
     assert not [m for m in imported if m.startswith(("cuda.core", "cuda.bindings.nvml", "cuda.bindings.nvrtc", "cuda.bindings.runtime"))]
+
+
+def test_the_generated_call_holds_only_numbers_and_its_own_names():
+    """The fast call is Python generated per kernel (runtime/fastcall.py) and compiled: nothing
+    read from a wheel's table may reach its text. Every string in it is one of the CUDA Array
+    Interface's keys, every name one of the template's own, for any mix of argument kinds."""
+    import ast
+    import re
+
+    from hatch_autotune.runtime.fastcall import source
+
+    numbered = re.compile(r"[apthsro]\d+")  # per argument: its value, pointer, type and layout
+    own = set(
+        [
+            "CUPY",
+            "Exception",
+            "IndexError",
+            "LEGACY",
+            "NO_CONSTANTS",
+            "PACK_ERRORS",
+            "TORCH",
+            "TypeError",
+            "args",
+            "bind",
+            "bool",
+            "c",
+            "cai",
+            "call",
+            "checked",
+            "checks",
+            "ckey",
+            "codes_get",
+            "constants",
+            "current",
+            "current_stream",
+            "d",
+            "data",
+            "device",
+            "driver",
+            "err",
+            "fast_get",
+            "gpu",
+            "handle",
+            "id",
+            "int",
+            "key",
+            "kwargs",
+            "last",
+            "last_key",
+            "launcher",
+            "len",
+            "lib",
+            "list",
+            "m",
+            "multi_gpu_device",
+            "name",
+            "params",
+            "plan",
+            "reader_of",
+            "result",
+            "seam",
+            "self",
+            "single",
+            "stream",
+            "take_constants",
+            "tuple",
+            "type",
+            "v",
+        ]
+    )
+    for kinds, optional in [((), ()), ((0,), (False,)), ((-1, 4, 16, 1), (False, True, False, True)), ((8,) * 9, (True,) * 9)]:
+        tree = ast.parse(source(kinds, optional))
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        assert strings <= {"data", "typestr", "shape", "strides"}, strings
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)}
+        assert {name for name in names if not numbered.fullmatch(name)} <= own, sorted(names)
+        arrays = sum(kind > 0 for kind in kinds)
+        assert source(kinds, optional).count("# step: array") == arrays
+
+
+def test_a_new_driver_state_is_never_launched_with_the_last_plan(fresh, monkeypatch, rt):
+    """The generated call keeps its last plan to skip a hash; use_gpu() (a new driver state)
+    must drop it with the others: the next call with the same layout is checked again and
+    launches the function loaded on the new state."""
+    first = install(monkeypatch, rt)
+    saxpy = fresh()["saxpy"]
+    x, y = DeviceArray.empty(first, (4096,)), DeviceArray.empty(first, (4096,))
+    saxpy(1.0, x, y)
+    saxpy(2.0, x, y)
+    assert saxpy.checked_calls == 1 and len(first.launches) == 2
+    second = install(monkeypatch, rt)  # use_gpu: the kernels drop their plans
+    u, v = DeviceArray.empty(second, (4096,)), DeviceArray.empty(second, (4096,))
+    saxpy(3.0, u, v)
+    saxpy(4.0, u, v)
+    assert saxpy.checked_calls == 2 and len(first.launches) == 2
+    assert [saxpy_params(launch)[:3] for launch in second.launches] == [(3.0, u.ptr, v.ptr), (4.0, u.ptr, v.ptr)]

@@ -12,8 +12,8 @@ from . import cuda_seam
 from .args import _CODES, CUPY, TORCH, VIA_DLPACK, array_reader, stream_handle
 from .cuda_seam import CACHE_LIMIT, CU_STREAM_LEGACY, check_cuda
 from .expr import compile_expr
+from .fastcall import fast_call
 from .launching import FastPlan, LaunchFeatures, launch_env, plan_head, tma_served
-from .params import PACK_ERRORS
 from .tensor_map import GLOBAL_ALIGN as TMA_ALIGN
 from .values import MAX_SIZE
 
@@ -28,8 +28,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
     from .declaration import KernelDecl
     from .launching import PlanHead
     from .selection import KernelSelector, Selection
-
-_NO_CONSTANTS: Mapping[str, Any] = {}
 
 # How the fast path takes each argument: an array is its alignment in bytes (1 or more), so that
 # one `ptr % kind` checks it; a scalar is 0, a key scalar (its value picks the bucket) -1.
@@ -83,6 +81,7 @@ class Launcher:
         self._layout = tuple((a.is_array, a.dtype, user_index.get(a.name)) for a in decl.args)
         self._kernels: dict[tuple[int, str, str], Any] = {}
         self._load_lock = allocate_lock()
+        self._plain_class = type(self)  # the class whose __call__ makes the generated one (see __call__)
 
     # The call path. A first call with a given signature (array types, dtypes, shapes, layouts
     # and devices, scalar types, stream) goes through every check (CallChecks.prepare), then starts the
@@ -90,109 +89,36 @@ class Launcher:
     # array's pointer (CuPy's and PyTorch's through their own attributes: args.array_reader),
     # check its alignment, pack the pointers and scalars into the plan's parameter buffer and
     # launch, from any thread. The device is the arrays' own (CuPy, PyTorch), the only one, or,
-    # with several GPUs and other arrays, the one the driver says they are on.
+    # with several GPUs and other arrays, the one the driver says they are on. That repeated call
+    # is Python generated for this kernel's arguments (fastcall.py), made at the first call.
 
     def __call__(self, *args: Any, stream: Any = None, **kwargs: Any) -> None:
-        sig: list[Any] = [stream if stream is None or type(stream) is int else id(stream)]
-        constants: Mapping[str, Any] = _NO_CONSTANTS
-        if kwargs:
-            constants = self.checks.take_constants(kwargs)
-            if kwargs:
-                return self._call_checked(self.checks.bind(args, kwargs), stream, None, constants)
-            if any(type(v) not in (int, bool) for v in constants.values()):
-                return self._call_checked(list(args), stream, None, constants)  # names what is wrong, or converts
-            sig.append(tuple((c, type(v), v) for c, v in constants.items()))  # the type too: True == 1, not for a constant
-        if len(args) != self._n_user:
-            return self._call_checked(self.checks.bind(args, kwargs), stream, None, constants)
-        values: list[Any] = []  # the caller's values as the kernel takes them: pointers for arrays
-        device = library = None  # the arrays' own device, and their type, where they say (CuPy, PyTorch)
+        """The first call: this kernel's generated call (fastcall.py; made now, not at import: it
+        costs a compile) becomes the `__call__` of a class of its own (a subclass of this one,
+        so that a call is one Python frame), then serves this call."""
+        call = fast_call(self)
+        plain = type(self)
+        self._plain_class = plain
+        namespace = {
+            "__call__": call,
+            "__slots__": (),
+            "__doc__": plain.__doc__,
+            "__module__": plain.__module__,
+            "__qualname__": plain.__qualname__,
+        }
+        self.__class__ = type(plain.__name__, (plain,), namespace)
+        return call(self, *args, stream=stream, **kwargs)
+
+    def _multi_gpu_device(self, gpu: GpuState, arrays: Sequence[Any], ptrs: Sequence[Any], device: int | None) -> int | None:
+        """With several GPUs, the device of a call's arrays: the one the driver says the arrays
+        that do not tell (not CuPy's, not PyTorch's) are on, which must be `device` (what the
+        others said) where that is known; None when unknown or mixed (the checked path says which)."""
         codes = _CODES
-        for obj, kind in zip(args, self._user_kinds):
-            if kind > 0:  # an array; `kind` is its alignment
-                t = type(obj)
-                code = codes.get(t) or array_reader(t).code  # found once per type
-                if code is CUPY:
-                    memory = obj.data
-                    ptr = memory.ptr
-                    on = memory.device_id
-                    sig += (t, obj.dtype, obj.shape, obj.strides, on)
-                    if device is None:
-                        device, library = on, t
-                elif code is TORCH:
-                    ptr = obj.data_ptr()
-                    on = obj.get_device() if obj.is_cuda else -1  # another backend's index is no CUDA device
-                    sig += (t, obj.dtype, obj.shape, obj.stride(), on)
-                    if device is None:
-                        device, library = on, t
-                else:
-                    try:
-                        cai = obj.__cuda_array_interface__
-                        data = cai["data"]
-                        sig += (t, cai["typestr"], cai["shape"], data[1], cai.get("strides"))
-                    except Exception:  # DLPack only, not an array, not a real interface, or one that refuses
-                        if obj is None and self._optional[len(values)]:  # an optional array left out: a null pointer
-                            sig.append(None)  # (tested here, so that an array's path costs no more)
-                            values.append(0)
-                            continue
-                        return self._call_checked(list(args), stream, None, constants)  # checked
-                    ptr = data[0]
-                # an int pointer that fits the parameter (below 2**63), aligned, not null: a null or
-                # odd one (an empty array's, or a mistake) takes the checked path, which says which
-                if type(ptr) is not int or ptr <= 0 or ptr % kind:  # above 2**63 - 1: struct refuses it
-                    return self._call_checked(list(args), stream, None, constants)
-                values.append(ptr)
-            else:
-                sig.append((type(obj), obj) if kind else type(obj))  # a key scalar's value picks the bucket
-                values.append(obj)
-        gpu = cuda_seam.current
-        if gpu.api is None:  # the first call in this process: checks first, then the driver
-            return self._call_checked(list(args), stream, tuple(sig), constants)
-        if gpu.single_device is None:  # several GPUs: the driver says where the other arrays are
-            others = [v for v, obj, kind in zip(values, args, self._user_kinds) if kind > 0 and codes.get(type(obj)) not in (CUPY, TORCH)]
-            if others:
-                found = self._arrays_device(gpu, others)
-                if found is None or (device is not None and found != device):  # unknown or mixed: the
-                    return self._call_checked(list(args), stream, tuple(sig), constants)  # checked path says which
-                device = found
-        if device is None:
-            device = gpu.single_device
-            if device is None:  # several GPUs, no array to say which: the checked path finds it
-                return self._call_checked(list(args), stream, tuple(sig), constants)
-        current_stream = array_reader(library).current_stream if library is not None else None  # asked below
-        sig.append(device)
-        try:
-            plan = self._fast.get(tuple(sig))
-        except TypeError:  # an interface with a list (shape, strides): valid, but no plan is keyed by it
-            return self._call_checked(list(args), stream, None, constants)
-        if plan is None or (stream is not None and plan.stream_ref is not stream and type(stream) is not int):
-            return self._call_checked(list(args), stream, tuple(sig[:-1]), constants)
-        handle = plan.stream
-        if handle is None:  # stream=None: where the arrays' library runs its own work, else the default
-            # (a library's null stream 0 is its legacy one: 0 is the per-thread one where cuda-python
-            # is told to use that)
-            handle = (current_stream(device) or CU_STREAM_LEGACY) if current_stream is not None else gpu.default_stream
-        try:
-            params = plan.take()  # the plan's buffer, unless another thread is launching from it
-        except IndexError:
-            params = plan.fresh()
-        try:
-            params.pack(params.storage, 0, *values)
-        except PACK_ERRORS:  # a scalar its C type cannot hold: the checked path says which
-            plan.give(params)
-            return self._call_checked(list(args), stream, None, constants)
-        if plan.special:  # a cluster (cuLaunchKernelEx) or tensor maps (encoded per pointer): the plan launches
-            plan.launch(gpu, device, handle, params, values)
-        else:
-            driver = gpu.driver  # the launch, as GpuState.launch does it, inline: a call costs 0.1 µs
-            err, current = driver.cuCtxGetCurrent()
-            if err or int(current) != plan.context:
-                gpu.launch(device, plan.head, handle, params.address, self.name)  # the caller's context is another
-            else:
-                result = driver.cuLaunchKernel(*plan.head, handle, params.address, 0)
-                if result[0]:
-                    gpu.raise_launch_error(result[0], self.name)
-        plan.give(params)  # not after a failed launch: a later call makes a fresh one
-        return None
+        others = [ptr for obj, ptr in zip(arrays, ptrs) if codes.get(type(obj)) not in (CUPY, TORCH)]
+        if not others:
+            return device
+        found = self._arrays_device(gpu, others)
+        return None if found is None or (device is not None and found != device) else found
 
     @staticmethod
     def _arrays_device(gpu: GpuState, ptrs: Sequence[Any]) -> int | None:
@@ -264,6 +190,7 @@ class Launcher:
     def _drop_plans(self) -> None:
         """Forget everything made over a GpuState (see use_gpu): plans, loaded code."""
         self._memo, self._fast, self._kernels = {}, {}, {}
+        self.__class__ = self._plain_class  # the generated call holds the old plans (its last one, _fast.get)
 
     def _device_of(self, gpu: GpuState, call: PreparedCall) -> int:
         """The one device all arrays live on (zero-sized arrays, pointer 0, are anywhere)."""
