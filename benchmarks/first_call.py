@@ -30,7 +30,13 @@ Side by side: CuPy's RawModule loading the same cubin from a file and launching 
 already imported), which is what a hand-written wrapper without tuning would cost; and ours with
 PyTorch tensors instead of CuPy arrays (PyTorch imported and its context made before timing),
 left out without PyTorch and, to keep within the time budget, for repetitions that would start
-after TORCH_DEADLINE_S. Goals (issue #35): first call <= 15 ms, import <= 10 ms, no CUDA at import.
+after TORCH_DEADLINE_S. Goals (issues #35, #54): first call <= 15 ms counting the driver's import
+(`first_call_with_driver_import_ms`: what a program waits for), import <= 10 ms, no CUDA at import.
+
+The import is timed as an installed wheel runs it: the generated package byte-compiled as pip
+does when it installs a wheel, whatever PYTHONDONTWRITEBYTECODE says (gpu_check sets it).
+Labelled apart (`import_without_bytecode_ms`), interleaved: the same package in a folder without
+bytecode, imported alone with `-B`, as where bytecode is off.
 
     python benchmarks/first_call.py [--out DIR] [--quick]   # writes DIR/first_call.json
 """
@@ -40,6 +46,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -156,6 +163,14 @@ print(json.dumps({
 }))
 '''
 
+# The import alone, in a fresh interpreter started with -B over a package without bytecode.
+IMPORT_ALONE = """
+import json, time
+t0 = time.perf_counter()
+import example_pkg.kernels
+print(json.dumps({"import_ms": (time.perf_counter() - t0) * 1e3}))
+"""
+
 # CuPy's RawModule, in a fresh interpreter with CuPy imported and its context made.
 CUPY = """
 import json, time
@@ -186,11 +201,11 @@ TIMES = (
 )
 
 
-def child(site: Path, script: str, *args: str) -> dict[str, Any]:
+def child(site: Path, script: str, *args: str, flags: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run `script` in a fresh interpreter that finds the generated package; its last line, as JSON."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     try:
-        r = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        r = subprocess.run([sys.executable, *flags, "-c", script, *args], env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"a fresh process ran past {CHILD_TIMEOUT_S} s") from None
     if r.returncode:
@@ -220,6 +235,9 @@ def main() -> None:
     arch = require_gpu("first_call.py")
     site = Path(tempfile.mkdtemp())
     kernels = import_generated(example_project(env={"HATCH_AUTOTUNE_ARCHS": arch}), site)
+    plain = Path(tempfile.mkdtemp())  # the same package, no bytecode: the labelled import
+    shutil.copytree(site / "example_pkg", plain / "example_pkg", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(site / "example_pkg")], check=True)  # as pip installs it
     sel = kernels.saxpy.select(n=N, T="float32")
     if sel.binary.startswith("compute_"):
         raise SystemExit(f"first_call.py: the wheel holds PTX, not a cubin, for {arch}: nothing to compare")
@@ -228,15 +246,20 @@ def main() -> None:
     grid, block, shared = kernels.saxpy.geometry(sel.config, {"T": "float32"}, {"n": N})
     peer = CUPY.format(n=N, cubin=str(cubin), entry=kernels.saxpy.entry, grid=tuple(grid), block=tuple(block), shared=shared)
     torch_missing = None if importlib.util.find_spec("torch") is not None else "PyTorch not installed"
-    ours, cupy, torch_rows = [], [], []
+    ours, cupy, torch_rows, without_bytecode = [], [], [], []
     torch_left_out = 0
     for i in range(repeats):  # interleaved, so that drift hits all alike
         try:
             ours.append(child(site, OURS, str(N), "cupy"))
             cupy.append(child(site, peer))
+            without_bytecode.append(child(plain, IMPORT_ALONE, flags=("-B",))["import_ms"])
         except RuntimeError as exc:
             raise SystemExit(f"first_call.py: {exc}") from None
-        line = f"  [{i + 1}/{repeats}] ours {ours[-1]['first_call_ms']:.2f} ms (import {ours[-1]['import_ms']:.1f}), CuPy RawModule {cupy[-1]['first_call_ms']:.2f}"
+        line = (
+            f"  [{i + 1}/{repeats}] ours {ours[-1]['first_call_ms']:.2f} ms, with the driver's import "
+            f"{ours[-1]['first_call_with_driver_import_ms']:.2f} (import {ours[-1]['import_ms']:.1f}, without bytecode "
+            f"{without_bytecode[-1]:.1f}), CuPy RawModule {cupy[-1]['first_call_ms']:.2f}"
+        )
         if torch_missing is None and time.monotonic() - started < torch_deadline:
             try:
                 torch_rows.append(child(site, OURS, str(N), "torch"))
@@ -248,6 +271,7 @@ def main() -> None:
         print(line, flush=True)
 
     results = summarise(ours)
+    results["import_without_bytecode_ms"] = statistics.median(without_bytecode)
     results["cupy_rawmodule_first_call_ms"] = statistics.median(r["first_call_ms"] for r in cupy)
     results["first_call_vs_cupy"] = results["first_call_ms"] / results["cupy_rawmodule_first_call_ms"]
     if torch_rows:
@@ -256,14 +280,14 @@ def main() -> None:
     goals = {
         "first_call_ms_max": GOAL_FIRST_CALL_MS,
         "import_ms_max": GOAL_IMPORT_MS,
-        "first_call_met": results["first_call_ms"] <= GOAL_FIRST_CALL_MS,
-        "first_call_with_driver_import_met": results["first_call_with_driver_import_ms"] <= GOAL_FIRST_CALL_MS,
+        "first_call_met": results["first_call_with_driver_import_ms"] <= GOAL_FIRST_CALL_MS,  # what a program waits for
+        "first_call_after_driver_import_met": results["first_call_ms"] <= GOAL_FIRST_CALL_MS,
         "import_met": results["import_ms"] <= GOAL_IMPORT_MS,
         "no_cuda_at_import": not results["cuda_loaded_at_import"],
         "no_cuda_core_at_first_call": not results["cuda_core_imported_by_first_call"],
     }
     if torch_rows:
-        goals["torch_first_call_met"] = results["torch"]["first_call_ms"] <= GOAL_FIRST_CALL_MS
+        goals["torch_first_call_met"] = results["torch"]["first_call_with_driver_import_ms"] <= GOAL_FIRST_CALL_MS
     goals["met"] = all(v for k, v in goals.items() if not k.endswith("_max"))
     results["goals"] = goals
     payload = {
@@ -275,13 +299,14 @@ def main() -> None:
         "binary": sel.binary,
         "parameters": {"n": N, "repeats": repeats, "child_timeout_s": CHILD_TIMEOUT_S, "torch_deadline_s": torch_deadline},
         "results": results,
-        "samples": {"ours": ours, "cupy_rawmodule": cupy, "ours_torch": torch_rows},
+        "samples": {"ours": ours, "cupy_rawmodule": cupy, "ours_torch": torch_rows, "import_without_bytecode_ms": without_bytecode},
         "machine": machine(),
     }
     out = write_result("first_call.json", payload, opts.out)
     r = results
     print(
-        f"import {r['import_ms']:.1f} ms; first call {r['first_call_ms']:.2f} ms = module load {r['module_load_ms']:.2f} "
+        f"import {r['import_ms']:.1f} ms (without bytecode {r['import_without_bytecode_ms']:.1f}); first call with the driver's import "
+        f"{r['first_call_with_driver_import_ms']:.2f} ms; first call {r['first_call_ms']:.2f} ms = module load {r['module_load_ms']:.2f} "
         f"+ launch {r['launch_ms']:.3f} + selection and checks {r['selection_and_checks_ms']:.2f} + sync {r['sync_ms']:.3f}; "
         f"driver import {r['driver_import_ms']:.1f}; second call {r['second_call_ms']:.3f}; "
         f"CuPy RawModule {r['cupy_rawmodule_first_call_ms']:.2f}; goals {'met' if goals['met'] else 'MISSED'}; wrote {out}"

@@ -7,6 +7,11 @@ itself, and whether any CUDA module or numpy got loaded. Runs anywhere; no GPU n
 shared machine, other load inflates every figure: compare builds in one run of interleaved
 imports, not across runs.
 
+Labelled apart (`without_bytecode`), interleaved with those imports: the same package in a
+second folder without bytecode, imported with `-B` (so none is written): what an import costs
+where bytecode is off (PYTHONDONTWRITEBYTECODE, a read-only install that pip could not compile).
+The headline (`median_ms`, the goal) is the import as pip installs the wheel, with bytecode.
+
     python benchmarks/import_time.py [-n 30] [-o benchmarks/results/import_time.json]
 """
 
@@ -25,6 +30,8 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _common import machine  # noqa: E402
 
 from hatch_autotune.compile.cache import CompileCache  # noqa: E402
 from hatch_autotune.compile.tiers import default_cache_dir  # noqa: E402
@@ -51,29 +58,44 @@ def main() -> None:
     project = parse_project(table, example, env={"HATCH_AUTOTUNE_MODE": "offline"})
     result = build_payload(project, cache=CompileCache(default_cache_dir()), log=lambda m: None)
     with tempfile.TemporaryDirectory() as tmp:
-        site = Path(tmp)
-        (site / "example_pkg").mkdir()
-        (site / "example_pkg" / "__init__.py").write_text("")
-        write_package(site / "example_pkg" / "kernels", project, result)
+        sites = {"with_bytecode": Path(tmp) / "installed", "without_bytecode": Path(tmp) / "source"}
+        for site in sites.values():
+            (site / "example_pkg").mkdir(parents=True)
+            (site / "example_pkg" / "__init__.py").write_text("")
+            write_package(site / "example_pkg" / "kernels", project, result)
         # pip byte-compiles what it installs; do the same, or every run would compile the source
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(site)], check=True)
-        times, cuda_loaded, numpy_loaded = [], 0, 0
-        for _ in range(args.n):
-            out = subprocess.run([sys.executable, "-c", PROBE], cwd=site, capture_output=True, text=True, check=True)
-            dt, cuda, np_ = out.stdout.split()
-            times.append(float(dt))
-            cuda_loaded += int(cuda)
-            numpy_loaded += int(np_)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(sites["with_bytecode"])], check=True)
+        flags = {"with_bytecode": [], "without_bytecode": ["-B"]}
+        samples: dict[str, list[float]] = {name: [] for name in sites}
+        cuda_loaded, numpy_loaded = 0, 0
+        for i in range(args.n):
+            for name in list(sites)[i % 2 :] + list(sites)[: i % 2]:  # alternated: neither always first
+                out = subprocess.run(
+                    [sys.executable, *flags[name], "-c", PROBE], cwd=sites[name], capture_output=True, text=True, check=True
+                )
+                dt, cuda, np_ = out.stdout.split()
+                samples[name].append(float(dt))
+                cuda_loaded += int(cuda)
+                numpy_loaded += int(np_)
+        assert not list(sites["without_bytecode"].rglob("*.pyc")), "bytecode was written where none should be"
+    times = samples["with_bytecode"]
+    plain = samples["without_bytecode"]
     report = {
-        "what": "wall time of `import example_pkg.kernels` in a fresh interpreter (ms)",
+        "what": "wall time of `import example_pkg.kernels` in a fresh interpreter (ms), as pip installs it (with bytecode)",
         "runs": args.n,
         "median_ms": round(statistics.median(times), 3),
         "min_ms": round(min(times), 3),
         "max_ms": round(max(times), 3),
+        "without_bytecode": {
+            "median_ms": round(statistics.median(plain), 3),
+            "min_ms": round(min(plain), 3),
+            "max_ms": round(max(plain), 3),
+        },
+        "samples_ms": samples,
         "runs_that_loaded_cuda": cuda_loaded,
         "runs_that_loaded_numpy": numpy_loaded,
         "goal_ms": 10,
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "machine": {"cpu": f"{platform.machine()} {platform.processor() or ''}".strip(), **machine()},
         "python": platform.python_version(),
         "kernels": len(project.kernels),
         "runtime_modules": len(runtime_files()),

@@ -7,7 +7,8 @@ with the launch made a no-op, exactly as benchmarks/launch_path_cpu.py sets them
 `setup`): a raw pre-packed cuLaunchKernel and the generated call with the stand-in's CAI arrays
 and imitations of CuPy arrays and PyTorch tensors. All contenders of both sides are interleaved
 within each repetition (the order rotated); "our layer" = generated - raw, per side; medians over
-the repetitions, and head / base.
+the repetitions, and head / base. Then the same with two GPUs (arrays on the second; CAI arrays,
+whose device the driver is asked for), in a phase of its own.
 
     python benchmarks/launch_path_vs_base.py [--base REV] [--quick] [--out DIR]   # writes launch_path_vs_base.json
 """
@@ -57,17 +58,23 @@ def main() -> None:
     kernels = import_generated(example_project(), Path(tempfile.mkdtemp()))
     patch = pytest.MonkeyPatch()
     contenders = {}
-    for side, rt in (("head", kernels._runtime), ("base", base_rt)):
-        for name, fn in bench.setup(rt, kernels, 1, patch).items():
-            contenders[f"{side}:{name}"] = fn
-    samples = bench.interleaved(contenders, calls, repeats, "head and base")
+    samples: dict[str, list[float]] = {}
+    for gpus, prefix in ((1, ""), (2, "two_gpus_")):  # a phase each: setting up two GPUs drops the one-GPU plans
+        contenders = {}
+        for side, rt in (("head", kernels._runtime), ("base", base_rt)):
+            for name, fn in bench.setup(rt, kernels, gpus, patch).items():
+                if name != "checked_path":
+                    contenders[f"{side}:{prefix}{name}"] = fn
+        samples.update(bench.interleaved(contenders, calls, repeats, f"head and base, {gpus} GPU(s)"))
     patch.undo()
     medians = {name: statistics.median(values) for name, values in samples.items()}
     ours = {
         side: {
-            name.split(":", 1)[1].removeprefix("generated_"): us - medians[f"{side}:raw_prepacked"]
+            f"{prefix}{name.split(':', 1)[1].removeprefix(prefix).removeprefix('generated_')}": us
+            - medians[f"{side}:{prefix}raw_prepacked"]
+            for prefix in ("", "two_gpus_")
             for name, us in medians.items()
-            if name.startswith(f"{side}:generated_")
+            if name.startswith(f"{side}:{prefix}generated_")
         }
         for side in ("head", "base")
     }
