@@ -1,11 +1,11 @@
 """The Python side of the driver seam on the CPU: cuda-bindings against ctypes, over a libcuda.so.1
 that does nothing (no GPU needed), to argue which one the runtime should call the driver through.
 
-benchmarks/native/fake_libcuda.c is built with the C compiler against the real cuda.h (of the
-nvidia-cuda-runtime distribution installed here), so each of its functions has the header's
-signature; each returns CUDA_SUCCESS at once, and its cuGetProcAddress finds them for
-cuda-bindings. Whatever a call costs through it is the seam's own Python-side cost, which a real
-driver adds its work to, alike for both. Measured, interleaved, medians of the repetitions:
+tests/native/fake_libcuda.c (the tests' libcuda) is built with the C compiler against the real
+cuda.h (of the nvidia-cuda-runtime distribution installed here), so each of its functions has the
+header's signature; each records its arguments and returns, and its cuGetProcAddress finds them
+for cuda-bindings. Whatever a call costs through it is the seam's own Python-side cost (and the
+fake's few stores, alike for both), which a real driver adds its work to. Measured, interleaved, medians of the repetitions:
 
   per call (µs)   cuLaunchKernel as the runtime's fast path calls it (function handle, grid,
                   block, shared bytes, stream handle, the parameter buffer's address) through
@@ -13,10 +13,14 @@ driver adds its work to, alike for both. Measured, interleaved, medians of the r
                   through ctypes with the arguments made ctypes objects once (what a plan could
                   keep: the function, grid, block and shared bytes fixed per plan, the buffer's
                   address per buffer, the stream per stream); cuCtxGetCurrent and the int of its
-                  answer (the fast path's context check) through each
+                  answer (the fast path's context check) through each; and example_pkg's
+                  generated saxpy on its fast path over this libcuda through the runtime's own
+                  seam (runtime/libcuda.py), against the raw cuda-bindings launch: the CPU side
+                  of the GPU goal (per call <= 1.3x a raw cuLaunchKernel)
   import (ms)     in fresh interpreters (numpy imported first, as an array library brings it):
-                  `from cuda.bindings import driver` then cuInit; against ctypes loading
-                  libcuda.so.1 and declaring the 17 driver functions the runtime calls, then cuInit
+                  `from cuda.bindings import driver` then cuInit; against the runtime's own
+                  libcuda.py loaded and its LibCuda made (libcuda.so.1 loaded, its functions
+                  declared through ctypes), then cuInit
 
     python benchmarks/driver_seam_cpu.py [--out DIR] [--quick]   # writes driver_seam_cpu.json
 """
@@ -34,20 +38,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import machine, options, write_result
+from _common import ROOT, machine, options, write_result
 
-NATIVE = Path(__file__).resolve().parent / "native" / "fake_libcuda.c"
+sys.path.insert(0, str(ROOT / "tests"))
 CALLS, REPEATS = 50_000, 9
 IMPORT_REPEATS = 9
-# The driver functions the runtime's seam calls (runtime/cuda_seam.py, launching.py, tensor_map.py):
-# what a ctypes seam would declare at its start.
-RUNTIME_FUNCTIONS = (
-    "cuInit", "cuDeviceGetCount", "cuDriverGetVersion", "cuDeviceGetAttribute", "cuCtxGetDevice", "cuCtxGetCurrent",
-    "cuPointerGetAttribute", "cuDevicePrimaryCtxRetain", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuModuleLoadData",
-    "cuModuleGetFunction", "cuFuncGetAttribute", "cuFuncSetAttribute", "cuLaunchKernel", "cuLaunchKernelEx",
-    "cuTensorMapEncodeTiled",
-)  # fmt: skip
-
 IMPORT_BINDINGS = """
 import sys, time, numpy
 t0 = time.perf_counter()
@@ -60,28 +55,14 @@ print((time.perf_counter() - t0) * 1e3)
 IMPORT_CTYPES = """
 import sys, time, numpy
 t0 = time.perf_counter()
-import ctypes
-lib = ctypes.CDLL("libcuda.so.1")
-for name in {names!r}:
-    fn = getattr(lib, name, None)  # the fake defines a few; a real driver all
-    if fn is not None:
-        fn.restype = ctypes.c_int
-assert lib.cuInit(0) == 0
+import importlib.util
+spec = importlib.util.spec_from_file_location("libcuda", {path!r})  # the runtime's module alone, as the first call makes it
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+err, = module.LibCuda("libcuda.so.1").cuInit(0)
+assert int(err) == 0, err
 print((time.perf_counter() - t0) * 1e3)
 """
-
-
-def build(folder: Path) -> Path:
-    """fake_libcuda.c compiled against cuda.h into folder/libcuda.so.1."""
-    import nvidia.cuda_runtime
-
-    include = Path(next(iter(nvidia.cuda_runtime.__path__))) / "include"
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    if compiler is None or not (include / "cuda.h").is_file():
-        raise SystemExit(f"driver_seam_cpu.py: needs a C compiler and cuda.h (nvidia-cuda-runtime); found {compiler}, {include}")
-    out = folder / "libcuda.so.1"
-    subprocess.run([compiler, "-shared", "-fPIC", "-O2", f"-I{include}", "-o", str(out), str(NATIVE), "-ldl"], check=True)
-    return out
 
 
 def loop_us(fn, calls: int) -> float:
@@ -91,6 +72,31 @@ def loop_us(fn, calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def generated_saxpy() -> tuple:
+    """example_pkg's saxpy, built with the real pipeline and run over the runtime's own seam on
+    this process's (fake) libcuda, with __cuda_array_interface__ arrays in its device memory;
+    checked once to launch what it should, then on its fast path."""
+    from _common import example_project, import_generated
+    from fake_libcuda import DEVICE_BASE, FakeLibcuda
+
+    kernels = import_generated(example_project(), Path(tempfile.mkdtemp()))
+    rt = kernels._runtime
+    rt.use_gpu(rt.CudaApi.libcuda("libcuda.so.1"))
+    saxpy = rt.Library.load(kernels._LIBRARY.directory).kernels["saxpy"]
+
+    class Array:
+        def __init__(self, ptr: int, n: int):
+            self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (ptr, False), "strides": None, "version": 3}
+
+    x, y = Array(DEVICE_BASE + 0x1000, 1024), Array(DEVICE_BASE + 0x9000, 1024)
+    fake = FakeLibcuda(Path(os.environ["HATCH_AUTOTUNE_FAKE_LIBCUDA"]) / "libcuda.so.1")
+    saxpy(2.0, x, y)
+    saxpy(3.0, x, y)
+    state = fake.state
+    assert saxpy.checked_calls == 1 and state.launches >= 2 and list(state.params[1:3]) == [DEVICE_BASE + 0x1000, DEVICE_BASE + 0x9000]
+    return saxpy, x, y
+
+
 def per_call(calls: int, repeats: int) -> dict[str, list[float]]:
     """µs per call of each contender, interleaved (this process loaded the fake libcuda)."""
     import numpy as np
@@ -98,8 +104,10 @@ def per_call(calls: int, repeats: int) -> dict[str, list[float]]:
 
     assert int(driver.cuInit(0)[0]) == 0
     lib = ctypes.CDLL("libcuda.so.1")
-    pointers = np.zeros(4, np.uint64)
-    params = int(pointers.__array_interface__["data"][0])
+    assert lib.cuCtxPushCurrent_v2(ctypes.c_void_p(0xC000)) == 0  # the fake launches in a current context
+    values = np.zeros(4, np.uint64)  # four 8-byte parameters, and the table of their addresses
+    pointers = np.array([values.ctypes.data + 8 * i for i in range(4)], np.uint64)
+    params = int(pointers.ctypes.data)
     head = (0x7F00_1234_5000, 4, 1, 1, 256, 1, 1, 0)  # function, grid, block, shared bytes
     stream = 0x1  # the legacy default stream's handle
     bindings_head = (driver.CUfunction(head[0]), *head[1:])
@@ -118,7 +126,9 @@ def per_call(calls: int, repeats: int) -> dict[str, list[float]]:
         get_context(where)
         return context.value
 
+    saxpy, x, y = generated_saxpy()
     contenders = {
+        "call: the generated saxpy over libcuda (fast path)": lambda: saxpy(2.0, x, y),
         "launch: cuda-bindings": lambda: bindings_launch(*bindings_head, stream, params, 0),
         "launch: ctypes, converted per call": lambda: converted(*head, stream, params, None),
         "launch: ctypes, arguments kept": lambda: raw(*kept),
@@ -140,7 +150,14 @@ def per_call(calls: int, repeats: int) -> dict[str, list[float]]:
 def imports(folder: Path, repeats: int) -> dict[str, list[float]]:
     """ms of each seam's import and start, in fresh interpreters, alternated."""
     env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(p for p in (str(folder), os.environ.get("LD_LIBRARY_PATH", "")) if p)}
-    scripts = {"cuda-bindings": IMPORT_BINDINGS, "ctypes": IMPORT_CTYPES.format(names=RUNTIME_FUNCTIONS)}
+    installed = folder / "libcuda_module" / "libcuda.py"  # byte-compiled, as pip installs a wheel
+    installed.parent.mkdir(exist_ok=True)
+    shutil.copyfile(ROOT / "hatch_autotune" / "runtime" / "libcuda.py", installed)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(installed.parent)], check=True)
+    scripts = {
+        "cuda-bindings": IMPORT_BINDINGS,
+        "ctypes": IMPORT_CTYPES.format(path=str(installed)),
+    }
     samples: dict[str, list[float]] = {name: [] for name in scripts}
     names = list(scripts)
     for rep in range(repeats):
@@ -158,8 +175,9 @@ def main() -> None:
     calls, repeats, import_repeats = (CALLS // 10, 5, 3) if opts.quick else (CALLS, REPEATS, IMPORT_REPEATS)
     given = os.environ.get("HATCH_AUTOTUNE_FAKE_LIBCUDA")
     if given is None:  # here: describe the machine (its real driver, if any), build, then run again over the fake
-        folder = Path(tempfile.mkdtemp(prefix="fake-libcuda-"))
-        build(folder)
+        from fake_libcuda import build
+
+        folder = build(Path(tempfile.mkdtemp(prefix="fake-libcuda-"))).parent
         env = {**os.environ, "HATCH_AUTOTUNE_FAKE_LIBCUDA": str(folder), "HATCH_AUTOTUNE_MACHINE": json.dumps(machine())}
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(folder), os.environ.get("LD_LIBRARY_PATH", "")) if p)
         raise SystemExit(
@@ -172,18 +190,43 @@ def main() -> None:
     med = {name: statistics.median(v) for name, v in calls_us.items()}
     payload = {
         "what": __doc__.strip().splitlines()[0],
-        "library": f"{NATIVE.name} built against nvidia-cuda-runtime's cuda.h",
+        "library": "tests/native/fake_libcuda.c built against nvidia-cuda-runtime's cuda.h",
         "calls_per_loop": calls,
         "repeats": repeats,
         "quick": opts.quick,
         "per_call_us": {name: {"median": m, "min": min(calls_us[name]), "max": max(calls_us[name])} for name, m in med.items()},
         "launch_ctypes_kept_over_bindings": med["launch: ctypes, arguments kept"] / med["launch: cuda-bindings"],
+        "generated_over_raw_bindings_launch": med["call: the generated saxpy over libcuda (fast path)"] / med["launch: cuda-bindings"],
         "context_ctypes_over_bindings": med["context: ctypes"] / med["context: cuda-bindings + int()"],
         "import_ms": {name: {"median": statistics.median(v), "min": min(v), "max": max(v)} for name, v in import_ms.items()},
         "samples": {"per_call_us": calls_us, "import_ms": import_ms},
         "machine": host,
     }
+    payload["table"] = table(payload)
     print(write_result("driver_seam_cpu.json", payload, opts.out).read_text())
+
+
+def table(payload: dict) -> str:
+    """The markdown table docs/drivers.md shows (its docs hook checks it against this file)."""
+    calls, imports = payload["per_call_us"], payload["import_ms"]
+
+    def row(label: str, stats: dict, unit: str) -> str:
+        digits = 2 if unit == "µs" else 1
+        return f"| {label} | {stats['median']:.{digits}f} {unit} | {stats['min']:.{digits}f}-{stats['max']:.{digits}f} {unit} |"
+
+    rows = [
+        "| on the development VM, over a libcuda without a GPU (it records its arguments) | median | range |",
+        "|---|---|---|",
+        row("import and start: `cuda.bindings.driver`, cuInit", imports["cuda-bindings"], "ms"),
+        row("import and start: the runtime's `libcuda.py` (ctypes), cuInit", imports["ctypes"], "ms"),
+        row("cuLaunchKernel through cuda-bindings", calls["launch: cuda-bindings"], "µs"),
+        row("cuLaunchKernel through ctypes, arguments kept (the runtime's fast path)", calls["launch: ctypes, arguments kept"], "µs"),
+        row("cuLaunchKernel through ctypes, arguments converted per call", calls["launch: ctypes, converted per call"], "µs"),
+        row("cuCtxGetCurrent and int(): cuda-bindings", calls["context: cuda-bindings + int()"], "µs"),
+        row("cuCtxGetCurrent through ctypes (the runtime's)", calls["context: ctypes"], "µs"),
+        row("example_pkg's saxpy, fast path, over the runtime's seam", calls["call: the generated saxpy over libcuda (fast path)"], "µs"),
+    ]
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,10 @@ then the first `kernels.saxpy(a, x, y)` and, for scale, the second call. Each re
 fresh interpreters, interleaved (drift hits all alike), and the medians are reported with every
 sample. In ours, the import comes first and is timed alone; then the array library is imported
 and the arrays made and synchronised, so that CUDA's own start (context creation) is outside
-every timed region, as the library's import is; then `cuda.bindings.driver` is imported, timed
-alone (the runtime imports it at the first call; `driver_imported_by_array_library` says whether
-the array library had already done so). The first call runs over a driver that times three of
-its functions, installed through the runtime's seam (`use_gpu`, before the first call), so the
+every timed region, as the library's import is; then the runtime's driver seam is made, timed
+alone (`driver_import_ms`: libcuda's functions declared through ctypes, runtime/libcuda.py, what
+the first call does first; it was `import cuda.bindings.driver`, 18.5 ms on the H200, before
+issue #54). The first call runs over a driver that times three of its functions, installed through the runtime's seam (`use_gpu`, before the first call), so the
 call is split into:
   module_load_ms            cuModuleLoadData + cuModuleGetFunction (with CUDA's lazy loading,
                             part of a load may land in the launch)
@@ -18,10 +18,10 @@ call is split into:
                             driver's start, argument checks, selection, reading and hashing the
                             cubin, the plan)
   first_call_ms             the call and its synchronisation
-  first_call_with_driver_import_ms   first_call_ms plus the driver's import where the array
-                            library had not imported it: what a program waits for
+  first_call_with_driver_import_ms   first_call_ms plus the driver seam's making: what a
+                            program waits for
 Also: `cuda_core_imported` (whether cuda.core is imported after the first call: must be False,
-the call path needs cuda.bindings only; `cuda_core_imported_by_first_call` tells it from an
+the call path needs ctypes only; `cuda_core_imported_by_first_call` tells it from an
 array library that imports it itself), `modules_imported_by_first_call` (the new sys.modules
 entries, to two dotted components), and whether importing the kernels loaded any CUDA module or
 libcuda (`cuda_loaded_at_import`).
@@ -85,9 +85,10 @@ else:
     x, y = cp.ones(n, cp.float32), cp.ones(n, cp.float32)
     sync = cp.cuda.Device().synchronize
 sync()  # the context exists before the first call, as in any GPU program
-driver_imported_by_array_library = "cuda.bindings.driver" in sys.modules
+driver_imported_by_array_library = False  # the runtime's own seam (libcuda through ctypes): no library loads it for us
+rt = kernels._runtime
 t2 = time.perf_counter()
-from cuda.bindings import driver
+real = rt.CudaApi.libcuda()  # what the first call does first: libcuda's functions declared through ctypes
 t3 = time.perf_counter()
 
 
@@ -118,8 +119,6 @@ class TimingDriver:
         return getattr(self._real, name)
 
 
-rt = kernels._runtime
-real = rt.CudaApi.load()
 timing = TimingDriver(real.driver)
 rt.use_gpu(real.replace(driver=timing))
 before = set(sys.modules)

@@ -25,7 +25,8 @@ is written after every step, so a run cut short still says how far it got):
               arch (example_pkg on an H200: 30 sm_90 entries tuned, 30 sm_80 on the default
               config), and write those 30 entries into the copy's lock file
   venv        the wheel installed into a fresh `venv --without-pip` from HOUSE: only its
-              run-time dependencies (no hatch-autotune, hatchling or jinja2 there)
+              run-time dependencies (numpy; no hatch-autotune, hatchling or jinja2 there),
+              then cuda-bindings for the calls script's memory (HARNESS: not the wheel's)
   calls       in that venv, every kernel called on GPU memory from cuda.bindings' cuMemAlloc
               (shown through __cuda_array_interface__) at odd sizes, checked against NumPy in
               float64, each selection tuned
@@ -68,6 +69,7 @@ from packaging.version import InvalidVersion, Version
 
 SCHEMA = 1
 STEPS = ("gpu", "plugin", "wheelhouse", "build", "venv", "calls")
+HARNESS = "cuda-bindings"  # in the fresh venv beside the wheel: the calls script's GPU memory (the wheel needs numpy alone)
 # Not in the venv that has only example_pkg's run-time dependencies (distribution names).
 BUILD_ONLY = ("hatch-autotune", "hatchling", "jinja2")
 SUMMARY_RE = re.compile(r"(\d+) entr(?:y|ies): (\d+) tuned, (\d+) on the default config(?:, (\d+) on a fallback)?")
@@ -599,6 +601,9 @@ def install_venv(venv: Path, house: Path, wheel: Path, timeout: float) -> dict[s
         )
         install += ["--target", site.strip()]
     run([*install, str(wheel)], env=env, timeout=timeout, what="pip install of the wheel into the fresh venv", stream=True)
+    # the calls script's own GPU memory comes from cuda-bindings, which the wheel does not need (its
+    # runtime calls libcuda through ctypes): installed after the wheel, for the script alone
+    run([*install, HARNESS], env=env, timeout=timeout, what="pip install of the calls script's cuda-bindings", stream=True)
     # -I: neither the current directory (gpu_check runs in the checkout, which holds hatch_autotune/)
     # nor PYTHON* variables on the venv's path; it sees what is installed in it and nothing else.
     listing = json.loads(run([str(py), "-I", "-c", LIST_SCRIPT], env=env, timeout=60, what="listing the venv", cwd=venv).splitlines()[-1])
@@ -610,7 +615,7 @@ def install_venv(venv: Path, house: Path, wheel: Path, timeout: float) -> dict[s
         )
     if "example-pkg" not in canon or not listing["importable"]["example_pkg"]:
         raise CheckError(f"example_pkg is not installed in {venv}: {listing['packages']}")
-    return {"packages": listing["packages"], "pip_install": "--python" if modern else "--target"}
+    return {"packages": listing["packages"], "pip_install": "--python" if modern else "--target", "harness": HARNESS}
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ CUDA 12 headers of the `-cu12` distributions. The wheel is installed into two fr
 that environment's real cuda-bindings enums and structs) reporting CUDA 12.4, 12.8 and 13.0: the
 cubin that each driver loads runs, its launch decodes to the right values (an emulated saxpy's
 output is checked), and each case that cannot run (cuda-bindings 13 on a CUDA 12 driver; NVRTC
-13's cubins on a CUDA 12 driver) is one clear error. Only the driver is a stand-in.
+13's cubins on a CUDA 12 driver) is one clear error. Only the driver is a stand-in. The same
+wheel, in a venv without cuda-python, runs over the runtime's own seam, libcuda through ctypes,
+against a libcuda built from cuda.h (tests/native/fake_libcuda.c) that reports each version.
 """
 
 from __future__ import annotations
@@ -86,6 +88,78 @@ print(json.dumps(out))
 """
 
 
+# Run in a fresh venv without cuda-python: example_pkg's saxpy over the fake libcuda
+# (tests/native/fake_libcuda.c, through the runtime's own ctypes seam) at each driver version, as JSON.
+CHECK_LIBCUDA = """
+import ctypes, importlib.util, json, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from fake_libcuda import DEVICE_BASE, FakeLibcuda
+import example_pkg.kernels as kernels
+
+rt = kernels._runtime
+fake = FakeLibcuda(Path({library!r}))
+
+class Array:
+    def __init__(self, ptr, n):
+        self.__cuda_array_interface__ = {{"shape": (n,), "typestr": "<f4", "data": (ptr, False), "strides": None, "version": 3}}
+
+out = {{"cuda_installed": importlib.util.find_spec("cuda") is not None}}
+for version in {drivers!r}:
+    state = fake.reset(version=version)
+    rt.use_gpu(rt.CudaApi.libcuda({library!r}))
+    assert fake.lib.cuCtxPushCurrent_v2(ctypes.c_void_p(0xC000)) == 0  # the device's primary context, current
+    library = rt.Library.load(kernels._LIBRARY.directory)
+    try:
+        for a in (2.0, 3.0):  # the checked call, then the fast one
+            library.kernels["saxpy"](a, Array(DEVICE_BASE + 0x1000, 1001), Array(DEVICE_BASE + 0x9000, 1001))
+        row = {{"elf": [state.image_head[7], state.image_head[8]], "launches": state.launches, "params": list(state.params[1:3]),
+                "n": state.params[3] & 0xFFFFFFFF}}
+    except Exception as exc:
+        row = {{"error": type(exc).__name__, "message": str(exc), "loads": state.loads, "launches": state.launches}}
+    out[str(version)] = row
+out["cuda_python_imported"] = sorted(m for m in sys.modules if m == "cuda" or m.startswith("cuda."))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_libcuda(tmp_path_factory) -> Path:
+    from fake_libcuda import build as build_fake
+
+    return build_fake(tmp_path_factory.mktemp("fake-libcuda"))
+
+
+def check_over_libcuda(py: Path, cwd: Path, library: Path, site: Path | None = None) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(site)} if site else {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = run([str(py), "-c", CHECK_LIBCUDA.format(tests=str(TESTS), drivers=DRIVERS, library=str(library))], cwd=cwd, env=env)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_without_cuda_python_every_cuda_12_and_13_driver_runs_the_cuda_12_wheel(cu12_wheel, fake_libcuda, tmp_path):
+    """The wheel installed alone (pip brings numpy, nothing of cuda-python), called over a libcuda
+    built against cuda.h that reports CUDA 12.4, 12.8 and 13.0 and refuses, as a CUDA 12 driver
+    does, the ELF ABI 8 of NVRTC 13's cubins: each loads the NVRTC 12 cubin and launches it,
+    checked then fast, with the call's pointers and size; cuda-python is neither there nor imported."""
+    py = venv_with(tmp_path / "venv", str(cu12_wheel[0]))
+    out = check_over_libcuda(py, tmp_path, fake_libcuda)
+    assert out["cuda_installed"] is False and out["cuda_python_imported"] == []
+    for version in map(str, DRIVERS):
+        assert out[version] == {"elf": [0x33, 7], "launches": 2, "params": [0x7000_0000_1000, 0x7000_0000_9000], "n": 1001}, out[version]
+
+
+def test_over_libcuda_nvrtc_13_binaries_on_a_cuda_12_driver_are_one_clear_error(cu13_site, fake_libcuda, tmp_path):
+    """example_pkg as it ships (NVRTC 13) over the same libcuda: a CUDA 12 driver gets one
+    DriverTooOldError before anything is loaded; CUDA 13.0 loads the ABI 8 cubin and runs it."""
+    py = venv_with(tmp_path / "venv", "numpy>=1.24")
+    out = check_over_libcuda(py, tmp_path, fake_libcuda, site=cu13_site)
+    for version in ("12040", "12080"):
+        row = out[version]
+        assert row["error"] == "DriverTooOldError" and row["loads"] == 0 and row["launches"] == 0, row
+        assert 'min-cuda = "12"' in row["message"] and "update the NVIDIA driver to CUDA 13.0 (driver R580 or newer)" in row["message"]
+    assert out["13000"]["elf"] == [0x41, 8] and out["13000"]["launches"] == 2
+
+
 @pytest.fixture(scope="module")
 def cu13_site(session_cache, tmp_path_factory) -> Path:
     """The same kernels as example_pkg ships them (NVRTC 13), for sm_90, as an importable site."""
@@ -138,10 +212,10 @@ def test_a_cuda_12_floor_ships_nvrtc_12_binaries_with_their_driver_floors(cu12_w
     cubins = [b for n, b in binaries.items() if n.endswith(".cubin")]
     assert cubins and all(elf_abi(b) == (0x33, 7) for b in cubins)  # NVRTC 12's ELF ABI, which CUDA 12 drivers load
     assert all(b".version 8.8" in b for n, b in binaries.items() if n.endswith(".ptx"))
-    # the hook declares what the generated module imports: either major's bindings, never cuda-core
+    # the hook declares what the generated module imports: numpy; the driver through ctypes, no cuda-python
     requires = sorted(line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:"))
-    assert [r for r in requires if "extra ==" not in r] == ["cuda-bindings>=12.8,<14", "numpy>=1.24"]
-    assert "cuda-core" not in metadata
+    assert [r for r in requires if "extra ==" not in r] == ["numpy>=1.24"]
+    assert "cuda-core" not in metadata and "cuda-bindings" not in metadata
     shown = run([sys.executable, "-m", "hatch_autotune", "show", str(wheel)]).stdout
     assert "the driver each binary needs (a call skips those the driver cannot load): compute_90: CUDA 12.9+, sm_90: CUDA 12.0+" in shown
 
@@ -175,7 +249,7 @@ def test_with_cuda_bindings_12_every_cuda_12_and_13_driver_runs_the_cuda_12_whee
 
 
 def test_with_cuda_bindings_13_a_cuda_12_driver_is_told_which_bindings_serve_it(cu12_wheel, tmp_path):
-    py = venv_with(tmp_path / "venv13", str(cu12_wheel[0]))  # what pip resolves by default: cuda-bindings 13
+    py = venv_with(tmp_path / "venv13", str(cu12_wheel[0]), "cuda-bindings>=13,<14")  # the tuning worker's bindings
     out = check_in(py, tmp_path)
     assert out["bindings"].startswith("13.")
     for version, words in (("12040", "12.4"), ("12080", "12.8")):
@@ -224,17 +298,15 @@ def test_the_stand_in_plays_a_cuda_12_driver_refusing_nvrtc_13_cubins(cu12_wheel
 
 
 @pytest.mark.parametrize(
-    "declared,min_cuda,added,warned",
+    "declared,added,warned",
     [
-        ([], 12, ["numpy>=1.24", "cuda-bindings>=12.8,<14"], []),
-        ([], 13, ["numpy>=1.24", "cuda-bindings>=13,<14"], []),
-        (["numpy>=2"], 13, ["cuda-bindings>=13,<14"], []),  # the author's own range rules
-        (["cuda-bindings>=12.8,<14"], 13, ["numpy>=1.24"], []),  # allows 13: fine for a CUDA 13 wheel
-        (["cuda_bindings>=13,<14"], 12, ["numpy>=1.24"], ["leaves out the cuda-bindings 12"]),  # shuts CUDA 12 users out
-        (["cuda-core>=1.0"], 13, ["numpy>=1.24", "cuda-bindings>=13,<14"], ["the generated module never imports cuda-core"]),
+        ([], ["numpy>=1.24"], []),
+        (["numpy>=2"], [], []),  # the author's own range rules
+        (["cuda_bindings>=13,<14"], ["numpy>=1.24"], ["never imports cuda-bindings"]),
+        (["cuda-core>=1.0", "numpy"], [], ["never imports cuda-core"]),
     ],
 )
-def test_the_hook_adds_the_run_time_dependencies_the_project_does_not_name(declared, min_cuda, added, warned):
+def test_the_hook_adds_the_run_time_dependencies_the_project_does_not_name(declared, added, warned):
     from types import SimpleNamespace
 
     from hatch_autotune.hatch.plugin import AutotuneBuildHook
@@ -242,7 +314,7 @@ def test_the_hook_adds_the_run_time_dependencies_the_project_does_not_name(decla
 
     said: list[str] = []
     hook = SimpleNamespace(metadata=SimpleNamespace(core=SimpleNamespace(dependencies=declared)), _say=said.append)
-    assert AutotuneBuildHook._runtime_dependencies(hook, runtime_requirements(min_cuda), min_cuda) == added
+    assert AutotuneBuildHook._runtime_dependencies(hook, runtime_requirements()) == added
     assert len(said) == len(warned) and all(w in s and s.startswith("warning: ") for w, s in zip(warned, said))
 
 

@@ -434,6 +434,6 @@ def test_isolated_build_from_a_repacked_wheelhouse_then_a_runtime_only_venv(tmp_
         "numpy",
         "cuda-bindings",
         "cuda-pathfinder",
-    }  # no cuda-core: the call path never imports it
+    }  # cuda-bindings (and its cuda-pathfinder) for the calls script's memory only; no cuda-core
     with pytest.raises(wc.CheckError, match="kernel calls in the fresh venv failed"):
         wc.run_calls(venv, tmp_path, 120)

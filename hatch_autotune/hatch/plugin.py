@@ -70,7 +70,7 @@ class AutotuneBuildHook(BuildHookInterface[BuilderConfig]):
         except BuildError as exc:  # the tuner's errors come without the prefix the build's have
             raise SystemExit(f"hatch-autotune: {str(exc).removeprefix('hatch-autotune: ')}") from None
 
-        build_data["dependencies"].extend(self._runtime_dependencies(runtime_requirements(project.min_cuda), project.min_cuda))
+        build_data["dependencies"].extend(self._runtime_dependencies(runtime_requirements()))
         relpath = module_relpath(project.module)
         if version == "editable":
             target = self._editable_dir(root, relpath)
@@ -94,32 +94,21 @@ class AutotuneBuildHook(BuildHookInterface[BuilderConfig]):
         build_data["tag"] = project.wheel_tag or "py3-none-any"
         self._say(f"hatch-autotune: packed {project.module} ({len(result.kernels)} kernel(s), archs {', '.join(result.archs)})")
 
-    def _runtime_dependencies(self, needed: list[str], min_cuda: int) -> list[str]:
-        """What the wheel's Requires-Dist gains: each of `needed` (numpy, cuda-bindings) that
-        [project].dependencies does not name itself (the author's own range then rules), with a
-        warning where that range shuts out the bindings `min-cuda` serves, or where cuda-core is
-        declared, which the generated module never imports."""
+    def _runtime_dependencies(self, needed: list[str]) -> list[str]:
+        """What the wheel's Requires-Dist gains: each of `needed` (numpy) that [project].dependencies
+        does not name itself (the author's own range then rules), with a warning where cuda-core or
+        cuda-bindings is declared, which the generated module never imports."""
         from packaging.requirements import Requirement
         from packaging.utils import canonicalize_name
 
         declared: dict[str, Requirement] = {canonicalize_name(r.name): r for r in map(Requirement, self.metadata.core.dependencies)}
-        if "cuda-core" in declared:
-            self._say(
-                f"warning: [project].dependencies lists {str(declared['cuda-core'])!r}: the generated module never imports cuda-core "
-                "(it launches through cuda-bindings, which the hook adds to the wheel's dependencies); drop it unless your code imports it"
-            )
-        added = []
-        for text in needed:
-            want = Requirement(text)
-            own = declared.get(canonicalize_name(want.name))
-            if own is None:
-                added.append(text)
-            elif want.name == "cuda-bindings" and not own.specifier.contains(f"{min_cuda}.9", prereleases=True):
+        for name in ("cuda-bindings", "cuda-core"):
+            if name in declared:
                 self._say(
-                    f"warning: [project].dependencies asks {str(own)!r}, which leaves out the cuda-bindings {min_cuda} that the drivers "
-                    f'`min-cuda = "{min_cuda}"` serves need ({text}); leave cuda-bindings out (the hook adds {text})'
+                    f"warning: [project].dependencies lists {str(declared[name])!r}: the generated module never imports {name} "
+                    "(it calls the CUDA driver, libcuda, through ctypes); drop it unless your code imports it"
                 )
-        return added
+        return [text for text in needed if canonicalize_name(Requirement(text).name) not in declared]
 
     @staticmethod
     def _write_in_tree(target: Path, project: ProjectSpec, result: BuildResult) -> None:

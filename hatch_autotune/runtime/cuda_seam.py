@@ -1,8 +1,10 @@
 """The CUDA seam (GPU only). Every CUDA call of the runtime, and of the tuning worker, goes
 through one `CudaApi`; every driver result goes through `check_cuda`; all that the runtime
 learns from the driver lives in one `GpuState`. The seam for tests is `use_gpu(api)`: it puts
-a stand-in driver under the real call path, from a clean state. cuda-python is imported at the
-first launch or device query, never at import."""
+a stand-in driver under the real call path, from a clean state. The runtime's own driver is
+libcuda through ctypes (libcuda.py), loaded at the first launch or device query, never at
+import; code beyond the call path (the tuning worker: memory, streams, events) calls
+cuda-bindings and cuda-core (`CudaApi.load`, `cuda_api`)."""
 
 from __future__ import annotations
 
@@ -89,8 +91,16 @@ class CudaApi:
         return core[name]
 
     @classmethod
+    def libcuda(cls, path: str | None = None) -> CudaApi:
+        """The runtime's own driver: libcuda through ctypes (OSError where there is none)."""
+        from .libcuda import LIBRARY, LibCuda
+
+        return cls(LibCuda(path or LIBRARY))
+
+    @classmethod
     def load(cls, driver: Any = None) -> CudaApi:
-        """The real driver bindings; cuda.core's names come at their first use."""
+        """The real driver bindings (cuda-bindings), for code beyond the call path that needs
+        more of CUDA than libcuda.py declares; cuda.core's names come at their first use."""
         if driver is None:
             from cuda.bindings import driver as bindings_driver
 
@@ -135,7 +145,10 @@ class GpuState:
     driver: Any
 
     def __init__(self, api: CudaApi | None = None):
-        self._given = api  # None: the real cuda-bindings and cuda-core, imported at the first launch
+        self._given = api  # None: libcuda through ctypes (CudaApi.libcuda), loaded at the first launch
+        # how the fast path launches over this state's driver (fastcall.py): "ctypes" (libcuda.py's
+        # kept-argument entry points) or "tuple" (a driver shaped as cuda-bindings': the stand-in, cuda-bindings)
+        self.kind = "ctypes" if api is None else getattr(api.driver, "kind", "tuple")
         self.api: CudaApi | None = None  # set once the driver has started
         self.single_device: int | None = None  # the one device's ordinal; None with several
         self.driver_version = (0, 0)
@@ -161,15 +174,11 @@ class GpuState:
             if self.api is not None:
                 return self.api
             try:
-                if self._given is not None:
-                    driver = self._given.driver
-                else:
-                    from cuda.bindings import driver as bindings_driver
-
-                    driver = bindings_driver
+                api = self._given if self._given is not None else CudaApi.libcuda()
+                driver = api.driver
                 (err,) = driver.cuInit(0)
-            except Exception as exc:  # cuda.pathfinder's DynamicLibNotFoundError when libcuda is absent
-                bindings = installed_bindings() if self._given is None else self._given.bindings
+            except Exception as exc:  # OSError without libcuda; cuda.pathfinder's DynamicLibNotFoundError under cuda-bindings
+                bindings = None if self._given is None else self._given.bindings
                 also = (
                     f" (cuda-bindings {bindings[0]}.{bindings[1]} is installed, which needs a CUDA {bindings[0]} driver)"
                     if bindings
@@ -182,7 +191,6 @@ class GpuState:
             if count < 1:
                 raise NoDriverError(f"the CUDA driver sees no device; {_NO_DRIVER_HINT}")
             version = check_cuda(driver.cuDriverGetVersion(), "cuDriverGetVersion")
-            api = self._given if self._given is not None else CudaApi.load(driver)
             driver_version = (version // 1000, (version % 1000) // 10)
             refusal = api.bindings and bindings_refusal(api.bindings, driver_version)
             if refusal:
@@ -372,8 +380,13 @@ def use_gpu(api: CudaApi | None = None) -> GpuState:
 
 def cuda_api() -> CudaApi:
     """The started CUDA API of this process (the one `use_gpu` set), for code outside the
-    runtime that calls CUDA, such as the tuning worker; NoDriverError without a driver."""
-    return current.start()
+    runtime that calls CUDA, such as the tuning worker; NoDriverError without a driver. Where
+    none was set, cuda-bindings (CudaApi.load): that code needs more of CUDA (memory, streams,
+    events) than the runtime's own ctypes driver declares."""
+    gpu = current
+    if gpu.kind == "ctypes":
+        gpu = use_gpu(CudaApi.load())
+    return gpu.start()
 
 
 def current_device() -> tuple[tuple[int, int], tuple[int, int]]:

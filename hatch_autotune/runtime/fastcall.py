@@ -26,17 +26,17 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
     from collections.abc import Callable
     from typing import Any
 
-
     FastCall = Callable[..., None]
 
 _NO_CONSTANTS: dict[str, Any] = {}  # a call without constants (never written to)
-_COMPILED: dict[tuple[tuple[int, ...], tuple[bool, ...]], Any] = {}  # argument kinds -> the code of `make`
+_COMPILED: dict[tuple[tuple[int, ...], tuple[bool, ...], str], Any] = {}  # argument kinds -> the code of `make`
 
 _HEAD = """\
-def make(launcher, seam, codes_get, reader_of, CUPY, TORCH, LEGACY, PACK_ERRORS, NO_CONSTANTS):
+def make(launcher, seam, state, codes_get, reader_of, CUPY, TORCH, LEGACY, PACK_ERRORS, NO_CONSTANTS, kept_pointer):
     fast_get = launcher._fast.get
     checked = launcher._call_checked
     multi_gpu_device = launcher._multi_gpu_device
+    remake = launcher._remake
     checks = launcher.checks
     take_constants, bind = checks.take_constants, checks.bind
     name = launcher.name
@@ -44,6 +44,9 @@ def make(launcher, seam, codes_get, reader_of, CUPY, TORCH, LEGACY, PACK_ERRORS,
 
     def call(self, *args, stream=None, **kwargs):
         nonlocal last
+        gpu = seam.current
+        if gpu is not state:  # made for another driver state (use_gpu since): made again for this one
+            return remake(args, stream, kwargs)
         constants, ckey = NO_CONSTANTS, None
         if kwargs:
             constants = take_constants(kwargs)
@@ -92,7 +95,6 @@ _ARRAY = """\
 """
 
 _TAIL = """\
-        gpu = seam.current
         if gpu.api is None:  # the first call in this process: checks first, then the driver
             return checked(list(args), stream, ({sig},), constants)
         single = gpu.single_device
@@ -135,7 +137,19 @@ _TAIL = """\
         if plan.special:  # a cluster (cuLaunchKernelEx) or tensor maps (encoded per pointer): the plan launches
             plan.launch(gpu, device, handle, params, ({value_items}))
         else:
-            driver = gpu.driver  # the launch, as GpuState.launch does it, inline
+{launch}        plan.give(params)  # not after a failed launch: a later call makes a fresh one
+        return None
+
+    return call
+"""
+
+
+# The launch, as GpuState.launch does it, inline, per kind of driver (GpuState.kind): where the
+# calling thread's current context is not the device's primary one, GpuState.launch pushes it.
+_LAUNCH = {
+    # a driver shaped as cuda-bindings' (the stand-in; cuda-bindings): results are tuples
+    "tuple": """\
+            driver = gpu.driver
             err, current = driver.cuCtxGetCurrent()
             if err or int(current) != plan.context:
                 gpu.launch(device, plan.head, handle, params.address, name)  # the caller's context is another
@@ -143,17 +157,28 @@ _TAIL = """\
                 result = driver.cuLaunchKernel(*plan.head, handle, params.address, 0)
                 if result[0]:
                     gpu.raise_launch_error(result[0], name)
-        plan.give(params)  # not after a failed launch: a later call makes a fresh one
-        return None
+""",
+    # libcuda through ctypes (libcuda.py): the raw functions, with arguments kept as ctypes
+    # objects by the plan (its head) and by the buffer (its address, the context's answer, the
+    # last stream), which this call holds alone
+    "ctypes": """\
+            driver = gpu.driver
+            if driver.context_now(params.context_ref) or params.context_out.value != plan.context:
+                gpu.launch(device, plan.head, handle, params.address, name)  # the caller's context is another
+            else:
+                if handle != params.stream_value:
+                    params.stream_value, params.kept_stream = handle, kept_pointer(handle)
+                err = driver.launch(*plan.kept, params.kept_stream, params.kept_address, None)
+                if err:
+                    gpu.raise_launch_error(driver.result(err), name)
+""",
+}
 
-    return call
-"""
 
-
-def source(kinds: tuple[int, ...], optional: tuple[bool, ...]) -> str:
+def source(kinds: tuple[int, ...], optional: tuple[bool, ...], driver: str = "tuple") -> str:
     """The text of `make(launcher, ...)` for arguments taken as `kinds` (an array's alignment
     in bytes, 1 or more; 0 a scalar; -1 a key scalar, whose value picks the bucket), `optional`
-    saying which arrays may be passed as None (a null pointer)."""
+    saying which arrays may be passed as None (a null pointer); `driver` the driver's kind (_LAUNCH)."""
     n = len(kinds)
     unpack = f"{', '.join(f'a{i}' for i in range(n))}, = args" if n else "pass"
     parts = [_HEAD.format(n=n, unpack=unpack)]
@@ -181,9 +206,17 @@ def source(kinds: tuple[int, ...], optional: tuple[bool, ...]) -> str:
             pointers="".join(f"{p}, " for p in pointers),
             values=", ".join(values),
             value_items="".join(f"{v}, " for v in values),
+            launch=_LAUNCH[driver],
         )
     )
     return "".join(parts)
+
+
+def _kept_pointer(value: int) -> Any:
+    """A stream handle as the ctypes object the raw cuLaunchKernel takes (libcuda.py)."""
+    from ctypes import c_void_p
+
+    return c_void_p(value)
 
 
 def fast_call(launcher: Any, text: str | None = None) -> FastCall:
@@ -192,12 +225,15 @@ def fast_call(launcher: Any, text: str | None = None) -> FastCall:
     **kwargs)`, the `__call__` of the launcher's own class (Launcher.__call__). `text`: a
     variant of its source to compile instead (benchmarks/launch_path_cpu.py times the call cut
     after each `# step:` line)."""
-    shape = (launcher._user_kinds, launcher._optional)
+    shape = (launcher._user_kinds, launcher._optional, cuda_seam.current.kind)  # the driver state's kind: the one it serves
     code = _COMPILED.get(shape) if text is None else compile(text, "<hatch-autotune fast call, variant>", "exec")
     if code is None:
         code = _COMPILED[shape] = compile(source(*shape), "<hatch-autotune fast call>", "exec")
     namespace: dict[str, Any] = {}
     exec(code, namespace)  # our own template's text (numbers and our names only), not data
     make = namespace["make"]
-    call: FastCall = make(launcher, cuda_seam, _CODES.get, array_reader, CUPY, TORCH, CU_STREAM_LEGACY, PACK_ERRORS, _NO_CONSTANTS)
+    state = cuda_seam.current  # the driver state it serves (a call over another makes it again)
+    call: FastCall = make(
+        launcher, cuda_seam, state, _CODES.get, array_reader, CUPY, TORCH, CU_STREAM_LEGACY, PACK_ERRORS, _NO_CONSTANTS, _kept_pointer
+    )
     return call

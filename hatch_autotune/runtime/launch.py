@@ -109,6 +109,11 @@ class Launcher:
         self.__class__ = type(plain.__name__, (plain,), namespace)
         return call(self, *args, stream=stream, **kwargs)
 
+    def _remake(self, args: tuple[Any, ...], stream: Any, kwargs: dict[str, Any]) -> None:
+        """A call that found its generated code made over another driver state: made again."""
+        self.__class__ = self._plain_class
+        return self(*args, stream=stream, **kwargs)
+
     def _multi_gpu_device(self, gpu: GpuState, arrays: Sequence[Any], ptrs: Sequence[Any], device: int | None) -> int | None:
         """With several GPUs, the device of a call's arrays: the one the driver says the arrays
         that do not tell (not CuPy's, not PyTorch's) are on, which must be `device` (what the

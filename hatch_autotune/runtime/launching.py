@@ -229,7 +229,7 @@ class FastPlan:
 
     __slots__ = (
         "params", "take", "give", "head", "empty", "stream", "stream_ref", "context", "converts", "kernel",
-        "cluster", "maps", "special", "_driver",
+        "cluster", "maps", "special", "_driver", "kept",
     )  # fmt: skip
 
     def __init__(self, launcher: Launcher, call: PreparedCall, head: PlanHead | None, stream: int | None, stream_ref: Any, context: int):
@@ -262,6 +262,8 @@ class FastPlan:
         self.head, self.empty = head.args if head is not None else (), head is None
         self.cluster = head.cluster if head is not None else None
         self._driver = head.gpu.driver if head is not None else None
+        # a driver through ctypes (libcuda.py): the head as the ctypes objects its raw cuLaunchKernel takes
+        self.kept = head.gpu.driver.keep_head(self.head) if head is not None and head.gpu.kind == "ctypes" else None
         self.params = self.fresh(ParamBuffer(layout))
         maps = []
         if head is not None:
@@ -293,6 +295,12 @@ class FastPlan:
             params.pack = _converting_pack(params.pack, self.converts, self.kernel)
         if self.cluster is not None:
             params.launch_config = ExConfig(self._driver, self.head, self.cluster)
+        if self.kept is not None:
+            from ctypes import byref, c_void_p
+
+            params.kept_address = c_void_p(params.address)
+            params.context_out = c_void_p()
+            params.context_ref = byref(params.context_out)
         return params
 
     def pack_exact(self, params: ParamBuffer, call: PreparedCall, slots: Sequence[int]) -> list[Any]:

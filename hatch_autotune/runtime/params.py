@@ -46,7 +46,10 @@ class ParamBuffer:
     launch at a time (launching.FastPlan hands them out); `launch_config` is the plan's
     CUlaunchConfig of this buffer (a cluster launch), None otherwise."""
 
-    __slots__ = ("convert", "exact", "pack", "storage", "address", "map_offsets", "launch_config", "_layout", "_keep")
+    __slots__ = (
+        "convert", "exact", "pack", "storage", "address", "map_offsets", "launch_config", "_layout", "_keep",
+        "kept_address", "context_out", "context_ref", "stream_value", "kept_stream",
+    )  # fmt: skip
 
     def __init__(self, layout: Sequence[tuple[str, int | None, Any]]):
         """`layout`: per C parameter in the kernel's order, (dtype, POINTER or TENSOR_MAP; the
@@ -55,6 +58,13 @@ class ParamBuffer:
 
         self._layout = tuple(layout)
         self.launch_config: Any = None
+        # for a driver through ctypes (libcuda.py; set by launching.FastPlan.fresh): the address,
+        # the current context's answer and the last stream as the ctypes objects its raw calls take
+        self.kept_address: Any = None
+        self.context_out: Any = None
+        self.context_ref: Any = None
+        self.stream_value: int | None = None
+        self.kept_stream: Any = None
         user = sorted((index, dtype, c) for c, (dtype, index, _) in enumerate(layout) if index is not None)
         fixed = [(dtype, value, c) for c, (dtype, index, value) in enumerate(layout) if index is None and dtype != TENSOR_MAP]
         maps = [c for c, (dtype, index, _) in enumerate(layout) if index is None and dtype == TENSOR_MAP]

@@ -27,13 +27,11 @@ RUNTIME_PACKAGE = Path(__file__).resolve().parent.parent / "runtime"
 RUNTIME_DIR = "_runtime"  # the vendored runtime's name inside the generated package
 
 
-def runtime_requirements(min_cuda: int) -> list[str]:
+def runtime_requirements() -> list[str]:
     """What the generated module needs at run time, added to the wheel's Requires-Dist by the
-    hook: NumPy, and the driver bindings of every major whose drivers load the wheel's binaries
-    (`min-cuda = "12"`: cuda-bindings 12 or 13, the user's driver decides; 13: cuda-bindings 13,
-    which needs R580). Not cuda-core: the call path launches through cuda-bindings alone."""
-    bindings = "cuda-bindings>=12.8,<14" if min_cuda == 12 else "cuda-bindings>=13,<14"
-    return ["numpy>=1.24", bindings]
+    hook: NumPy. Not cuda-bindings nor cuda-core: the runtime calls libcuda through ctypes
+    (runtime/libcuda.py), whichever driver major a user has."""
+    return ["numpy>=1.24"]
 
 
 def runtime_files() -> dict[str, bytes]:
