@@ -136,22 +136,18 @@ def check_over_libcuda(py: Path, cwd: Path, library: Path, site: Path | None = N
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_without_cuda_python_every_cuda_12_and_13_driver_runs_the_cuda_12_wheel(cu12_wheel, fake_libcuda, tmp_path):
-    """The wheel installed alone (pip brings numpy, nothing of cuda-python), called over a libcuda
-    built against cuda.h that reports CUDA 12.4, 12.8 and 13.0 and refuses, as a CUDA 12 driver
-    does, the ELF ABI 8 of NVRTC 13's cubins: each loads the NVRTC 12 cubin and launches it,
-    checked then fast, with the call's pointers and size; cuda-python is neither there nor imported."""
+def test_without_cuda_python_each_driver_runs_what_it_loads_over_libcuda(cu12_wheel, cu13_site, fake_libcuda, tmp_path):
+    """The CUDA 12 wheel installed alone (pip brings numpy, nothing of cuda-python), called over a
+    libcuda built against cuda.h that reports CUDA 12.4, 12.8 and 13.0 and refuses, as a CUDA 12
+    driver does, the ELF ABI 8 of NVRTC 13's cubins: each loads the NVRTC 12 cubin and launches
+    it, checked then fast, with the call's pointers and size; cuda-python is neither there nor
+    imported. In the same venv, example_pkg as it ships (NVRTC 13): a CUDA 12 driver gets one
+    DriverTooOldError before anything loads; CUDA 13.0 loads the ABI 8 cubin and runs it."""
     py = venv_with(tmp_path / "venv", str(cu12_wheel[0]))
     out = check_over_libcuda(py, tmp_path, fake_libcuda)
     assert out["cuda_installed"] is False and out["cuda_python_imported"] == []
     for version in map(str, DRIVERS):
         assert out[version] == {"elf": [0x33, 7], "launches": 2, "params": [0x7000_0000_1000, 0x7000_0000_9000], "n": 1001}, out[version]
-
-
-def test_over_libcuda_nvrtc_13_binaries_on_a_cuda_12_driver_are_one_clear_error(cu13_site, fake_libcuda, tmp_path):
-    """example_pkg as it ships (NVRTC 13) over the same libcuda: a CUDA 12 driver gets one
-    DriverTooOldError before anything is loaded; CUDA 13.0 loads the ABI 8 cubin and runs it."""
-    py = venv_with(tmp_path / "venv", "numpy>=1.24")
     out = check_over_libcuda(py, tmp_path, fake_libcuda, site=cu13_site)
     for version in ("12040", "12080"):
         row = out[version]
