@@ -234,9 +234,15 @@ def assert_structs_filled(out: dict) -> None:
     assert out["tensor_map"] == {"address": out["a_ptr"], "dims": [256, 128], "strides": [1024], "box": [32, 32], "swizzle": 3}
 
 
-def test_with_cuda_bindings_12_every_cuda_12_and_13_driver_runs_the_cuda_12_wheel(cu12_wheel, tmp_path):
-    py = venv_with(tmp_path / "venv12", str(cu12_wheel[0]), "cuda-bindings>=12.8,<13")
-    out = check_in(py, tmp_path)
+@pytest.fixture(scope="module")
+def venv12(cu12_wheel, tmp_path_factory) -> Path:
+    """A fresh venv with the CUDA 12 wheel and cuda-bindings 12 (the tuning worker's seam on a
+    CUDA 12 machine), shared by the tests that run over that bindings' stand-in."""
+    return venv_with(tmp_path_factory.mktemp("venv12") / "venv", str(cu12_wheel[0]), "cuda-bindings>=12.8,<13")
+
+
+def test_with_cuda_bindings_12_every_cuda_12_and_13_driver_runs_the_cuda_12_wheel(venv12, tmp_path):
+    out = check_in(venv12, tmp_path)
     assert out["bindings"].startswith("12.")
     for version in map(str, DRIVERS):
         assert out[version] == {"binary": "sm_90", "n": 1001, "right": True}, (version, out[version])
@@ -258,11 +264,10 @@ def test_with_cuda_bindings_13_a_cuda_12_driver_is_told_which_bindings_serve_it(
     assert_structs_filled(out)
 
 
-def test_nvrtc_13_binaries_on_a_cuda_12_driver_are_one_clear_error(cu13_site, tmp_path):
+def test_nvrtc_13_binaries_on_a_cuda_12_driver_are_one_clear_error(cu13_site, venv12, tmp_path):
     """example_pkg as it ships (NVRTC 13: cubins of ELF ABI 8, PTX of ISA 9.5), run with
     cuda-bindings 12: a CUDA 12 driver gets each binary's floor and the two fixes; 13.0 runs it."""
-    py = venv_with(tmp_path / "venv12", "numpy>=1.24", "cuda-bindings>=12.8,<13")
-    out = check_in(py, tmp_path, site=cu13_site)
+    out = check_in(venv12, tmp_path, site=cu13_site)  # the site's example_pkg comes first on the path
     for version, words in (("12040", "12.4"), ("12080", "12.8")):
         assert out[version]["error"] == "DriverTooOldError" and out[version]["launches"] == 0
         message = out[version]["message"]

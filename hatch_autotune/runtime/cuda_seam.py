@@ -61,9 +61,10 @@ _CORE_NAMES = ("Device", "Stream", "LaunchConfig", "ObjectCode", "EventOptions",
 
 class CudaApi:
     """Every CUDA name that the runtime and the tuning worker call, in one object, so that a
-    test can hand them a stand-in: cuda.bindings' `driver` module (its cu* functions and the
-    CUresult, CUdevice_attribute and CUpointer_attribute enums), which is all that a call of a
-    kernel uses, and six names of cuda.core for the tuning worker (Device, Stream, LaunchConfig,
+    test can hand them a stand-in: a `driver` shaped as cuda.bindings' driver module (its cu*
+    functions and enums: the runtime's own libcuda.LibCuda, cuda-bindings' module itself for
+    the tuning worker, or the tests' stand-in), which is all that a call of a kernel uses, and
+    six names of cuda.core for the tuning worker (Device, Stream, LaunchConfig,
     ObjectCode, EventOptions, launch), imported at their first use: cuda.core takes hundreds of
     milliseconds to import (it imports NVML and its program compiler), which a first call must
     not pay."""

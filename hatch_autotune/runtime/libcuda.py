@@ -202,12 +202,11 @@ class LibCuda:
             fn.restype, fn.argtypes = c_int, argtypes
             self._f[name] = fn
         # the fast path's entry points: the same functions without argtypes, so that arguments
-        # made ctypes objects once (keep_head, kept_pointer) pass as they are
+        # made ctypes objects once (keep_head; the buffers' own, launching.FastPlan.fresh) pass as they are
         self.launch = lib["cuLaunchKernel"]
         self.context_now = lib["cuCtxGetCurrent"]
         self.launch.restype = self.context_now.restype = c_int
         self._names: dict[int, CUresult] = {}
-        self._pointers: dict[int, c_void_p] = {}
 
     def result(self, code: int) -> CUresult:
         """The CUresult of `code`, named by the driver (cuGetErrorName; a number it does not know, as itself)."""
@@ -226,15 +225,6 @@ class LibCuda:
         """cuLaunchKernel's head (function, grid x3, block x3, shared bytes) as ctypes objects."""
         function, *dims = head
         return (c_void_p(int(function)), *(c_uint(int(d)) for d in dims))
-
-    def kept_pointer(self, value: int) -> c_void_p:
-        """A pointer-sized argument (a stream handle, a buffer's address) as a c_void_p, kept."""
-        found = self._pointers.get(value)
-        if found is None:
-            if len(self._pointers) >= 4096:
-                self._pointers.clear()
-            found = self._pointers[value] = c_void_p(value)
-        return found
 
     # ---- cuda-bindings' shape -----------------------------------------------------------------
 
