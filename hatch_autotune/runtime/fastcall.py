@@ -135,7 +135,7 @@ _TAIL = """\
             return checked(list(args), stream, None, constants)
         # step: the parameters packed
         if plan.special:  # a cluster (cuLaunchKernelEx) or tensor maps (encoded per pointer): the plan launches
-            plan.launch(gpu, device, handle, params, ({value_items}))
+            plan.launch(gpu, device, handle, params, ({values}))
         else:
 {launch}        plan.give(params)  # not after a failed launch: a later call makes a fresh one
         return None
@@ -183,7 +183,7 @@ def source(kinds: tuple[int, ...], optional: tuple[bool, ...], driver: str = "tu
     unpack = f"{', '.join(f'a{i}' for i in range(n))}, = args" if n else "pass"
     parts = [_HEAD.format(n=n, unpack=unpack)]
     sig = ["stream if stream is None or type(stream) is int else id(stream)", "ckey"]
-    values, pointers = [], []
+    values, arrays = [], []  # the packed values' names; the arrays' indices
     for i, (kind, may_be_none) in enumerate(zip(kinds, optional)):
         if kind > 0:
             body = _ARRAY.format(i=i, align=kind)
@@ -195,17 +195,16 @@ def source(kinds: tuple[int, ...], optional: tuple[bool, ...], driver: str = "tu
             parts.append(body)
             sig += [f"t{i}", f"s{i}", f"h{i}", f"r{i}", f"o{i}"]
             values.append(f"p{i}")
-            pointers.append(f"p{i}")
+            arrays.append(i)
         else:
             sig += [f"type(a{i})"] + ([f"a{i}"] if kind < 0 else [])  # a key scalar's value picks the bucket
             values.append(f"a{i}")
     parts.append(
         _TAIL.format(
             sig=", ".join(sig),
-            arrays="".join(f"a{p[1:]}, " for p in pointers),
-            pointers="".join(f"{p}, " for p in pointers),
-            values=", ".join(values),
-            value_items="".join(f"{v}, " for v in values),
+            arrays="".join(f"a{i}, " for i in arrays),
+            pointers="".join(f"p{i}, " for i in arrays),
+            values="".join(f"{v}, " for v in values),
             launch=_LAUNCH[driver],
         )
     )
@@ -225,14 +224,14 @@ def fast_call(launcher: Any, text: str | None = None) -> FastCall:
     **kwargs)`, the `__call__` of the launcher's own class (Launcher.__call__). `text`: a
     variant of its source to compile instead (benchmarks/launch_path_cpu.py times the call cut
     after each `# step:` line)."""
-    shape = (launcher._user_kinds, launcher._optional, cuda_seam.current.kind)  # the driver state's kind: the one it serves
+    state = cuda_seam.current  # the driver state it serves (a call over another makes it again), and whose kind
+    shape = (launcher._user_kinds, launcher._optional, state.kind)
     code = _COMPILED.get(shape) if text is None else compile(text, "<hatch-autotune fast call, variant>", "exec")
     if code is None:
         code = _COMPILED[shape] = compile(source(*shape), "<hatch-autotune fast call>", "exec")
     namespace: dict[str, Any] = {}
     exec(code, namespace)  # our own template's text (numbers and our names only), not data
     make = namespace["make"]
-    state = cuda_seam.current  # the driver state it serves (a call over another makes it again)
     call: FastCall = make(
         launcher, cuda_seam, state, _CODES.get, array_reader, CUPY, TORCH, CU_STREAM_LEGACY, PACK_ERRORS, _NO_CONSTANTS, _kept_pointer
     )

@@ -66,8 +66,6 @@ class Launcher:
         # missed, e.g. a new stream object per call.
         self.checked_calls = 0
         user_args = checks.user_args
-        self._n_user = len(user_args)
-        self._constant_names = checks.constant_names
         kinds = _arg_kinds(decl, set(self._features.conditional))
         self._user_kinds: tuple[int, ...] = tuple(kinds[n] for n in user_args)
         optional = {a.name for a in decl.args if a.optional}
@@ -97,8 +95,7 @@ class Launcher:
         costs a compile) becomes the `__call__` of a class of its own (a subclass of this one,
         so that a call is one Python frame), then serves this call."""
         call = fast_call(self)
-        plain = type(self)
-        self._plain_class = plain
+        plain = self._plain_class
         namespace = {
             "__call__": call,
             "__slots__": (),
