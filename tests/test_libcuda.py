@@ -201,3 +201,33 @@ def test_a_first_call_over_libcuda_imports_no_cuda_python(fake_path, example_ker
     checked, *imported = done.stdout.split()
     assert checked == "1"
     assert not [m for m in imported if m == "cuda" or m.startswith("cuda.")], imported
+
+
+def test_only_the_pointer_attribute_the_runtime_reads_is_asked(fake, rt):
+    """LibCuda declares cuPointerGetAttribute for the device ordinal alone (a 4-byte answer);
+    another attribute, whose answer may be wider, is refused before the driver writes it."""
+    driver = rt.CudaApi.libcuda(str(fake.path)).driver
+    ordinal = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    err, device = driver.cuPointerGetAttribute(ordinal, DEVICE_BASE + 64)
+    assert int(err) == 0 and device == 0
+    assert driver.cuPointerGetAttribute(ordinal, 0x1000)[0].name == "CUDA_ERROR_INVALID_VALUE"  # host memory: the driver's answer
+    with pytest.raises(ValueError, match="attribute 1 is not one the runtime reads"):
+        driver.cuPointerGetAttribute(1, DEVICE_BASE + 64)  # CU_POINTER_ATTRIBUTE_CONTEXT: a pointer-sized answer
+
+
+def test_code_beyond_the_call_path_gets_cuda_bindings_not_the_ctypes_seam(rt, monkeypatch):
+    """cuda_api() (the tuning worker's) needs memory, streams and events, which libcuda.py does
+    not declare: over the runtime's default state it installs CudaApi.load's (cuda-bindings);
+    over a state a test or caller set, it keeps that one."""
+    import cuda_standin
+
+    standin = cuda_standin.StandIn([(9, 0)], 13000)
+    loaded = []
+    monkeypatch.setattr(rt.CudaApi, "load", classmethod(lambda cls, driver=None: loaded.append(1) or standin.api(rt)))
+    rt.use_gpu(None)
+    assert rt.cuda_seam.current.kind == "ctypes"
+    api = rt.cuda_api()
+    assert loaded == [1] and rt.cuda_seam.current.kind == "tuple" and api is rt.cuda_seam.current.api
+    given = standin.api(rt)
+    rt.use_gpu(given)
+    assert rt.cuda_api() is given and loaded == [1]
