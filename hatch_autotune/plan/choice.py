@@ -47,6 +47,9 @@ class Choice:
     median_ms: float | None = None  # a tuned choice: the winner's median time, from the lock
     default_ms: float | None = None  # and the default config's, so that `show` reports both from a wheel
     left_out: tuple[str, ...] = ()  # what of the lock entry's provenance it does not keep (shipped_provenance)
+    # a tuned choice: what an untuned build would run at the point, where it compiled; the wheel
+    # ships it too, so that a run-time pin can force it (runtime/pins.py)
+    default_index: int | None = None
 
     @property
     def status(self) -> str:
@@ -74,10 +77,13 @@ def shipped_provenance(provenance: Mapping[str, Any]) -> tuple[dict[str, str], l
     return kept, left_out
 
 
-def tuned_choice(index: int, entry: LockEntry) -> Choice:
+def tuned_choice(index: int, entry: LockEntry, default_index: int | None = None) -> Choice:
     """A lock entry's winner as the wheel records it: where it was tuned (bounded:
-    shipped_provenance), and the winner's and the default's median times."""
+    shipped_provenance), the winner's and the default's median times, and the variant an
+    untuned build would run there (`default_index`, None where it did not compile)."""
     winner = next((m for m in entry.measurements if m.median_ms is not None and m.config == dict(entry.config)), None)
     provenance, left_out = shipped_provenance(entry.provenance)
     median_ms = winner.median_ms if winner else None
-    return Choice(index, True, provenance, "", median_ms=median_ms, default_ms=entry.default_ms, left_out=tuple(left_out))
+    return Choice(
+        index, True, provenance, "", median_ms=median_ms, default_ms=entry.default_ms, left_out=tuple(left_out), default_index=default_index
+    )

@@ -265,7 +265,8 @@ class Plan:
             elif index not in usable:
                 return None
             elif usable[index]:
-                return tuned_choice(index, self.lock.entries[point.eid])
+                d = inst.point_default(point)  # shipped too (`shipped`), for a run-time pin
+                return tuned_choice(index, self.lock.entries[point.eid], d if d is not None and usable.get(d) else None)
             else:
                 reason = f"the lock's winner {inst.variants[index].label} failed to compile"
         inherited = self.inherited_index(inst, point)

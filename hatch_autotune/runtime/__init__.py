@@ -21,7 +21,8 @@ copy. One concept per module:
   checks      a call's arguments bound and checked against the declaration before any GPU call
   params      a kernel instance's parameters laid out once for cuLaunchKernel
   launch      the call path: the fast path, the checked path, loading, the launch
-  kernel      `Kernel`: select(), the call, prepare(), its help() text
+  pins        run-time pins: HATCH_AUTOTUNE_PIN and Kernel.pin() force a default or a named variant
+  kernel      `Kernel`: select(), pin(), the call, prepare(), its help() text
   library     `Library`: the wheel's table and binaries, checked against their sha256
   torch_ops   the kernels as PyTorch operators, registered by the generated `torch_ops` module
               alone (never imported here: PyTorch is imported only when that module is)
@@ -47,6 +48,7 @@ from .errors import (
 from .expr import FUNCTIONS, MAX_EXPR_DEPTH, MAX_INT_BITS, cdiv, compile_expr, tree_names, tree_text
 from .kernel import Kernel
 from .library import Library
+from .pins import PIN_ENV, PinError
 from .selection import (
     MAPPINGS,
     MIN_SM,
@@ -84,6 +86,7 @@ __all__ = [
     "MAX_SIZE",
     "MIN_CUDA_CORE",
     "MIN_SM",
+    "PIN_ENV",
     "TABLE_FILE",
     "TABLE_SCHEMA",
     "TYPESTRS",
@@ -105,6 +108,7 @@ __all__ = [
     "LaunchDecl",
     "Library",
     "NoDriverError",
+    "PinError",
     "PreparedCall",
     "Selection",
     "TableEntry",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .checks import CallChecks
 from .launch import Launcher
+from .pins import Pin, bucket_of, check_choice, check_variant
 from .selection import KernelSelector
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
@@ -71,6 +72,29 @@ class Kernel(Launcher):
         ``arch`` is 'sm_86', '8.6', 86 or (8, 6); None asks the current CUDA device.
         """
         return self._selector.select(arch, extra, key)
+
+    def pin(self, choice: str, **bucket: int) -> None:
+        """Run `choice` instead of the tuned selection, until `unpin()`: 'default' (the config an
+        untuned build would run), a variant id the wheel ships (select().variant names one; it
+        holds for its own type instance), or 'tuned' (the wheel's choice, over an environment
+        pin). Every bucket, or only the bucket given by its key dims (M=64, N=4096, ...).
+        Pins of the program come before those of HATCH_AUTOTUNE_PIN (runtime/pins.py)."""
+        where = f"{self.name}.pin()"
+        choice = check_choice(choice, where)
+        check_variant(choice, self.name, self.variants, where)
+        at = bucket_of(bucket, self._selector.key_names, self.buckets, where) if bucket else None
+        sizes = "".join(f", {n}={v}" for n, v in bucket.items())
+        self._selector.pins.program[at] = Pin(choice, at, f"{self.name}.pin({choice!r}{sizes})")
+        self._forget_plans()
+
+    def unpin(self, **bucket: int) -> None:
+        """Drop the program's pins of this kernel (those of the environment stay; pin('tuned')
+        overrides them), or only the pin of the bucket given by its key dims."""
+        if bucket:
+            self._selector.pins.program.pop(bucket_of(bucket, self._selector.key_names, self.buckets, f"{self.name}.unpin()"), None)
+        else:
+            self._selector.pins.program.clear()
+        self._forget_plans()
 
     def binary(self, selection: Selection) -> bytes:
         """The cubin (or PTX) bytes of a selection (a Library checks them against their sha256)."""

@@ -191,7 +191,12 @@ class Launcher:
 
     def _drop_plans(self) -> None:
         """Forget everything made over a GpuState (see use_gpu): plans, loaded code."""
-        self._memo, self._fast, self._kernels = {}, {}, {}
+        self._kernels = {}
+        self._forget_plans()
+
+    def _forget_plans(self) -> None:
+        """Forget the plans (a pin changed what a call selects: Kernel.pin); loaded code stays."""
+        self._memo, self._fast = {}, {}
         self.__class__ = self._plain_class  # the generated call holds the old plans (its last one, _fast.get)
 
     def _device_of(self, gpu: GpuState, call: PreparedCall) -> int:

@@ -339,7 +339,7 @@ def variant_launch(launcher: Launcher, vid: str, call: PreparedCall, device: int
     config = selector.variant(vid).config
     sel = Selection(
         kernel=launcher.name, variant=vid, config=config, types=call.types, constants={}, bucket=call.key,
-        tuned=False, arch=table_arch, binary=binary, reason="named by the tuner",
+        tuned=False, arch=table_arch, binary=binary, reason="named by the tuner", pinned="",
     )  # fmt: skip
     head = plan_head(launcher, gpu, device, sel, call, call.dims)
     if head is None:

@@ -9,12 +9,13 @@ import os
 from .drivers import cuda_version
 from .errors import IntegrityError, TableError, short_repr
 from .kernel import Kernel
+from .pins import EVERY_KERNEL, PIN_ENV, EnvItem, PinError, Pins, check_variant, env_pins, parse_env
 from .selection import Binaries, choose_arch
 from .table import TABLE_FILE, KernelTable, parse_table, sha256_hex
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs a cold import time
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
 
@@ -34,6 +35,23 @@ class Library(Binaries):
         self.floors: dict[str, tuple[int, int]] = {arch: cuda_version(v) for arch, v in table["drivers"].items()}
         self._arch_cache: dict[tuple[tuple[int, int], tuple[int, int] | None], tuple[str, str]] = {}
         self.kernels = {name: Kernel(KernelTable.from_json(name, spec), self) for name, spec in sorted(table["kernels"].items())}
+        self._pin_from_env(parse_env(os.environ.get(PIN_ENV)))
+
+    def _pin_from_env(self, items: Sequence[EnvItem]) -> None:
+        """HATCH_AUTOTUNE_PIN's items for this module's kernels (pins.py); PinError for one that
+        names this module's kernel that does not exist, a bucket it does not declare, or a
+        variant it does not ship."""
+        for item in items:
+            if item.module == self.module and item.kernel != EVERY_KERNEL and item.kernel not in self.kernels:
+                raise PinError(
+                    f"{PIN_ENV} item {item.text!r}: module {self.module} has no kernel {item.kernel!r}; it has {sorted(self.kernels)}"
+                )
+        for name, kernel in self.kernels.items():
+            selector = kernel._selector
+            pins = env_pins(items, self.module, name, selector.key_names, kernel.buckets)
+            for pin in pins:
+                check_variant(pin.choice, name, kernel.variants, pin.source)
+            selector.pins = Pins(name, pins)
 
     @classmethod
     def load(cls, directory: str, table_sha256: str | None = None) -> Library:
@@ -49,6 +67,8 @@ class Library(Binaries):
             return cls(directory, parse_table(raw, path))
         except TableError as exc:
             raise IntegrityError(str(exc)) from None
+        except PinError:  # the environment's pin, not the table, is wrong
+            raise
         except (LookupError, TypeError, ValueError, AttributeError) as exc:
             # parse_table checks the frame; what is inside is read by the constructors, and a
             # table whose sha256 matched but whose content is malformed was built wrong

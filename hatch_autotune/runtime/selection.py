@@ -11,6 +11,7 @@ from .cuda_seam import current_device
 from .drivers import driver_refusal
 from .errors import DriverTooOldError, ExpressionError, short_repr
 from .expr import compile_expr, tree_text
+from .pins import TUNED, PinError, Pins, pinned_variant
 from .record import Record
 from .scalars import as_constant
 from .values import MAX_SIZE, instance_env, types_key
@@ -194,7 +195,7 @@ def choose_arch(
 class Selection(Record):
     """What `Kernel.select` answers: which variant runs, with which config, and why."""
 
-    __slots__ = ("kernel", "variant", "config", "types", "constants", "bucket", "tuned", "arch", "binary", "reason")
+    __slots__ = ("kernel", "variant", "config", "types", "constants", "bucket", "tuned", "arch", "binary", "reason", "pinned")
     kernel: str
     variant: str
     config: Mapping[str, Any]
@@ -205,6 +206,7 @@ class Selection(Record):
     arch: str  # the table arch whose choice this is (e.g. 'sm_80' on an sm_86 device)
     binary: str  # the binary that runs: 'sm_80' (cubin) or 'compute_90' (PTX, JIT-compiled)
     reason: str  # why that binary serves the device, one of REASONS (binary_reason): 'family', ...
+    pinned: str  # the run-time pin in force ('HATCH_AUTOTUNE_PIN gemm=default', 'gemm.pin()'), or ''
 
 
 class Binaries:
@@ -237,6 +239,7 @@ class KernelSelector:
         # The constraints that read key dims, checked at a call's own sizes: a bucket's config was
         # chosen where they hold at the bucket's value, and a call mapped to it may have others.
         self._key_checks = tuple((tree_text(t), compile_expr(t)) for t in decl.key_constraints)
+        self.pins = Pins(self.name)  # run-time pins (pins.py): Library sets the environment's
 
     def variant(self, vid: str) -> Variant:
         return self.table.variants[vid]
@@ -338,7 +341,13 @@ class KernelSelector:
         tkey = types_key(types)
         entry = self.table.entry(tkey, table_arch, bucket)
         vid, tuned = entry.variant, entry.tuned
-        if self._key_checks and self._broken(vid, types, key, table_arch):
+        pin = self.pins.find(bucket) if self.pins else None
+        forced = None if pin is None else pinned_variant(pin, entry, tkey, self.table.variants, binary, self.name)
+        if forced is not None:
+            vid, tuned = forced, tuned and forced == entry.variant
+        if self._key_checks and (broken := self._broken(vid, types, key, table_arch)):
+            if pin is not None and pin.choice == forced:  # a named variant is run as named, or not at all
+                raise PinError(f"{pin.source}: variant {vid} breaks the constraint {broken!r} at {dict(key)}")
             vid, tuned = self._substitute(tkey, types, key, table_arch, bucket), False
         variant = self.table.variants[vid]
         return Selection(
@@ -352,6 +361,7 @@ class KernelSelector:
             arch=table_arch,
             binary=binary,
             reason=binary_reason(binary, cc),
+            pinned="" if pin is None or (forced is None and pin.choice != TUNED) else pin.source,
         )
 
     def serving(
@@ -366,7 +376,7 @@ class KernelSelector:
             if ok(config) and (not self._key_checks or self._broken(vid, types, key, sel.arch) is None):
                 return Selection(
                     kernel=sel.kernel, variant=vid, config=dict(config), types=sel.types, constants=sel.constants,
-                    bucket=sel.bucket, tuned=False, arch=sel.arch, binary=sel.binary, reason=sel.reason,
+                    bucket=sel.bucket, tuned=False, arch=sel.arch, binary=sel.binary, reason=sel.reason, pinned=sel.pinned,
                 )  # fmt: skip
         return None
 

@@ -102,7 +102,7 @@ class TableEntry(Record):
     was tuned: {"gpu": ..., "cc": ..., "median_ms": ..., "default_ms": ...} for a tuned entry,
     {"reason": ...} for one that took its default; here they are separate fields."""
 
-    __slots__ = ("bucket", "variant", "tuned", "provenance", "median_ms", "default_ms", "reason")
+    __slots__ = ("bucket", "variant", "tuned", "provenance", "median_ms", "default_ms", "reason", "default_variant")
     bucket: tuple[int, ...]  # one declared bucket per key dim
     variant: str
     tuned: bool
@@ -110,6 +110,9 @@ class TableEntry(Record):
     median_ms: float | None  # the winner's median time, when the lock has it
     default_ms: float | None  # the default config's median time, when measured
     reason: str  # why an untuned entry took its config (unused for a tuned one)
+    # a tuned entry's: the variant an untuned build would run here (its default config, or the
+    # bucket's fallback), shipped for a run-time pin (pins.py); None where it did not compile
+    default_variant: str | None
 
     def provenance_json(self) -> dict[str, Any]:
         """The entry's "provenance" object as the table writes it."""
@@ -123,7 +126,10 @@ class TableEntry(Record):
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"bucket": list(self.bucket), "variant": self.variant, "tuned": self.tuned, "provenance": self.provenance_json()}
+        out = {"bucket": list(self.bucket), "variant": self.variant, "tuned": self.tuned, "provenance": self.provenance_json()}
+        if self.default_variant is not None:
+            out["default"] = self.default_variant
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TableEntry:
@@ -139,6 +145,7 @@ class TableEntry(Record):
             median_ms=median_ms,
             default_ms=default_ms,
             reason=str(reason),
+            default_variant=None if data.get("default") is None else str(data["default"]),
         )
 
 

@@ -159,6 +159,13 @@ def compile_shipped(plan: Plan, cache: CompileCache | None, *, log: Log = print,
     return shipping
 
 
+def _shipped_indices(choice: Choice) -> tuple[int, ...]:
+    """The variants a point ships: its choice, and for a tuned one the variant an untuned build
+    would run there (Choice.default_index), which a run-time pin may force."""
+    d = choice.default_index
+    return (choice.variant_index,) if d is None or d == choice.variant_index else (choice.variant_index, d)
+
+
 def record_outcome(plan: Plan, shipping: Shipping, shipped: int | None = None) -> Outcome:
     """The outcome record of a build (or of what a build would do, for `show PROJECT`): every
     point's status and reason, every failed compile."""
@@ -265,8 +272,8 @@ def build_payload(
     ptx_jobs = []
     for kb in kernels.values():
         for (tkey, arch, _), choice in kb.choices.items():
-            if arch in ptx:
-                v = kb.variants[tkey][choice.variant_index]
+            for index in _shipped_indices(choice) if arch in ptx else ():
+                v = kb.variants[tkey][index]
                 ptx_jobs.append((kb, v, v.compile_job(ptx[arch], kb.spec.entry, kb.spec.nvrtc_options)))
     ptx_what = f"PTX of the {', '.join(ptx)} choices, for newer GPUs"
     ptx_results = _compile_step([j for _, _, j in ptx_jobs], cache, ptx_what, log, workers) if ptx_jobs else []
@@ -275,11 +282,13 @@ def build_payload(
             raise BuildError(f"hatch-autotune: PTX for {v.label} ({job.arch}) failed:\n{log_excerpt(r.log)}")
         kb.binaries[(v.source_hash, job.arch)] = r
 
-    # What the wheel holds: each chosen variant's binary per arch (configs sharing a source share it) and its PTX.
+    # What the wheel holds: each chosen variant's binary per arch (configs sharing a source share
+    # it) and its PTX, and those of the defaults of tuned points, for a run-time pin.
     shipped = {
-        (kb.spec.name, kb.variants[tkey][c.variant_index].source_hash, bin_arch)
+        (kb.spec.name, kb.variants[tkey][index].source_hash, bin_arch)
         for kb in kernels.values()
         for (tkey, arch, _), c in kb.choices.items()
+        for index in _shipped_indices(c)
         for bin_arch in [arch] + ([ptx[arch]] if arch in ptx else [])
     }
     outcome = record_outcome(plan, shipping, len(shipped))

@@ -219,6 +219,7 @@ def _kernel_class(decl: KernelDecl, b: _Builtins) -> str:
     call_sig = signature(params, [*constants, "stream: _Stream = None"])
     prepare_sig = signature(params, constants)
     key_params = [f"{k}: {b('int')}" for k in key_names]
+    optional_key = [f"{p} = ..." for p in key_params]  # pin() and unpin(): a bucket, or none
     chosen = [_choice(c, v, b) for c, v in decl.constants.items()]  # select() names the layout constants too
     select_sig = signature(["arch: _Arch = None"], [*key_params, *types, *chosen])
     i1, i2 = "    ", "        "
@@ -237,6 +238,10 @@ def _kernel_class(decl: KernelDecl, b: _Builtins) -> str:
         _docstring(decl.select_doc(), i2),
         f"{i1}def prepare({prepare_sig}) -> _PreparedCall:",
         f'{i2}"""Check and convert a call\'s arguments without touching the GPU (the arguments of a call, without `stream=`)."""',
+        f"{i1}def pin({signature([f'choice: {str_}'], optional_key)}) -> None:",
+        f'{i2}"""Run \'default\', a variant id, or \'tuned\' instead of the tuned selection, in every bucket or the one given, until unpin()."""',
+        f"{i1}def unpin({signature([], optional_key)}) -> None:",
+        f'{i2}"""Drop the program\'s pins of this kernel, or the one of the bucket given (HATCH_AUTOTUNE_PIN\'s stay)."""',
         f"{i1}def binary({self_}, selection: _Selection) -> {b('bytes')}:",
         f'{i2}"""The cubin (or PTX) bytes of a selection, checked against their sha256."""',
         f"{i1}def geometry({self_}, config: _Mapping[{str_}, _Any], types: _Mapping[{str_}, _Any], key: _Mapping[{str_}, {int_}]) -> {b('tuple')}[{b('tuple')}[{int_}, ...], {b('tuple')}[{int_}, ...], {int_}]:",

@@ -40,11 +40,12 @@ def kernel_table(kb: KernelBuild, result: BuildResult, files: dict[str, bytes]) 
     spec = kb.spec
     variants: dict[str, Variant] = {}
     select: dict[str, dict[str, list[TableEntry]]] = {}
-    for (tkey, arch, point), choice in sorted(kb.choices.items()):
-        v = kb.variants[tkey][choice.variant_index]
-        vid = v.id
-        binaries: dict[str, BinaryRef] = dict(variants[vid].binaries) if vid in variants else {}
-        resources: dict[str, Any] = dict(variants[vid].resources) if vid in variants else {}
+
+    def ship(index: int, tkey: str, arch: str) -> str:
+        """Add variant `index`'s binaries for `arch` (and its PTX) to the wheel; its id."""
+        v = kb.variants[tkey][index]
+        binaries: dict[str, BinaryRef] = dict(variants[v.id].binaries) if v.id in variants else {}
+        resources: dict[str, Any] = dict(variants[v.id].resources) if v.id in variants else {}
         for bin_arch in [arch] + ([result.ptx[arch]] if arch in result.ptx else []):
             r = kb.binaries[(v.source_hash, bin_arch)]
             ext = "ptx" if bin_arch.startswith("compute_") else "cubin"
@@ -57,13 +58,18 @@ def kernel_table(kb: KernelBuild, result: BuildResult, files: dict[str, bytes]) 
             binaries[bin_arch] = BinaryRef(rel, sha256_hex(r.binary), isa, result.compiler if ptx else None)
             if r.resources is not None:
                 resources[bin_arch] = r.resources.__dict__
-        variants[vid] = Variant(config=v.config_dict, types=v.types_dict, index=v.index, binaries=binaries, resources=resources)
-        select.setdefault(tkey, {}).setdefault(arch, []).append(table_entry(point, vid, choice))
+        variants[v.id] = Variant(config=v.config_dict, types=v.types_dict, index=v.index, binaries=binaries, resources=resources)
+        return v.id
+
+    for (tkey, arch, point), choice in sorted(kb.choices.items()):
+        vid = ship(choice.variant_index, tkey, arch)
+        default = None if choice.default_index is None else ship(choice.default_index, tkey, arch)
+        select.setdefault(tkey, {}).setdefault(arch, []).append(table_entry(point, vid, choice, default))
     return KernelTable(kernel_decl(spec), variants, select)
 
 
-def table_entry(point: tuple[int, ...], variant: str, choice: Choice) -> TableEntry:
-    """A point's row, the planner's choice field for field."""
+def table_entry(point: tuple[int, ...], variant: str, choice: Choice, default: str | None = None) -> TableEntry:
+    """A point's row, the planner's choice field for field (`default`: its default_index's id)."""
     return TableEntry(
         bucket=tuple(point),
         variant=variant,
@@ -72,6 +78,7 @@ def table_entry(point: tuple[int, ...], variant: str, choice: Choice) -> TableEn
         default_ms=choice.default_ms,
         provenance=dict(choice.provenance) if choice.tuned else {},
         reason="" if choice.tuned else choice.reason,
+        default_variant=default,
     )
 
 
