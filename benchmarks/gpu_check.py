@@ -806,8 +806,9 @@ def _line_first_call(p: dict[str, Any]) -> str:
 
 def _line_roofline(p: dict[str, Any]) -> str:
     """The streaming-kernel ceiling (and memcpy) at 2 GiB; saxpy and row_softmax at 2 GiB as a
-    share of that ceiling, each DRAM byte counted once; SGEMM against cuBLAS FP32 at 4096³ and
-    1024³ (cuBLAS time / ours); the goals; results found wrong."""
+    share of that ceiling, each DRAM byte counted once; the buckets' shares of the ceiling at
+    their own sizes; SGEMM against cuBLAS FP32 at 4096³ and 1024³ (cuBLAS time / ours); the
+    goals; results found wrong."""
     c = p["ceilings"]
 
     def share(r: dict[str, Any]) -> str:
@@ -826,6 +827,12 @@ def _line_roofline(p: dict[str, Any]) -> str:
         + " "
         + ("/".join(share(r) for r in softmax) or "n/a"),
     ]
+    at_size = sorted(
+        f["median"] for r in p["rows"] if r["section"] == "bucket" and (f := r.get("fraction_of_streaming_at_size") or {}).get("median")
+    )
+    if at_size:
+        mid = at_size[len(at_size) // 2]
+        parts.append(f"buckets of streaming at their own size {at_size[0]:.0%}-{at_size[-1]:.0%} (median {mid:.0%})")
     gemm = {r["m"]: r for r in p["sgemm"] if r.get("headline")}
     vs = [f"{m}³ {gemm[m]['fraction_of_cublas']['median']:.2f}x" for m in (4096, 1024) if m in gemm]
     parts.append(f"sgemm vs cuBLAS {', '.join(vs) or 'n/a'}")

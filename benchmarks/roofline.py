@@ -20,7 +20,11 @@ at cols 128, 1024 and 8192 (its cols buckets) with rows making x BIG_BYTES, coun
 to hit in L2 or registers, and is not a DRAM byte). Then each declared bucket of saxpy (both
 types) and row_softmax, labelled as such: small problems fit in L2, so the L2 is flushed (a
 memset of FLUSH_BYTES) before each launch and each launch is timed alone; their fractions are of
-the 2 GiB ceilings (a small problem is bound by launch and latency, not by the ceiling).
+the 2 GiB ceilings (a small problem is bound by launch and latency, not by the ceiling), and
+of the ceiling at the bucket's own size: the streaming shapes copying the same bytes (each
+bucket's byte count, read + write), timed the same way in the same rounds, the fastest correct
+one per size; beside it the launch-latency floor, an empty kernel launched and timed the same
+way (what no kernel of any size goes below).
 
 SGEMM against cuBLAS (CuPy's `matmul`, float32, TF32 off: CUPY_TF32=0 and
 NVIDIA_TF32_OVERRIDE=0 before CuPy loads) at 1024^3 and 4096^3 and at every declared bucket
@@ -79,6 +83,8 @@ GOAL_SGEMM = {1024: 0.80, 4096: 0.90}  # of cuBLAS FP32, m = n = k
 GEMM_TOL = 1e-4  # max |ours - cuBLAS| / max |cuBLAS|; two FP32 GEMMs differ by ~1e-6 at k = 4096, TF32 by ~1e-3
 CHECK_ROWS = 256  # softmax rows (head and tail each) and GEMM rows (32 each) checked against a reference
 SEC_BIG, SEC_BUCKET = "2GiB", "bucket"
+FLOOR_NAME = "launch floor (empty kernel)"
+EMPTY_KERNEL = 'extern "C" __global__ void roofline_empty() {}'
 
 # The streaming kernels: entry -> (float4s per thread per step, streaming cache hints ld/st.cs).
 STREAM_KERNELS = {"stream_copy_u1": (1, False), "stream_copy_u4": (4, False), "stream_copy_u4_cs": (4, True)}
@@ -196,8 +202,34 @@ def memory_rows(
                 row[f"fraction_of_{label}"] = paired(ms, samples[ref], m["bytes"], meta[ref]["bytes"])
             else:  # a bucket ran in its own section: the ratio of medians only
                 row[f"fraction_of_{label}"] = {"median": row["GB_per_s"]["median"] / ceil["contenders"][ref]["GB_per_s"]["median"]}
+        if m["section"] == SEC_BUCKET:
+            row.update(at_size(m["bytes"], ms, meta, samples, checks))
         rows.append(row)
     return rows
+
+
+def at_size(
+    nbytes: int, ms: list[float], meta: dict[str, dict[str, Any]], samples: dict[str, list[float]], checks: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """A bucket against the ceiling at its own size: the fastest correct streaming shape that
+    moved the same bytes in the same rounds (paired by round), and the launch-latency floor
+    (an empty kernel timed the same way): the time no launch goes below, and the rate that
+    time would give these bytes."""
+    shapes = [
+        n
+        for n, m in meta.items()
+        if m.get("kind") == "streaming_at_size" and m["bytes"] == nbytes and n in samples and checks.get(n, {}).get("ok")
+    ]
+    best = min(shapes, key=lambda n: statistics.median(samples[n])) if shapes else None
+    floor = samples.get(FLOOR_NAME)
+    return {
+        "streaming_at_size_best": best,
+        "streaming_at_size_GB_per_s": rate(nbytes, samples[best], 1e6) if best else None,
+        "fraction_of_streaming_at_size": paired(ms, samples[best], nbytes, nbytes) if best else None,
+        "launch_floor_ms": spread(floor) if floor else None,
+        "launch_floor_bound_GB_per_s": nbytes / statistics.median(floor) / 1e6 if floor else None,
+        "over_launch_floor": statistics.median(ms) / statistics.median(floor) if floor else None,
+    }
 
 
 def gemm_rows(meta: dict[str, dict[str, Any]], samples: dict[str, list[float]], checks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -275,16 +307,28 @@ def table(payload: dict[str, Any]) -> str:
         (SEC_BIG, "at >= 2 GiB (interleaved with the ceilings)"),
         (SEC_BUCKET, "declared buckets (L2 flushed before each launch)"),
     ):
-        lines.append(f"memory bound, {title}: GB/s, of streaming, of memcpy, config")
+        at = section == SEC_BUCKET
+        lines.append(
+            f"memory bound, {title}: GB/s, of streaming (2 GiB), of memcpy"
+            + (", of streaming at the bucket's size, time over the launch floor" if at else "")
+            + ", config"
+        )
         for r in payload["rows"]:
             if r["section"] != section:
                 continue
             tuned = "tuned" if r["tuned"] else "UNTUNED"
             flag = "" if r["correct"] else "  WRONG"
+            extra = ""
+            if at:
+                over = r.get("over_launch_floor")
+                extra = f"  {frac(r.get('fraction_of_streaming_at_size')):>18}  {'n/a' if over is None else format(over, '5.2f') + 'x'}"
             lines.append(
                 f"  {r['name']:<36} {r['GB_per_s']['median']:8.0f}  {frac(r['fraction_of_streaming']):>18}  "
-                f"{frac(r['fraction_of_memcpy']):>18}  {r['config']} {tuned}{flag}"
+                f"{frac(r['fraction_of_memcpy']):>18}{extra}  {r['config']} {tuned}{flag}"
             )
+        floor = next((r["launch_floor_ms"] for r in payload["rows"] if at and r.get("launch_floor_ms")), None)
+        if floor:
+            lines.append(f"  launch floor (an empty kernel, the L2 flushed before it, timed alone): {floor['median'] * 1e3:.2f} us")
     lines.append(
         "sgemm vs cuBLAS FP32 (TF32 off), * = headline: TFLOP/s ours, cuBLAS; cuBLAS time / ours; max rel. error vs cuBLAS; config"
     )
@@ -616,9 +660,11 @@ def softmax_contender(cp: Any, kernels: Any, stream: Any, x: Any, y: Any, sectio
 
 
 def bucket_section(
-    cp: Any, kernels: Any, timer: Timer, rounds: int, launches: int, errors: dict[str, str]
+    cp: Any, np: Any, kernels: Any, timer: Timer, arch: str, sms: int, rounds: int, launches: int, errors: dict[str, str]
 ) -> tuple[dict[str, dict[str, Any]], dict[str, list[float]], dict[str, dict[str, Any]]]:
-    """saxpy (float32, float16) and row_softmax at their declared buckets, the L2 flushed before each launch."""
+    """saxpy (float32, float16) and row_softmax at their declared buckets, the L2 flushed before
+    each launch; in the same rounds, the streaming shapes at each bucket's byte count and the
+    launch floor (`at_size_contenders`)."""
     stream, rng = timer.stream, cp.random.RandomState(2025)
     contenders = []
     for dtype in ("float32", "float16"):
@@ -634,12 +680,41 @@ def bucket_section(
             c = softmax_contender(cp, kernels, stream, x, cp.empty_like(x), SEC_BUCKET, launches, True)
             c.name = f"bucket {c.name}"
             contenders.append(c)
+    contenders += at_size_contenders(cp, np, arch, sms, sorted({c.meta["bytes"] for c in contenders}), launches)
     print(
         f"[roofline] bucket section: {len(contenders)} contenders, {rounds} rounds of {launches} launches, each after an L2 flush",
         flush=True,
     )
     samples, checks = run_section(SEC_BUCKET, timer, contenders, rounds, errors)
     return {c.name: c.meta for c in contenders}, samples, checks
+
+
+def at_size_contenders(cp: Any, np: Any, arch: str, sms: int, sizes: list[int], launches: int) -> list[Contender]:
+    """Per byte count (read + write), every streaming shape copying half of it to the other
+    half's array, each after an L2 flush; and the launch floor: an empty kernel, one warp."""
+    funcs, _ = load_stream_kernels(cp, arch)  # the 2 GiB section says which did not compile
+    out = []
+    for nbytes in sizes:
+        n = nbytes // 8  # floats per array: the copy reads n * 4 bytes and writes as many
+        src, dst = cp.arange(n, dtype=cp.float32), cp.zeros(n, cp.float32)
+
+        def copy_check(call: Callable[[], Any], src: Any = src, dst: Any = dst) -> Callable[[], dict[str, Any]]:
+            def check() -> dict[str, Any]:
+                dst.fill(-1.0)
+                call()
+                return {"ok": bool(cp.array_equal(dst, src))}
+
+            return check
+
+        meta = {"bytes": 2 * n * 4, "section": SEC_BUCKET}
+        for c in streaming_contenders(np, funcs, src, dst, sms, launches, meta, copy_check):
+            c.name = f"at size {nbytes} B {c.name}"
+            c.flush = True
+            c.meta["kind"] = "streaming_at_size"
+            out.append(c)
+    empty = cp.RawModule(code=EMPTY_KERNEL).get_function("roofline_empty")
+    floor = Contender(FLOOR_NAME, lambda: empty((1,), (32,), ()), launches, True, {"kind": "launch_floor", "section": SEC_BUCKET})
+    return [*out, floor]
 
 
 def gemm_sizes(kernels: Any) -> list[tuple[int, int, int]]:
@@ -745,7 +820,7 @@ def main() -> None:
     checks: dict[str, dict[str, Any]] = {}
     for section in (
         lambda: big_section(cp, np, kernels, timer, arch, big, sms, rounds, big_launches, errors, not_compiled),
-        lambda: bucket_section(cp, kernels, timer, rounds, small_launches, errors),
+        lambda: bucket_section(cp, np, kernels, timer, arch, sms, rounds, small_launches, errors),
         lambda: sgemm_section(cp, kernels, timer, rounds, gemm_launches, errors),
     ):
         m, s, c = section()

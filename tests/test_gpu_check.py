@@ -154,6 +154,11 @@ def test_roofline_line_summarises_what_roofline_writes():
             **sel,
         )
     add("bucket saxpy float32 n=4096", 14, kind="saxpy", section="bucket", dtype="float32", n=4096, bytes=3 * 4096 * 4, **sel)
+    # the ceiling at the bucket's size: two streaming shapes moving its bytes (one wrong), and the launch floor
+    add("at size 49152 B stream:chunk_b256_u4", 20, kind="streaming_at_size", section="bucket", bytes=3 * 4096 * 4)
+    add("at size 49152 B stream:gs_b512_4perSM_u1", 40, kind="streaming_at_size", section="bucket", bytes=3 * 4096 * 4)
+    checks["at size 49152 B stream:gs_b512_4perSM_u1"] = {"ok": False}  # a wrong copy is no ceiling
+    meta[rl.FLOOR_NAME], samples[rl.FLOOR_NAME] = {"kind": "launch_floor", "section": "bucket"}, [0.002 * j for j in rounds]
     for size, ours, theirs in ((1024, 0.025, 0.020), (4096, 4.3, 2.7)):
         meta[f"sgemm {size}"] = {"kind": "sgemm", "peer": f"cublas {size}", "m": size, "n": size, "k": size, "headline": True, **sel}
         meta[f"cublas {size}"] = {"kind": "cublas"}
@@ -171,7 +176,15 @@ def test_roofline_line_summarises_what_roofline_writes():
     }
     json.dumps(payload)  # what write_result writes
 
+    (bucket,) = (r for r in rows if r["section"] == "bucket")
+    assert bucket["streaming_at_size_best"] == "at size 49152 B stream:chunk_b256_u4"
+    assert bucket["fraction_of_streaming_at_size"] == pytest.approx({"median": 0.7, "min": 0.7, "max": 0.7})
+    assert bucket["over_launch_floor"] == pytest.approx(49152 / 14e6 / 0.002)
+    assert bucket["launch_floor_bound_GB_per_s"] == pytest.approx(49152 / 0.002 / 1e6)
+    assert "  launch floor (an empty kernel, the L2 flushed before it, timed alone): 2.00 us" in rl.table(payload)
+
     line = gc._line_roofline(payload)
+    assert "; buckets of streaming at their own size 70%-70% (median 70%); " in line, line
     assert line.startswith("streaming ceiling 4600 GB/s (stream:chunk_b256_u4), memcpy 4150; "), line
     assert "saxpy float32 95%" in line and "row_softmax cols 128/1024/8192 91%/91%/91%" in line, line
     assert "sgemm vs cuBLAS 4096³ 0.63x, 1024³ 0.80x" in line and "goals MISSED" in line, line
