@@ -24,7 +24,12 @@ reads back what a stand-in CUtensorMap encodes.
 Device memory is emulated (host buffers at fake device addresses), and kernels can be emulated
 in Python (see `EMULATORS`), so that the real tuning worker can run whole buckets: an emulated
 kernel may write its outputs, fault with an illegal address (sticky, as on a GPU), or hang.
-Event timings come from a virtual clock that emulated kernels advance: they are SYNTHETIC.
+Event timings come from a virtual clock that emulated kernels and memsets advance: they are
+SYNTHETIC. CUDA graphs: a stream being captured (cuStreamBeginCapture) records its kernel
+launches and memsets as nodes instead of running them, refuses to synchronise or record an event,
+and cuGraphLaunch replays an instantiated graph's nodes (each launch says `in_graph`); a memset of
+at least the L2's size makes the device's L2 cold until the next launch (`Launch.l2_cold`), so an
+emulator may time a kernel by how it was launched and what the L2 held.
 
 Nothing is patched: the stand-in reaches the code under test through the runtime's one seam,
 `runtime.use_gpu(standin.api())`, which `install` calls. Usage: `standin = install(monkeypatch,
@@ -74,6 +79,8 @@ RESERVED_SHARED = 1024  # shared memory per block the driver keeps for itself (o
 # compute capability -> CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, bytes
 SHARED_OPTIN = {(8, 0): 166912, (8, 6): 101376, (8, 9): 101376, (9, 0): 232448, (10, 0): 232448, (12, 0): 101376}
 MAX_CLUSTER = 8  # blocks: the portable cluster size (no non-portable opt-in here)
+L2_BYTES = 1 << 20  # each device's L2 (small, so that the tuner's L2 flush stays cheap to emulate)
+MEMSET_MS_PER_MIB = 0.002  # a memset's SYNTHETIC time on its stream's clock (a flush is not free)
 
 
 def shared_optin(cc: tuple[int, int]) -> int:
@@ -324,6 +331,8 @@ class Launch:
     thread: int
     context_depth: int  # contexts on the calling thread's stack during the launch
     cluster: tuple[int, int, int] | None = None  # cuLaunchKernelEx's cluster dims (None: a plain launch)
+    in_graph: bool = False  # a kernel node of a CUDA graph replayed by cuGraphLaunch
+    l2_cold: bool = False  # the device's L2 was flushed (a memset of at least its size) since the last launch
 
     def param(self, i: int, dtype: str) -> Any:
         return np.frombuffer(self.params[i], dtype=dtype)[0]
@@ -345,6 +354,7 @@ class _DeviceState:
     used_memory: int = 0
     sticky_error: str | None = None  # an illegal address poisons the context for good
     next_address: int = 0
+    l2_cold: bool = True  # nothing run yet; a memset of at least L2_BYTES flushes it, a launch warms it
 
 
 class _Allocation:
@@ -383,6 +393,13 @@ class StandIn:
         self.calls: dict[str, int] = {}
         self.lock = threading.Lock()
         self._next_stream = 0x5000
+        # CUDA graphs: a capturing stream's nodes, the graphs made from them, their executables.
+        # A node is ("kernel", kernel, grid, block, shmem, params, cluster) or ("memset", ptr, value, bytes).
+        self.capturing: dict[int, list[tuple]] = {}
+        self.graphs: dict[int, list[tuple]] = {}
+        self.graph_execs: dict[int, list[tuple]] = {}
+        self.graph_calls: list[str] = []  # the graph API's calls in order, e.g. 'cuGraphLaunch 0x6001'
+        self._next_graph = 0x6000
 
     # per-thread context stack: a list of device ordinals (primary contexts)
     @property
@@ -435,6 +452,10 @@ class StandIn:
             "cuLaunchKernel",
             "cuLaunchKernelEx",
             "cuFuncSetAttribute",
+            "cuStreamBeginCapture",
+            "cuGraphLaunch",
+            "cuGraphExecDestroy",
+            "cuGraphDestroy",
         }
     )
 
@@ -561,8 +582,97 @@ class StandIn:
         alloc, offset = self.find(int(ptr)) or (None, 0)
         if alloc is None or offset + nbytes > alloc.size:
             return (R.CUDA_ERROR_INVALID_VALUE,)
-        alloc.data[offset : offset + nbytes] = bytes([value]) * nbytes
+        if int(stream) in self.capturing:  # a memset node of the graph being captured
+            self.capturing[int(stream)].append(("memset", int(ptr), int(value), int(nbytes)))
+            return (R.CUDA_SUCCESS,)
+        self._memset(int(ptr), int(value), int(nbytes), self.streams.get(int(stream)))
         return (R.CUDA_SUCCESS,)
+
+    def _memset(self, ptr: int, value: int, nbytes: int, stream: FakeStream | None) -> None:
+        alloc, offset = self.find(ptr)
+        alloc.data[offset : offset + nbytes] = bytes([value]) * nbytes
+        if nbytes >= L2_BYTES:  # writes through the whole L2: what the tuner's flush does
+            self.devices[alloc.device].l2_cold = True
+        if stream is not None:
+            stream.clock_ms += MEMSET_MS_PER_MIB * nbytes / (1 << 20)  # SYNTHETIC, as the kernels' times
+
+    # -- CUDA graphs: stream capture, instantiation, replay ---------------------------------------
+
+    def cuStreamBeginCapture(self, stream: Any, mode: Any) -> tuple:
+        handle = int(stream)
+        if not isinstance(mode, driver.CUstreamCaptureMode):
+            return (R.CUDA_ERROR_INVALID_VALUE,)
+        if handle not in self.streams:  # the legacy and per-thread default streams cannot be captured
+            self.refuse("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", f"stream {handle:#x} is not a created stream")
+            return (R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
+        if handle in self.capturing:
+            return (R.CUDA_ERROR_ILLEGAL_STATE,)
+        self.capturing[handle] = []
+        self.graph_calls.append(f"cuStreamBeginCapture {mode.name}")
+        return (R.CUDA_SUCCESS,)
+
+    def cuStreamEndCapture(self, stream: Any) -> tuple:
+        nodes = self.capturing.pop(int(stream), None)
+        if nodes is None:
+            return R.CUDA_ERROR_ILLEGAL_STATE, None
+        self._next_graph += 1
+        self.graphs[self._next_graph] = nodes
+        self.graph_calls.append(f"cuStreamEndCapture {len(nodes)} nodes: {' '.join(n[0] for n in nodes)}")
+        return R.CUDA_SUCCESS, self._next_graph
+
+    def cuGraphInstantiate(self, graph: Any, flags: int) -> tuple:
+        nodes = self.graphs.get(int(graph))
+        if nodes is None or int(flags) != 0:
+            return R.CUDA_ERROR_INVALID_VALUE, None
+        self._next_graph += 1
+        self.graph_execs[self._next_graph] = list(nodes)
+        self.graph_calls.append(f"cuGraphInstantiate {int(graph):#x}")
+        return R.CUDA_SUCCESS, self._next_graph
+
+    def cuGraphLaunch(self, executable: Any, stream: Any) -> tuple:
+        nodes = self.graph_execs.get(int(executable))
+        if nodes is None:
+            return (R.CUDA_ERROR_INVALID_VALUE,)
+        if int(stream) in self.capturing:
+            return (R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
+        try:
+            fake = self._stream(int(stream), "cuGraphLaunch")
+            if self.current() is None:
+                raise self.refuse("CUDA_ERROR_INVALID_CONTEXT", "cuGraphLaunch: no current context in this thread")
+            self.graph_calls.append(f"cuGraphLaunch {int(executable):#x}")
+            for node in nodes:
+                if node[0] == "memset":
+                    self._memset(*node[1:], fake)
+                else:
+                    _, kernel, grid, block, shmem, params, cluster = node
+                    self.tls.in_graph = True
+                    try:
+                        self._run(kernel, fake, grid, block, shmem, params, cluster)
+                    finally:
+                        self.tls.in_graph = False
+        except CUDAError as exc:
+            return (self._code(exc),)
+        return (R.CUDA_SUCCESS,)
+
+    def cuGraphExecDestroy(self, executable: Any) -> tuple:
+        if self.graph_execs.pop(int(executable), None) is None:
+            return (R.CUDA_ERROR_INVALID_VALUE,)
+        self.graph_calls.append(f"cuGraphExecDestroy {int(executable):#x}")
+        return (R.CUDA_SUCCESS,)
+
+    def cuGraphDestroy(self, graph: Any) -> tuple:
+        if self.graphs.pop(int(graph), None) is None:
+            return (R.CUDA_ERROR_INVALID_VALUE,)
+        self.graph_calls.append(f"cuGraphDestroy {int(graph):#x}")
+        return (R.CUDA_SUCCESS,)
+
+    def _stream(self, handle: int, what: str) -> FakeStream:
+        fake = self.streams.get(handle)
+        if fake is None:
+            if handle not in LEGACY_STREAMS:
+                raise self.refuse("CUDA_ERROR_INVALID_HANDLE", f"{what}: no stream {handle:#x}")
+            fake = FakeStream(self, handle, None)
+        return fake
 
     def _sticky(self, device: int) -> Any:
         err = self.devices[device].sticky_error
@@ -868,6 +978,9 @@ class StandIn:
             )
         kernel.check_runs_on(self, device)
         block, grid = tuple(int(b) for b in block), tuple(int(g) for g in grid)
+        if stream.handle in self.capturing:  # captured, not run: a kernel node with its parameters' bytes as they are now
+            self.capturing[stream.handle].append(("kernel", kernel, grid, block, shmem, params, cluster))
+            return
         if block[0] * block[1] * block[2] > 1024 or block[2] > 64 or min(block) < 1:
             raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: block {block}")
         if grid[0] >= 2**31 or grid[1] > 65535 or grid[2] > 65535 or min(grid) < 1:
@@ -883,9 +996,12 @@ class StandIn:
                 "CUDA_ERROR_INVALID_VALUE",
                 f"{kernel.entry}: {shmem} B dynamic shared memory; the function allows {kernel.max_dynamic_shared} (cuFuncSetAttribute not called)",
             )
+        in_graph, state = getattr(self.tls, "in_graph", False), self.devices[device]
         record = Launch(
-            kernel.entry, kernel.binary, device, stream, grid, block, shmem, params, threading.get_ident(), len(self.stack), cluster
-        )
+            kernel.entry, kernel.binary, device, stream, grid, block, shmem, params, threading.get_ident(), len(self.stack), cluster,
+            in_graph, state.l2_cold,
+        )  # fmt: skip
+        state.l2_cold = False  # what it read is in the L2 now
         with self.lock:
             self.launches.append(record)
         emulate = EMULATORS.get(kernel.entry)
@@ -1035,9 +1151,13 @@ class FakeStream:
         return found
 
     def record(self, event: Any = None, options: Any = None) -> FakeEvent:
+        if self._handle in self.standin.capturing:  # the tuner records no events while it captures
+            raise self.standin.refuse("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "an event recorded on a capturing stream")
         return FakeEvent(self)
 
     def sync(self) -> None:
+        if self._handle in self.standin.capturing:
+            raise self.standin.refuse("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "a capturing stream synchronised")
         if self.hung:
             time.sleep(3600)
         device = self.ordinal if self.ordinal is not None else self.standin.current()
@@ -1050,7 +1170,7 @@ class _Properties:
         self.max_threads_per_block = 1024
         self.max_registers_per_block = 65536
         self.max_shared_memory_per_block = 49152
-        self.l2_cache_size = 1 << 20  # small, so that the tuner's L2 flush stays cheap to emulate
+        self.l2_cache_size = L2_BYTES
         self.multiprocessor_count = 132
 
 

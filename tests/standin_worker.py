@@ -9,7 +9,8 @@ tests/standin_compare.py. The worker meets the stand-in through the
 runtime's seam (`install_globally` calls hatch_autotune.runtime.use_gpu). The emulated kernel is the test's `scale`
 kernel: its template embeds its config as "EMU:MODE=...;FACTOR=...;BLOCK=..." and the emulator
 does what that config's CUDA code does (MODE=ok: y = FACTOR * x; wrong: y = FACTOR * x + 1; clobber: ok, then x = -1; oob:
-writes 2^40 elements past y, an illegal address; hang: never finishes). Its times are SYNTHETIC.
+writes 2^40 elements past y, an illegal address; hang: never finishes; graphfast and cachefast: ok, and fast only in a
+CUDA graph or with a warm L2). Its times are SYNTHETIC.
 """
 
 import json
@@ -33,6 +34,10 @@ def scale(standin, kernel, launch):
     y[:covered] = factor * x[:covered] + (1.0 if mode == "wrong" else 0.0)
     if mode == "clobber":  # writes into its input, as a buggy kernel may
         x[:covered] = -1.0
+    if mode == "graphfast":  # SYNTHETIC: fast only where launched from a CUDA graph
+        return 0.003 if launch.in_graph else 0.030
+    if mode == "cachefast":  # SYNTHETIC: fast only when its inputs are still in the L2
+        return 0.030 if launch.l2_cold else 0.005
     return 0.010 + 0.002 * 256 / block  # SYNTHETIC milliseconds: larger blocks are "faster"
 
 
@@ -97,5 +102,6 @@ if __name__ == "__main__":
     worker.main()
     if os.environ.get("STANDIN_COUNT"):  # STANDIN_COUNT: a file for what the stand-in saw, written as the worker ends
         counts["compare_launches"] = sum(launch.entry.startswith("hatch_autotune_compare") for launch in standin.launches)
+        counts["graph_calls"] = standin.graph_calls
         with open(os.environ["STANDIN_COUNT"], "w") as f:
             json.dump(counts, f)

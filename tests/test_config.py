@@ -125,6 +125,12 @@ BAD_INPUTS = [
     ("kernels.scale.grid", ["n / BLOCK"], f"{K}: grid expression 'n / BLOCK' gives 16.0 for"),
     ("kernels.scale.grid", ["min(n)"], f"{K}.grid[0]: min() with fewer than 2 arguments"),
     ("kernels.scale.block", ["BLOCK - 128"], f"{K}: block expression 'BLOCK - 128' gives -64 for"),
+    ("kernels.scale.timing", {"launches": "graphs"}, f"{K}.timing.launches: expected one of 'eager', 'graph'"),
+    ("kernels.scale.timing", {"l2": "warm"}, f"{K}.timing.l2: expected one of 'cold', 'hot'"),
+    ("kernels.scale.timing", {"graph-launches": 0}, f"{K}.timing.graph-launches: expected an integer >= 1, got an integer 0"),
+    ("kernels.scale.timing", {"graph-size": 4}, f"{K}.timing.graph-size: unknown key (known keys here: graph-launches, l2, launches)"),
+    ("tuning", {"launches": "lazy"}, f"{P}.tuning.launches: expected one of 'eager', 'graph'"),
+    ("tuning", {"graph-launches": 1001}, f"{P}.tuning.graph-launches: expected an integer <= 1000, got an integer 1001"),
     ("kernels", {}, f"{P}.kernels: expected at least one kernel table"),
     ("kernels", DELETE, f"{P}.kernels: required table is missing"),
 ]
@@ -186,3 +192,41 @@ def test_key_dim_from_a_scalar(good):
     assert spec.key[0].source == "n" and spec.key[0].axis is None
     kernel["args"][2] = {"name": "n", "dtype": "float32"}
     assert any("a key dim needs an integer scalar" in e for e in errors_for(root, table))
+
+
+def test_timing_resolves_over_the_project_and_enters_the_checksum_only_when_not_eager_and_cold(good):
+    """A kernel's `timing` over the project's `tuning`; the lock checksum of a kernel timed eagerly
+    with a cold L2 (how every kernel was timed before timing modes) is what it was, any other
+    mode's differs, and so does each mode's from the others'."""
+    from hatch_autotune.declare.config import parse_project
+    from hatch_autotune.declare.search import TimingSpec
+    from hatch_autotune.lock import entry_checksum
+
+    root, table = good
+
+    def spec(kernel_timing=None, tuning=None):
+        t = copy.deepcopy(table)
+        if kernel_timing is not None:
+            t["kernels"]["scale"]["timing"] = kernel_timing
+        if tuning is not None:
+            t["tuning"] = tuning
+        return parse_project(t, root, env={}).kernels["scale"]
+
+    def checksum(s):
+        return entry_checksum(s, "-", ["h"], "sm_90", {"n": 1024})
+
+    plain = spec()
+    assert plain.timing == TimingSpec("eager", "cold", 20) and plain.timing.checksum_fields is None
+    assert spec(tuning={"flush-l2": False}).timing == TimingSpec("eager", "hot", 20)
+    assert spec({"l2": "cold"}, tuning={"flush-l2": False, "launches": "graph"}).timing == TimingSpec("graph", "cold", 20)
+    assert spec({"graph-launches": 7}, tuning={"launches": "graph"}).timing.text() == "CUDA graph of 7 launches, L2 cold"
+    assert checksum(spec({"launches": "eager", "l2": "cold"})) == checksum(plain)
+    assert checksum(spec({"graph-launches": 7})) == checksum(plain)  # eager: the graph's size does not matter
+    others = [
+        spec({"l2": "hot"}),
+        spec({"launches": "graph"}),
+        spec({"launches": "graph", "graph-launches": 7}),
+        spec(tuning={"flush-l2": False}),
+    ]
+    sums = {checksum(s) for s in others}
+    assert checksum(plain) not in sums and len(sums) == 3  # flush-l2 = false and l2 = "hot" are one mode

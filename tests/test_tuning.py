@@ -143,6 +143,9 @@ def test_stopping_rules():
     assert next_step([0.01 * (1 + (i % 2)) for i in range(49)], s, None) == (False, False)
     assert next_step([0.01] * 50, TuningSpec(max_reps=50), None) == (True, False)
     assert median([3, 1, 2]) == 2 and median([1, 2, 3, 4]) == 2.5 and spread([1, 2, 3, 4, 5, 6, 7, 8]) == 2.0
+    # a CUDA graph's sample is one launch's share: the budget counts every launch of the graph
+    wobbly = [0.3, 0.4, 0.3, 0.4, 0.3]
+    assert next_step(wobbly, s, None) == (False, False) and next_step(wobbly, s, None, launches_per_sample=20) == (True, False)
 
 
 def test_pruning_uses_compile_time_resources():

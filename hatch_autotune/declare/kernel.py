@@ -14,7 +14,7 @@ from .args import ArgSpec
 from .expr import Expr
 from .headers import HeaderSetSpec
 from .keys import KeyDim
-from .search import SearchSpec
+from .search import SearchSpec, TimingSpec
 from .space import enumerate_configs
 
 DEFAULT_MAX_CONFIGS = 100_000  # axis combinations before constraints, per kernel (`max-configs`)
@@ -53,6 +53,8 @@ class KernelSpec:
     dims: Mapping[str, int] = field(default_factory=dict)
     cluster: tuple[Expr, ...] | None = None  # thread-block cluster dims; None: no cluster
     nvrtc: int = 13  # the major of the NVRTC that compiles its variants: the project's `min-cuda`
+    # how its variants are timed: its `timing` table over the project's `tuning` (resolved by the project)
+    timing: TimingSpec = TimingSpec("eager", "cold", 20)
 
     @property
     def instance_constraints(self) -> tuple[Expr, ...]:

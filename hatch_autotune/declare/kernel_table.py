@@ -17,7 +17,7 @@ from .headers import TOOLKIT_SET, HeaderSetSpec, v_header_names
 from .kernel import DEFAULT_MAX_CONFIGS, KernelSpec
 from .keys import KeyDim, parse_keys
 from .layout import check_default_reads_no_conditional_map, check_layout
-from .search import SearchSpec, parse_search
+from .search import SearchSpec, TimingSpec, parse_search, parse_timing
 from .validate import (
     BAD,
     Table,
@@ -95,6 +95,8 @@ def parse_kernel(
     tolerance = _tolerance(t)
     search_t = t.table("search")
     search = parse_search(search_t) if search_t is not None else SearchSpec()
+    timing_t = t.table("timing")
+    timing = parse_timing(timing_t) if timing_t is not None else TimingSpec()
     types = value_lists(t, "types", "type parameter", v_choice(tuple(DTYPES)), "dtypes")
     constants = value_lists(t, "constants", "constant", v_constant, "values", what=" of integers or booleans")
     space = _space(t)
@@ -135,6 +137,7 @@ def parse_kernel(
         inputs=inputs,
         tolerance=tolerance,
         search=search,
+        timing=timing,
         max_configs=max_configs,
         constants=constants,
         root=root,

@@ -100,6 +100,8 @@ def parse_project(
         raise ConfigError(errors)
     if min_cuda != "13":  # each kernel's variants compile with, and find headers for, that NVRTC
         kernels = {name: dataclasses.replace(k, nvrtc=int(min_cuda)) for name, k in kernels.items()}
+    # each kernel's timing in full: its own `timing`, else the project's `tuning`
+    kernels = {name: dataclasses.replace(k, timing=k.timing.resolved(tuning)) for name, k in kernels.items()}
     return ProjectSpec(
         root=root,
         module=module,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .validate import BAD, Table, fail, v_bool, v_choice, v_int, v_number
@@ -94,6 +94,63 @@ class SearchSpec:
         return [self.strategy, budget, self.seed, *extra]
 
 
+LAUNCHES = ("eager", "graph")  # each launch timed on its own; N launches in one CUDA graph, timed as a whole
+L2_STATES = ("cold", "hot")  # the L2 flushed before each launch; left as the previous launch left it
+DEFAULT_GRAPH_LAUNCHES = 20
+MAX_GRAPH_LAUNCHES = 1000
+
+
+@dataclass(frozen=True)
+class TimingSpec:
+    """How a kernel's variants are timed, to match how it runs where it is deployed (a kernel's
+    `timing` table; tuning/bench.py times them): `launches` eager (each launch between its own
+    events) or graph (`graph_launches` launches captured into one CUDA graph and replayed, the
+    replay timed as a whole: no launch overhead between them, as in a serving loop's graph);
+    `l2` cold (flushed before each launch) or hot. None: the project's `tuning` setting, which
+    `resolved` fills in (the project does it for every kernel, so the rest sees full values)."""
+
+    launches: str | None = None
+    l2: str | None = None
+    graph_launches: int | None = None
+
+    def resolved(self, tuning: TuningSpec) -> TimingSpec:
+        """Every field set: the kernel's own, else the project's."""
+        return TimingSpec(
+            launches=self.launches or tuning.launches,
+            l2=self.l2 or ("cold" if tuning.flush_l2 else "hot"),
+            graph_launches=self.graph_launches or tuning.graph_launches,
+        )
+
+    def applied(self, tuning: TuningSpec) -> TuningSpec:
+        """The measurement settings of a kernel: the project's, timed this way (a resolved spec)."""
+        assert self.launches is not None and self.l2 is not None and self.graph_launches is not None
+        return replace(tuning, launches=self.launches, flush_l2=self.l2 == "cold", graph_launches=self.graph_launches)
+
+    @property
+    def checksum_fields(self) -> list[Any] | None:
+        """What the lock checksum hashes (a resolved spec): None for eager launches with the L2
+        cold, how every kernel was timed before timing modes, so that those checksums hold."""
+        if (self.launches, self.l2) == ("eager", "cold"):
+            return None
+        return [self.launches, self.l2, self.graph_launches if self.launches == "graph" else None]
+
+    def text(self) -> str:
+        """'eager launches, L2 cold' or 'CUDA graph of 20 launches, L2 hot': the lock's provenance
+        `timing`, and what `show` says (a resolved spec)."""
+        how = "eager launches" if self.launches == "eager" else f"CUDA graph of {self.graph_launches} launches"
+        return f"{how}, L2 {self.l2}"
+
+
+def parse_timing(t: Table) -> TimingSpec:
+    spec = TimingSpec(
+        launches=t.get("launches", v_choice(LAUNCHES), default=None),
+        l2=t.get("l2", v_choice(L2_STATES), default=None),
+        graph_launches=t.get("graph-launches", v_int(1, MAX_GRAPH_LAUNCHES), default=None),
+    )
+    t.finish()
+    return spec
+
+
 @dataclass(frozen=True)
 class TuningSpec:
     """Measurement settings (see tuning/bench.py for what each bounds)."""
@@ -107,6 +164,8 @@ class TuningSpec:
     flush_l2: bool = True
     prune_spills: bool = False
     runoff_rounds: int = 5  # interleaved rounds in which the search's contenders are timed again (0: none)
+    launches: str = "eager"  # how each variant is launched while timed (TimingSpec; a kernel's `timing` overrides)
+    graph_launches: int = DEFAULT_GRAPH_LAUNCHES  # launches per CUDA graph, with launches = "graph"
 
 
 def v_search_budget(value: Any, path: str, errors: list[str]) -> Any:
@@ -147,6 +206,8 @@ def parse_tuning(t: Table) -> TuningSpec:
         flush_l2=t.get("flush-l2", v_bool, default=d.flush_l2),
         prune_spills=t.get("prune-spills", v_bool, default=d.prune_spills),
         runoff_rounds=t.get("runoff-rounds", v_int(0, 100), default=d.runoff_rounds),
+        launches=t.get("launches", v_choice(LAUNCHES), default=d.launches),
+        graph_launches=t.get("graph-launches", v_int(1, MAX_GRAPH_LAUNCHES), default=d.graph_launches),
     )
     t.finish()
     if all(v is not BAD for v in (spec.min_reps, spec.max_reps)) and spec.min_reps > spec.max_reps:

@@ -215,7 +215,8 @@ def excluded_lines(rows: Sequence[Row], limit: int | None = None) -> list[str]:
 
 
 def provenance_lines(rows: Sequence[Row]) -> list[str]:
-    """One line per (GPU, cc, driver, NVRTC) the tuned rows were measured with, and when."""
+    """One line per (GPU, cc, driver, NVRTC) the tuned rows were measured with, and when; one per
+    way they were timed (eager or in a CUDA graph, the L2 cold or hot), with its kernels."""
     seen: dict[tuple[Any, Any, Any, Any], list[str]] = {}
     for r in rows:
         p = r.provenance
@@ -227,4 +228,11 @@ def provenance_lines(rows: Sequence[Row]) -> list[str]:
         dates = sorted(d for d in dates if d)
         when = f", {dates[0][:10]}" + (f" to {dates[-1][:10]}" if dates[-1][:10] != dates[0][:10] else "") if dates else ""
         out.append(f"tuned on {gpu} (cc {cc}, driver {driver}, NVRTC {nvrtc}){when}")
+    timed: dict[str, list[str]] = {}  # how the tuned rows were timed (the lock's `timing`) -> their kernels
+    for r in rows:
+        if r.tuned and isinstance(r.provenance.get("timing"), str):
+            names = timed.setdefault(r.provenance["timing"], [])
+            if r.kernel not in names:
+                names.append(r.kernel)
+    out += [f"timed with {how}: {', '.join(names)}" for how, names in timed.items()]
     return out

@@ -20,7 +20,8 @@ def entry_checksum(
 ) -> str:
     """Hash of what a measurement and its winner depend on: the variant sources (so the template
     and the space), the compile options, the arguments, how key dims are read, the launch
-    geometry, what verification compares against, the search, the arch and bucket.
+    geometry, what verification compares against, the search, how variants are timed, the arch
+    and bucket.
     Expressions enter as parsed trees, so reformatting one does not invalidate the lock; the
     bucket mapping does not enter (it decides which bucket a call uses, not what was measured).
     Nor does the NVRTC version: the dependency allows any 13.x, and a builder that resolved
@@ -45,6 +46,9 @@ def entry_checksum(
         "arch": arch,
         "bucket": Bucket.of(bucket).as_dict(),
     }
+    timing = spec.timing.checksum_fields
+    if timing is not None:  # only a kernel timed otherwise than eager with a cold L2: other checksums stay
+        blob["timing"] = timing
     layout = _layout_fields(spec)
     if layout:  # only a kernel that declares them: the checksums of every other kernel stay as they were
         blob["layout"] = layout

@@ -30,6 +30,7 @@ PROVENANCE_FIELDS = (
     "run",
     "search",
     "reference",
+    "timing",
 )
 LOCK_ONLY_PROVENANCE = ("phases", "settings")
 PROVENANCE_MAX_CHARS = 200

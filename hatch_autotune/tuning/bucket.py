@@ -411,7 +411,7 @@ class BucketTuning:
             phases=self.phases,
             costs=self.costs,
             reference=self.reference_text,
-            provenance=provenance(self.info, self.compiler),
+            provenance={**provenance(self.info, self.compiler), "timing": spec.timing.text()},
         )
 
 
@@ -428,7 +428,7 @@ def bucket_setup(job: BucketJob, root: Path, tmp: Path, session: WorkerSession, 
         key=job.bucket,
         inputs=bucket_recipe(job, root),
         tolerances={a.name: tolerance(d, spec.tolerance) for a, d in zip(outputs, dtypes)},
-        settings=session.settings,
+        settings=spec.timing.applied(session.settings),  # timed as the kernel declares (`timing`)
         binaries={},  # each request names its variant's binary: they are compiled as the search goes
         comparers=compare.files(tmp, dtypes) if compare is not None else {},
     )

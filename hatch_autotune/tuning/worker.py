@@ -44,6 +44,7 @@ def main() -> None:
             reply = Failure(f"{type(exc).__name__}: {exc}")
         protocol.write(json.dumps(reply.to_json()) + "\n")
         protocol.flush()
+    state.close()
 
 
 if __name__ == "__main__":

@@ -208,8 +208,14 @@ class WorkerState:
             raise RuntimeError("no device yet: the first request must be hello")
         return self.cuda
 
+    def close(self) -> None:
+        """The tuner is done (stdin closed): the last bucket's buffers and graphs go."""
+        if self.cuda is not None:
+            self._free()
+
     def _free(self) -> None:
         if self.bucket is not None:
+            self.timer.release_graphs()  # captured with the bucket's arrays
             for arr in self.bucket.arrays.values():
                 arr.free()
             if self.bucket.expected is not None:
