@@ -9,6 +9,9 @@ searches every bucket through the tuner's own loop and runoff (search_quality.re
 the default measured first as the tuner does, and is judged by the true (recorded) time of the
 config it would ship: ratio = shipped / optimum, >= 1 (search_live.py's direction).
 
+A space that grew an axis since the lock was tuned (sgemm's SPLITK) is replayed as it was then:
+the configs at the new axes' default values.
+
 Two ways to tune an instance's buckets: `alone`, each from an empty lock; and `waves`, as the
 tuner does since within-run transfer (tuning/warm.transfer_waves): the middle bucket first,
 the others in waves, each warm-started (warm.warm_start) from what the waves before it wrote.
@@ -79,6 +82,20 @@ def bucket_data(eid: str, entry: LockEntry, axes: Mapping[str, Sequence[Any]], c
     return ReplayData(eid, eid.split("|")[0], axes, [m.config for m in ms], records)
 
 
+def space_as_tuned(
+    space: Mapping[str, Sequence[Any]], configs: Sequence[Mapping[str, Any]], default: dict[str, Any], entry: LockEntry
+) -> tuple[dict[str, list[Any]], list[dict[str, Any]], dict[str, Any]]:
+    """(axes, configs, default) of the space as `entry` was tuned over it: where axes were added
+    to the space since (sgemm's SPLITK), the configs that hold them at the default's values,
+    without them, as the lock's measurements name them; the space itself otherwise."""
+    measured = set(entry.measurements[0].config) if entry.measurements else set(space)
+    added = [a for a in space if a not in measured]
+    if not added:
+        return {a: list(v) for a, v in space.items()}, [dict(c) for c in configs], default
+    then = [{a: v for a, v in c.items() if a not in added} for c in configs if all(c[a] == default[a] for a in added)]
+    return {a: list(v) for a, v in space.items() if a not in added}, then, {a: v for a, v in default.items() if a not in added}
+
+
 def load(lock_path: Path, project_root: Path, arch: str) -> dict[str, list[tuple[str, ReplayData, int]]]:
     """Per type instance, its buckets of `arch`: (entry id, replay data, the default's index)."""
     if not lock_path.is_file():
@@ -94,8 +111,8 @@ def load(lock_path: Path, project_root: Path, arch: str) -> dict[str, list[tuple
             continue
         spec = project.kernels[parsed.kernel]
         types = next(t for t in spec.type_instances() if types_key(t) == parsed.types)
-        data = bucket_data(eid, entry, {a: list(v) for a, v in spec.space.items()}, spec.configs(types))
-        default = dict(spec.default)
+        axes, configs, default = space_as_tuned(spec.space, spec.configs(types), dict(spec.default), entry)
+        data = bucket_data(eid, entry, axes, configs)
         out.setdefault(parsed.instance, []).append((eid, data, data.configs.index(default) if default in data.configs else 0))
     if not out:
         raise LockReplayError(f"{lock_path}: no entry of {arch} for a kernel of {project_root / 'pyproject.toml'}")

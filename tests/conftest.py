@@ -509,10 +509,13 @@ SM80_90_LIMITS = {"max_threads_per_block": 1024, "max_registers_per_block": 6553
 
 
 def space_problems(spec, cache_dir: Path, archs: Sequence[str]) -> list[str]:
-    """Why configs of a kernel's whole space could not run, each compiled for each arch: what
+    """Why configs of a kernel's whole space could not run, each compiled for each arch where some
+    bucket keeps it (a point constraint may keep it off an arch, as split-K's clusters): what
     the tuner would prune (tuning/bucket.prune_reason: no compile, threads, registers or shared
     memory over a block's limits, spills) or a stack frame. [] when the constraints keep only
     configs that compile and launch, so that the tuner's pruning never has to."""
+    from gpu_launch import runs_on_arch
+
     from hatch_autotune.compile.nvrtc import compile_all
     from hatch_autotune.compile.render import render_kernel
     from hatch_autotune.tuning.bucket import prune_reason
@@ -520,7 +523,8 @@ def space_problems(spec, cache_dir: Path, archs: Sequence[str]) -> list[str]:
 
     limits = Limits.from_json(SM80_90_LIMITS)
     variants = [v for vs in render_kernel(spec).values() for v in vs]
-    jobs = [(v, arch) for v in variants for arch in archs]
+    # what a build or tuner would compile for an arch: a config some bucket of the arch keeps
+    jobs = [(v, arch) for v in variants for arch in archs if runs_on_arch(spec, v.types_dict, v.config_dict, arch)]
     results = compile_all([v.compile_job(arch, spec.entry, spec.nvrtc_options) for v, arch in jobs], CompileCache(cache_dir))
     problems = []
     for (v, arch), r in zip(jobs, results):

@@ -116,11 +116,31 @@ TABLE: dict[str, Row] = {
                     hot_loop_density=lambda env: sgemm_density_floor(env),
                     hot_loop_ffma=lambda env: env["TM"] * env["TN"] * min(env["UNROLL"], env["BK"]),  # the unrolled steps of k
                 ),
+                Expect(
+                    "split-K: the cluster's barriers and 8-byte loads of the other blocks' partial tiles",
+                    when=lambda env: env["SPLITK"] > 1,
+                    has=("UCGABAR_ARV", "UCGABAR_WAIT", "LD.E.64"),
+                    lacks=("LDL", "STL"),
+                ),
             ),
             samples=(
                 {"BM": 64, "BN": 64, "BK": 16, "WM": 32, "WN": 32, "TM": 4, "TN": 8, "STAGES": 4, "UNROLL": 4},
                 {"BM": 128, "BN": 64, "BK": 8, "WM": 32, "WN": 32, "TM": 8, "TN": 4, "STAGES": 4, "UNROLL": 4},
                 {"BM": 256, "BN": 64, "BK": 8, "WM": 64, "WN": 32, "TM": 8, "TN": 8, "STAGES": 4, "UNROLL": 32},
+                # split-K over a cluster of 8 (sm_90 and newer)
+                {
+                    "arch": "sm_90",
+                    "BM": 64,
+                    "BN": 64,
+                    "BK": 16,
+                    "WM": 32,
+                    "WN": 32,
+                    "TM": 4,
+                    "TN": 8,
+                    "STAGES": 3,
+                    "UNROLL": 32,
+                    "SPLITK": 8,
+                },
             ),
         ),
         Row(

@@ -1,12 +1,15 @@
 """The SGEMM template (templates/sgemm.cu.j2) without a GPU.
 
-1. Its space against NVRTC: every config the constraints keep compiles for every arch of the
-   example with no spills, no stack, and registers x threads within a block's 64K; so the
-   constraints, not the tuner's pruning, keep the space launchable.
+1. Its space against NVRTC: every config the constraints keep compiles for every plain arch of
+   the example where some bucket keeps it (split-K's clusters: sm_90 only) with no spills, no
+   stack, and registers x threads within a block's 64K; so the constraints, not the tuner's
+   pruning, keep the space launchable. (sm_90a compiles the same code as sm_90.)
 2. Its results on the host emulator (tests/host_cuda.py: real threads, barriers, cp.async that
    lands late or at once, AddressSanitizer on every array) against NumPy, for configs that span
    the axes, at sizes that are not multiples of any tile, with B's 16-byte and 4-byte copy paths
-   and C's float4 and scalar stores. On a GPU, tests/test_gpu_showcase.py runs every config.
+   and C's float4 and scalar stores; split-K over an emulated cluster of 2, 4 and 8 blocks, whose
+   mutations (a share of k, a part of the tile, a partial sum left out) are caught. On a GPU,
+   tests/test_gpu_showcase.py runs every config.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ SPEC = PROJECT.kernels["sgemm"]
 
 def test_every_config_compiles_within_a_blocks_resources(session_cache):
     assert len(SPEC.configs({})) >= 100, "the space should span block, warp and lane tiles, stages and unrolling"
-    problems = space_problems(SPEC, session_cache, PROJECT.archs)
+    plain = [a for a in PROJECT.archs if not a.endswith(("a", "f"))]  # sm_90a builds the same code as sm_90: no arch-specific path
+    assert plain == ["sm_80", "sm_90"], plain
+    problems = space_problems(SPEC, session_cache, plain)
     assert not problems, f"{len(problems)} configs the constraints keep cannot launch:\n" + "\n".join(problems[:20])
 
 
@@ -46,11 +51,16 @@ def test_the_constraints_refuse_what_the_template_cannot_build():
 
 CONFIGS = [
     dict(SPEC.default),  # 128 x 128 x 8, warp 64 x 32, lanes 8 x 8, 3 stages
-    {"BM": 64, "BN": 64, "BK": 16, "WM": 32, "WN": 32, "TM": 8, "TN": 4, "STAGES": 2, "UNROLL": 4},
-    {"BM": 64, "BN": 128, "BK": 8, "WM": 32, "WN": 64, "TM": 8, "TN": 8, "STAGES": 4, "UNROLL": 32},
-    {"BM": 256, "BN": 64, "BK": 8, "WM": 64, "WN": 32, "TM": 8, "TN": 8, "STAGES": 2, "UNROLL": 32},
-    {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "TM": 4, "TN": 8, "STAGES": 2, "UNROLL": 4},
+    {"BM": 64, "BN": 64, "BK": 16, "WM": 32, "WN": 32, "TM": 8, "TN": 4, "STAGES": 2, "UNROLL": 4, "SPLITK": 1},
+    {"BM": 64, "BN": 128, "BK": 8, "WM": 32, "WN": 64, "TM": 8, "TN": 8, "STAGES": 4, "UNROLL": 32, "SPLITK": 1},
+    {"BM": 256, "BN": 64, "BK": 8, "WM": 64, "WN": 32, "TM": 8, "TN": 8, "STAGES": 2, "UNROLL": 32, "SPLITK": 1},
+    {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "TM": 4, "TN": 8, "STAGES": 2, "UNROLL": 4, "SPLITK": 1},
+    # split-K: 2, 4 and 8 blocks a tile, one cluster each (sm_90+, k >= 1024)
+    {"BM": 64, "BN": 64, "BK": 16, "WM": 32, "WN": 32, "TM": 4, "TN": 8, "STAGES": 3, "UNROLL": 32, "SPLITK": 2},
+    {"BM": 128, "BN": 64, "BK": 16, "WM": 32, "WN": 64, "TM": 8, "TN": 8, "STAGES": 3, "UNROLL": 32, "SPLITK": 4},
+    {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "TM": 8, "TN": 4, "STAGES": 2, "UNROLL": 32, "SPLITK": 8},
 ]
+SPLIT_POINT = {"arch": 90, "arch_specific": 0, "arch_family": 0, "m": 256, "n": 256, "k": 4096}  # where split-K is kept
 
 # (m, n, k): several blocks and a partial one on both axes; n % 4 == 0 (16-byte copies of B,
 # float4 stores of C) and not; k not a multiple of BK, shorter than one slice, and 0.
@@ -75,12 +85,17 @@ def check(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     assert np.isfinite(c).all() and err.max() <= 1e-5, f"max relative error {err.max():.2e} at {np.unravel_index(err.argmax(), err.shape)}"
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(str(c[k]) for k in ("BM", "BN", "BK")) + f"-s{c['STAGES']}")
+@pytest.mark.parametrize(
+    "config", CONFIGS, ids=lambda c: "x".join(str(c[k]) for k in ("BM", "BN", "BK")) + f"-s{c['STAGES']}-k{c['SPLITK']}"
+)
 def test_results_match_numpy_at_odd_sizes(workdir, config):
-    assert all(c(config) for c in SPEC.constraints), f"{config} is not in the space"
+    assert all(c({**SPLIT_POINT, **config}) for c in SPEC.constraints), f"{config} is not in the space"
     rng = np.random.default_rng(7)
+    # split-K: k whose slices every block of the cluster shares, k they share unevenly (the last
+    # blocks none), and k shorter than one slice (the edges are the tiles' own, tested above)
+    split_sizes = [(21, 70, config["BK"] * config["SPLITK"] * 3), (70, 21, config["BK"] * (config["SPLITK"] + 1) + 5), (5, 9, 3)]
     for mode in host_cuda.MODES:
-        for m, n, k in SIZES:
+        for m, n, k in split_sizes if config["SPLITK"] > 1 else SIZES:
             a = rng.standard_normal((m, k), dtype=np.float32)
             b = rng.standard_normal((k, n), dtype=np.float32)
             c = np.full((m, n), np.nan, np.float32)  # every element must be written
@@ -113,3 +128,49 @@ extern "C" __global__ void shifted(const float* A, const float* B, float* C, int
     host_cuda.run_kernel(source, variant.headers, "shifted", params, grid, threads_per_block(SPEC, {}, config), workdir=workdir)
     assert np.isnan(c_store[0]), "the element before C was written"
     check(c_store[1:].reshape(m, n), a, b_store[1:].reshape(k, n))
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("int src = 1; src < SPLITK;", "int src = 1; src < 1;"),  # a block stores its own partial sums alone
+        ("const int p = split * PAIRS + q", "const int p = q"),  # every block adds up the same part of the tile
+        ("kt0 = min(split * share, all_slices)", "kt0 = 0"),  # every block multiplies the first share of k
+    ],
+    ids=["own-partial", "same-part", "same-share"],
+)
+def test_a_broken_split_k_is_caught(workdir, old, new):
+    """The emulated cluster can fail the split-K kernel: each mutation misses the reference."""
+    from functools import partial
+
+    config = CONFIGS[5]  # 64 x 64, SPLITK = 2
+    variant, _ = render_config(SPEC, {}, config)
+    assert variant.source.count(old) == 1, old
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((70, 16 * 2 * 3 + 5), dtype=np.float32)
+    b = rng.standard_normal((a.shape[1], 68), dtype=np.float32)
+    c = np.full((70, 68), np.nan, np.float32)
+    params, grid, block, shared, cluster = host_cuda.launch_of(SPEC, {}, config, {"A": a, "B": b, "C": c})
+    assert cluster == [2, 1, 1] and grid == [4, 2] and shared == 3 * 16 * (64 + 4 + 64) * 4, (grid, cluster, shared)
+    run = partial(host_cuda.run_kernel, entry=SPEC.entry, params=params, grid=grid, block=block, workdir=workdir, shared_bytes=shared)
+    with pytest.raises(AssertionError):
+        run(variant.source.replace(old, new), variant.headers, cluster=cluster)
+        check(c, a, b)
+    c[...] = np.nan
+    run(variant.source, variant.headers, cluster=cluster)
+    check(c, a, b)  # (the kernel itself passes)
+
+
+def test_split_k_only_where_it_may_pay():
+    """Split-K configs: only sm_90+ (clusters), only at the k = 4096 buckets; the variants without
+    it are those of before, and the partial tile fits each split config's pipeline."""
+    from hatch_autotune.plan.exclusions import PointRules
+
+    configs = SPEC.configs({})
+    split = [c for c in configs if c["SPLITK"] > 1]
+    assert {c["SPLITK"] for c in split} == {2, 4, 8} and len(configs) - len(split) == 156
+    assert all(c["BM"] * (c["BN"] + 4) <= c["STAGES"] * c["BK"] * (c["BM"] + 4 + c["BN"]) for c in split)
+    for arch, k, kept in (("sm_80", 4096, 0), ("sm_90", 256, 0), ("sm_90", 4096, len(split)), ("sm_90a", 4096, len(split))):
+        rules = PointRules(SPEC, {}, configs, arch)
+        allowed = [configs[i] for i in rules.allowed({"m": 256, "n": 256, "k": k})]
+        assert sum(c["SPLITK"] > 1 for c in allowed) == kept, (arch, k)
