@@ -100,7 +100,7 @@ def test_an_offline_build_compiles_only_what_it_ships(tmp_path):
     logs: list[str] = []
     tuned = build(root, tmp_path / "fresh-cache", logs)
     assert "hatch-autotune: the lock's winners and the default configs: 4 variant binaries compiled, 0 from the cache, 0 failed" in logs
-    assert tuned.counts["compiled"] == 4 + 1  # winner and default on 2 archs + the winner's PTX
+    assert tuned.counts["compiled"] == 4 + 2  # winner and default on 2 archs + the PTX of both (the default ships for a pin)
     assert all(c.tuned for c in tuned.kernels[0].choices.values())
     # A winner that no longer compiles falls back to the default, and nothing more is compiled.
     write_lock(root, first, {"BLOCK": 256, "FACTOR": 3, "BAD": True})
@@ -116,8 +116,8 @@ def test_an_offline_build_compiles_only_what_it_ships(tmp_path):
         )
     }
     assert not any("the rest of" in m for m in logs)
-    # the default's cubins come from the cache (the build before compiled them), its PTX is new, the winner failed on 2 archs
-    assert fallback.counts == {"compiled": 1, "cached": 2, "failed": 2}
+    # the default's cubins and PTX come from the cache (the build before shipped them beside the winner), the winner failed on 2 archs
+    assert fallback.counts == {"compiled": 0, "cached": 3, "failed": 2}
 
 
 def test_an_offline_build_gives_the_same_table_as_compiling_the_whole_space(tmp_path):
@@ -140,7 +140,9 @@ def test_an_offline_build_gives_the_same_table_as_compiling_the_whole_space(tmp_
         for p in plan.instances[0].points[arch]:
             assert result.kernels[0].choices[("-", arch, p.key)] == plan.choose(plan.instances[0], p, usable_all)
     _table, files = build_table(project, result)
-    assert len(files) == 2 + 1 + 1  # sm_80: winner, default (the point whose winner fails); sm_90: winner; its PTX
+    # each arch: the winner and the default (beside a tuned winner, for a run-time pin; on sm_80 also the
+    # point whose winner fails); the PTX of both
+    assert len(files) == 2 + 2 + 2
 
 
 def test_all_variants_failing_stops_the_build_with_the_log(tmp_path):
@@ -382,7 +384,7 @@ def test_configs_sharing_a_source_keep_their_own_launch_config(tmp_path):
     out = tmp_path / "site" / "tinypkg" / "kernels"
     write_package(out, load_project(root), result)
     table = json.loads((out / "table.json").read_text())["kernels"]["scale"]
-    assert len(table["variants"]) == 2  # two configs ...
+    assert len(table["variants"]) == 3  # two configs, and the default beside them (for a run-time pin) ...
     assert len({v["binaries"]["sm_90"]["file"] for v in table["variants"].values()}) == 1  # ... one binary
     lib = Library.load(str(out))
     assert lib.kernels["scale"].select(arch="sm_90", n=1000).config["BLOCK"] == 64

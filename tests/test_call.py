@@ -139,8 +139,11 @@ def test_sgemm_key_from_two_arrays_and_shape_check(kernels):
 
 def test_launch_geometry_follows_the_config(kernels):
     sgemm = kernels.sgemm
-    config = {"BM": 64, "BN": 128, "BK": 16, "WM": 32, "WN": 64, "TM": 4, "TN": 8}
+    config = {"BM": 64, "BN": 128, "BK": 16, "WM": 32, "WN": 64, "TM": 4, "TN": 8, "STAGES": 2, "SPLITK": 1}
     assert sgemm.geometry(config, {}, {"m": 1000, "n": 1000, "k": 7}) == ((8, 16), (128,), 0)
+    # split-K: SPLITK blocks a tile along x, the pipeline in dynamic shared memory
+    split = {**config, "SPLITK": 4}
+    assert sgemm.geometry(split, {}, {"m": 1000, "n": 1000, "k": 4096}) == ((32, 16), (128,), 2 * 16 * (64 + 4 + 128) * 4)
     saxpy = kernels.saxpy
     assert saxpy.geometry({"BLOCK": 256, "VEC": 4, "ITEMS": 2}, {"T": "float16"}, {"n": 2049}) == ((2,), (256,), 0)
     assert saxpy.geometry({"BLOCK": 256, "VEC": 4, "ITEMS": 2}, {"T": "float32"}, {"n": 0}) == ((0,), (256,), 0)

@@ -405,6 +405,6 @@ def test_sgemm_matches_numpy(emu_dir, example):
     rng = np.random.default_rng(1)
     A, B = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     C = np.full((m, n), np.nan, np.float32)
-    config = {"BM": 64, "BN": 64, "BK": 16, "WM": 32, "WN": 32, "TM": 4, "TN": 8, "STAGES": 3, "UNROLL": 4}
+    config = {"BM": 64, "BN": 64, "BK": 16, "WM": 32, "WN": 32, "TM": 4, "TN": 8, "STAGES": 3, "UNROLL": 4, "SPLITK": 1}
     run_variant(example["sgemm"], {}, config, {"A": A, "B": B, "C": C}, workdir=emu_dir)
     np.testing.assert_allclose(C, A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)

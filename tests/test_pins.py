@@ -185,3 +185,25 @@ def test_the_environment_parser_bounds_and_items():
         parse_env("default;" * MAX_ENV_CHARS)
     with pytest.raises(PinError, match="a bucket pins one kernel"):
         parse_env("*[n=4]=default")
+
+
+def test_pin_default_on_an_arch_that_inherits_the_plain_archs_winners(rt, example_site):
+    """example_pkg's wheel of every arch on a 9.0 GPU runs sm_90a's entries, which inherit sm_90's
+    tuned winners (untuned, a fallback): `default` still runs the kernel's default config there."""
+    from conftest import imported_kernels
+
+    with imported_kernels(example_site(None), "example_pkg") as k:
+        saxpy = k._LIBRARY.kernels["saxpy"]
+        table = saxpy._selector.table  # sm_90's own entries: select() on a 9.0 device asks sm_90a's
+        n, winner = next(
+            (e.bucket[0], e.variant)
+            for tkey, arch, e in table.entries()
+            if (tkey, arch) == ("T=float32", "sm_90") and e.tuned and dict(table.variants[e.variant].config) != DEFAULT_SAXPY
+        )
+        inherited = saxpy.select("sm_90a", n=n, T="float32")
+        assert (inherited.arch, inherited.tuned, inherited.variant) == ("sm_90a", False, winner)
+        saxpy.pin("default")
+        sel = saxpy.select("sm_90a", n=n, T="float32")
+        assert (sel.arch, sel.config, sel.pinned) == ("sm_90a", DEFAULT_SAXPY, "saxpy.pin('default')")
+        assert "sm_90a" in saxpy.variants[sel.variant].binaries
+        saxpy.unpin()

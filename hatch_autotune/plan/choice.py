@@ -48,8 +48,9 @@ class Choice:
     median_ms: float | None = None  # a tuned choice: the winner's median time, from the lock
     default_ms: float | None = None  # and the default config's, so that `show` reports both from a wheel
     left_out: tuple[str, ...] = ()  # what of the lock entry's provenance it does not keep (shipped_provenance)
-    # a tuned choice: what an untuned build would run at the point, where it compiled; the wheel
-    # ships it too, so that a run-time pin can force it (runtime/pins.py)
+    # a tuned choice, or one inherited from the plain arch: the point's default config (or its
+    # fallback where the default may not run there), where it compiled; the wheel ships it too,
+    # so that a run-time pin can force it (runtime/pins.py)
     default_index: int | None = None
 
     @property

@@ -265,7 +265,7 @@ class Plan:
             elif index not in usable:
                 return None
             elif usable[index]:
-                d = inst.point_default(point)  # shipped too (`shipped`), for a run-time pin
+                d = inst.point_default(point)  # shipped too (`shipped`), for a run-time pin of the default
                 return tuned_choice(index, self.lock.entries[point.eid], d if d is not None and usable.get(d) else None)
             else:
                 reason = f"the lock's winner {inst.variants[index].label} failed to compile"
@@ -274,7 +274,10 @@ class Plan:
             if inherited not in usable:
                 return None
             if usable[inherited]:
-                return Choice(inherited, False, {}, f"{reason}; {plain_arch(point.id.arch)}'s tuned winner of the bucket", fallback=True)
+                d = inst.point_default(point)  # shipped too, for a run-time pin of the default (runtime/pins.py)
+                default = d if d is not None and d != inherited and usable.get(d) else None
+                why = f"{reason}; {plain_arch(point.id.arch)}'s tuned winner of the bucket"
+                return Choice(inherited, False, {}, why, fallback=True, default_index=default)
         d = inst.point_default(point)
         if d is None:  # make_plan refuses such a point; a plan made otherwise has nothing to ship here
             return None

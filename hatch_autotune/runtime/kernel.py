@@ -74,8 +74,8 @@ class Kernel(Launcher):
         return self._selector.select(arch, extra, key)
 
     def pin(self, choice: str, **bucket: int) -> None:
-        """Run `choice` instead of the tuned selection, until `unpin()`: 'default' (the config an
-        untuned build would run), a variant id the wheel ships (select().variant names one; it
+        """Run `choice` instead of the tuned selection, until `unpin()`: 'default' (the kernel's
+        default config, or where it may not run at a bucket its replacement), a variant id the wheel ships (select().variant names one; it
         holds for its own type instance), or 'tuned' (the wheel's choice, over an environment
         pin). Every bucket, or only the bucket given by its key dims (M=64, N=4096, ...).
         Pins of the program come before those of HATCH_AUTOTUNE_PIN (runtime/pins.py)."""

@@ -6,7 +6,9 @@ before the kernel's, and the kernel's before one for every kernel. `select()` sa
 in force (`Selection.pinned`).
 
 HATCH_AUTOTUNE_PIN holds items separated by ';':
-  default                          every kernel of every generated module: tuned selection off
+  default                          every kernel of every generated module: tuned selection off (each
+                                   bucket runs the kernel's default config, or the config that
+                                   replaces it where the default may not run there)
   gemm=default                     one kernel, every bucket ('tuned' undoes a broader pin)
   gemm[M=64,N=4096,K=4096]=VARIANT one bucket (its declared key values), a variant id as
                                    `select().variant` and `hatch-autotune show` print it
@@ -30,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and linters only
     from .table import TableEntry, Variant
 
 PIN_ENV = "HATCH_AUTOTUNE_PIN"
-DEFAULT = "default"  # the config an untuned build would run at the bucket
+DEFAULT = "default"  # the kernel's default config at the bucket (or the one replacing it where it may not run)
 TUNED = "tuned"  # the wheel's own choice: undoes a broader pin
 EVERY_KERNEL = "*"
 # [module:]kernel[bucket]=choice; the names are Python identifiers, the module a dotted name
@@ -59,7 +61,7 @@ def check_choice(choice: object, where: str) -> str:
     if isinstance(choice, str) and (choice in (DEFAULT, TUNED) or re.fullmatch(_VARIANT, choice)):
         return choice
     raise PinError(
-        f"{where}: {short_repr(choice)} is not a pin; expected 'default' (the config an untuned build runs), 'tuned' (the "
+        f"{where}: {short_repr(choice)} is not a pin; expected 'default' (the kernel's default config), 'tuned' (the "
         "wheel's choice) or a variant id of 16 hex digits, as select().variant and `hatch-autotune show` print it"
     )
 
@@ -187,7 +189,7 @@ def pinned_variant(pin: Pin, entry: TableEntry, tkey: str, variants: Mapping[str
     variant pin of another instance). PinError where the wheel cannot run what it forces."""
     if pin.choice == TUNED:
         return None
-    if pin.choice == DEFAULT:
+    if pin.choice == DEFAULT:  # the entry's own variant where it runs the default (or its replacement) already
         if entry.default_variant is None and entry.tuned:
             raise PinError(
                 f"{pin.source}: the wheel holds no default config for {kernel} at {tkey} bucket {list(entry.bucket)} (it did not compile)"

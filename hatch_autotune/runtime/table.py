@@ -110,8 +110,9 @@ class TableEntry(Record):
     median_ms: float | None  # the winner's median time, when the lock has it
     default_ms: float | None  # the default config's median time, when measured
     reason: str  # why an untuned entry took its config (unused for a tuned one)
-    # a tuned entry's: the variant an untuned build would run here (its default config, or the
-    # bucket's fallback), shipped for a run-time pin (pins.py); None where it did not compile
+    # where the entry runs a winner (tuned, or the plain arch's inherited): the kernel's default
+    # config at this bucket (or the config that replaces it where it may not run here), shipped
+    # for a run-time pin (pins.py); None where the entry runs it already or it did not compile
     default_variant: str | None
 
     def provenance_json(self) -> dict[str, Any]:

@@ -160,8 +160,9 @@ def compile_shipped(plan: Plan, cache: CompileCache | None, *, log: Log = print,
 
 
 def _shipped_indices(choice: Choice) -> tuple[int, ...]:
-    """The variants a point ships: its choice, and for a tuned one the variant an untuned build
-    would run there (Choice.default_index), which a run-time pin may force."""
+    """The variants a point ships: its choice, and where that is a winner (tuned, or the plain
+    arch's inherited) the point's default config too (Choice.default_index), which a run-time
+    pin may force."""
     d = choice.default_index
     return (choice.variant_index,) if d is None or d == choice.variant_index else (choice.variant_index, d)
 
@@ -283,7 +284,7 @@ def build_payload(
         kb.binaries[(v.source_hash, job.arch)] = r
 
     # What the wheel holds: each chosen variant's binary per arch (configs sharing a source share
-    # it) and its PTX, and those of the defaults of tuned points, for a run-time pin.
+    # it) and its PTX, and those of the defaults beside winners, for a run-time pin.
     shipped = {
         (kb.spec.name, kb.variants[tkey][index].source_hash, bin_arch)
         for kb in kernels.values()
