@@ -756,12 +756,7 @@ class StandIn:
                 raise self.refuse(
                     "CUDA_ERROR_INVALID_HANDLE", f"{kernel.entry}: a function of device {loaded_on} in a context of device {device}"
                 )
-            handle = int(stream)
-            fake = self.streams.get(handle)
-            if fake is None:
-                if handle not in LEGACY_STREAMS:
-                    raise self.refuse("CUDA_ERROR_INVALID_HANDLE", f"{kernel.entry}: no stream {handle:#x}")
-                fake = FakeStream(self, handle, None)
+            fake = self._stream(int(stream), kernel.entry)
             if extra not in (0, None):
                 raise self.refuse("CUDA_ERROR_INVALID_VALUE", f"{kernel.entry}: `extra` given (the runtime passes kernelParams)")
             values = self._read_params(kernel, params)

@@ -10,7 +10,7 @@ HATCH_AUTOTUNE_PIN holds items separated by ';':
                                    bucket runs the kernel's default config, or the config that
                                    replaces it where the default may not run there)
   gemm=default                     one kernel, every bucket ('tuned' undoes a broader pin)
-  gemm[M=64,N=4096,K=4096]=VARIANT one bucket (its declared key values), a variant id as
+  gemm[m=64,n=4096,k=4096]=VARIANT one bucket (its declared key values), a variant id as
                                    `select().variant` and `hatch-autotune show` print it
   mypkg.kernels:gemm=default       only the kernel of that generated module
 A variant pin holds for the type instance the variant was built for (its id names it); calls
@@ -133,8 +133,8 @@ def parse_env(text: str | None) -> list[EnvItem]:
 
 
 class Pins:
-    """One kernel's pins: those of its program (`set`, `clear`) and of the environment, and the
-    one that holds for a call (`find`)."""
+    """One kernel's pins: those of its program (Kernel.pin and unpin write `program`) and of the
+    environment, and the one that holds for a call (`find`)."""
 
     __slots__ = ("kernel", "program", "env")
 
